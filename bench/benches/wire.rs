@@ -1,0 +1,108 @@
+//! Wire-layer micro-benchmarks: ICRC alone, parse + full verification, and frame building, for
+//! RC SEND_ONLY packets carrying 64 B, 1 KiB and 4 KiB of payload.
+//!
+//! Run: `cargo bench -p xroce-bench --bench wire`. Figures are recorded in
+//! `bench/results/wire.md`; compare runs on the same machine only.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use xroce_core::icrc;
+use xroce_core::wire::{
+    emit_frame, BthRepr, EtherType, EthernetAddress, EthernetRepr, FrameHeaders, IpRepr,
+    Ipv4Address, Ipv4Repr, Opcode, RoceFrame, TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
+};
+
+const SIZES: [usize; 3] = [64, 1024, 4096];
+
+fn headers() -> FrameHeaders {
+    FrameHeaders {
+        eth: Some(EthernetRepr {
+            src: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            dst: EthernetAddress([2, 0, 0, 0, 0, 2]),
+            vlan: None,
+            ethertype: EtherType::Ipv4,
+        }),
+        ip: IpRepr::V4(Ipv4Repr {
+            src: Ipv4Address([10, 0, 0, 1]),
+            dst: Ipv4Address([10, 0, 0, 2]),
+            tos: 0,
+            ident: 0x1234,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        }),
+        udp: UdpRepr {
+            src_port: 0xc132,
+            dst_port: ROCEV2_UDP_PORT,
+            payload_len: 0,
+        },
+        transport: TransportRepr::new(BthRepr {
+            opcode: Opcode::RC_SEND_ONLY,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qpn: 0x11,
+            ack_req: true,
+            psn: 0x123456,
+        }),
+    }
+}
+
+fn frame(payload_len: usize) -> Vec<u8> {
+    let payload: Vec<u8> = (0..payload_len).map(|i| i as u8).collect();
+    let mut buf = vec![0u8; payload_len + 128];
+    let n = emit_frame(&mut buf, &headers(), &payload).expect("emit");
+    buf.truncate(n);
+    buf
+}
+
+fn bench_icrc(c: &mut Criterion) {
+    let mut g = c.benchmark_group("icrc");
+    for size in SIZES {
+        let f = frame(size);
+        let ip = &f[14..];
+        g.throughput(Throughput::Bytes(ip.len() as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(size), ip, |b, ip| {
+            b.iter(|| icrc::compute(black_box(ip)).expect("icrc"))
+        });
+    }
+    g.finish();
+}
+
+fn bench_parse_verify(c: &mut Criterion) {
+    let mut g = c.benchmark_group("parse_verify");
+    for size in SIZES {
+        let f = frame(size);
+        g.throughput(Throughput::Bytes(f.len() as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(size), &f[..], |b, f| {
+            b.iter(|| {
+                let p = RoceFrame::parse_ethernet(black_box(f)).expect("parse");
+                p.verify().expect("verify");
+                p.payload.len()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn bench_build(c: &mut Criterion) {
+    let mut g = c.benchmark_group("build");
+    let h = headers();
+    for size in SIZES {
+        let payload = vec![0xa5u8; size];
+        let mut buf = vec![0u8; size + 128];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_function(BenchmarkId::from_parameter(size), |b| {
+            b.iter(|| emit_frame(&mut buf, black_box(&h), black_box(&payload)).expect("emit"))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_icrc, bench_parse_verify, bench_build);
+criterion_main!(benches);

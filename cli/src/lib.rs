@@ -1,0 +1,4 @@
+//! The `xroce` command's library: everything the binary does, importable by tests.
+
+pub mod capture;
+pub mod pcap_check;

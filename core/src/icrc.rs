@@ -1,0 +1,196 @@
+//! The RoCEv2 invariant CRC, computed exactly as rdma_rxe does (`rxe_icrc.c`).
+//!
+//! ICRC = CRC-32 (IEEE, reflected, as zlib) over
+//! `8 × 0xFF ‖ masked IP header ‖ masked UDP header ‖ masked BTH ‖ extension headers ‖ payload ‖ pad`,
+//! stored after the pad least-significant byte first. The masks replace the fields routers may
+//! change with ones:
+//!
+//! * IPv4: TOS, TTL and header checksum;
+//! * IPv6: traffic class, flow label and hop limit;
+//! * UDP: checksum;
+//! * BTH: byte 4 (FECN, BECN, reserved).
+//!
+//! The headers (at most 60 bytes) are copied into a stack buffer and masked; the rest of the
+//! packet is hashed in place in the same streaming pass, so the payload is read once and nothing
+//! is allocated.
+
+use crc32fast::Hasher;
+
+use crate::wire::{bth, ipv4, ipv6, udp, WireError, ICRC_LEN};
+
+/// CRC-32 state after hashing the 8-byte all-ones pseudo-LRH (`crc32(&[0xff; 8])`). rdma_rxe
+/// seeds its register with the equivalent un-complemented value 0xDEBB20E3.
+const AFTER_PSEUDO_LRH: u32 = 0x2144_df1c;
+
+/// Finds the IP family, header length and the end of the ICRC-covered region of `ip_packet`.
+/// Returns `(ip_header_len, covered_end)`; `ip_packet[covered_end..covered_end + 4]` is the ICRC.
+fn layout(ip_packet: &[u8]) -> Result<(usize, usize), WireError> {
+    let (ip_len, total) = match ip_packet.first().map(|b| b >> 4) {
+        Some(4) => {
+            let p = ipv4::Ipv4Packet::new_checked(ip_packet)?;
+            (ipv4::HEADER_LEN, usize::from(p.total_len()))
+        }
+        Some(6) => {
+            let p = ipv6::Ipv6Packet::new_checked(ip_packet)?;
+            (
+                ipv6::HEADER_LEN,
+                ipv6::HEADER_LEN + usize::from(p.payload_len()),
+            )
+        }
+        Some(v) => return Err(WireError::IpVersion(v)),
+        None => {
+            return Err(WireError::Truncated {
+                layer: "IP header",
+                need: 1,
+                have: 0,
+            })
+        }
+    };
+    let min = ip_len + udp::HEADER_LEN + bth::HEADER_LEN + ICRC_LEN;
+    if total < min {
+        return Err(WireError::Truncated {
+            layer: "RoCEv2 packet (IP length)",
+            need: min,
+            have: total,
+        });
+    }
+    Ok((ip_len, total - ICRC_LEN))
+}
+
+/// Computes the ICRC of an IP packet (IPv4 without options, or IPv6 without extension headers)
+/// that carries UDP/BTH and ends with a 4-byte ICRC slot. The length is taken from the IP header,
+/// so trailing link-layer padding in `ip_packet` is ignored; the slot's content is not read.
+pub fn compute(ip_packet: &[u8]) -> Result<u32, WireError> {
+    let (ip_len, covered_end) = layout(ip_packet)?;
+    let masked_len = ip_len + udp::HEADER_LEN + bth::HEADER_LEN;
+    let mut masked = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN];
+    let m = &mut masked[..masked_len];
+    m.copy_from_slice(&ip_packet[..masked_len]);
+    if ip_len == ipv4::HEADER_LEN {
+        m[1] = 0xff; // TOS
+        m[8] = 0xff; // TTL
+        m[10] = 0xff; // header checksum
+        m[11] = 0xff;
+    } else {
+        m[0] |= 0x0f; // traffic class (low nibble of byte 0) ...
+        m[1] = 0xff; // ... and flow label
+        m[2] = 0xff;
+        m[3] = 0xff;
+        m[7] = 0xff; // hop limit
+    }
+    m[ip_len + 6] = 0xff; // UDP checksum
+    m[ip_len + 7] = 0xff;
+    m[ip_len + udp::HEADER_LEN + 4] = 0xff; // BTH FECN | BECN | resv6a
+
+    let mut h = Hasher::new_with_initial(AFTER_PSEUDO_LRH);
+    h.update(m);
+    h.update(&ip_packet[masked_len..covered_end]);
+    Ok(h.finalize())
+}
+
+/// The ICRC stored in the packet (its four trailing bytes, least-significant byte first).
+pub fn stored(ip_packet: &[u8]) -> Result<u32, WireError> {
+    let (_, end) = layout(ip_packet)?;
+    let mut a = [0u8; ICRC_LEN];
+    a.copy_from_slice(&ip_packet[end..end + ICRC_LEN]);
+    Ok(u32::from_le_bytes(a))
+}
+
+/// True when the stored ICRC matches the computed one.
+pub fn verify(ip_packet: &[u8]) -> Result<bool, WireError> {
+    Ok(compute(ip_packet)? == stored(ip_packet)?)
+}
+
+/// Computes the ICRC and writes it into the packet's trailing slot.
+pub fn fill(ip_packet: &mut [u8]) -> Result<u32, WireError> {
+    let crc = compute(ip_packet)?;
+    let (_, end) = layout(ip_packet)?;
+    ip_packet[end..end + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+    Ok(crc)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The worked vectors of the digest (`shared/tools/icrc_vectors.py` prints them).
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn pseudo_lrh_seed_is_crc_of_eight_ones() {
+        assert_eq!(crc32fast::hash(&[0xff; 8]), AFTER_PSEUDO_LRH);
+        assert_eq!(!AFTER_PSEUDO_LRH, 0xdebb_20e3);
+    }
+
+    /// ConnectX-4 Lx CNP capture (scapy `test/contrib/roce.uts`): TOS 0xC2, BECN set.
+    #[test]
+    fn connectx4_cnp_capture() {
+        let frame = hex("e41d 2dab 2bc2 7cfe 9064 3b32 0800 45c2
+             003c 718c 4000 4011 9161 0a00 1101 0a00
+             1201 0000 12b7 0028 0000 8100 ffff 4000
+             0118 0000 0000 0000 0000 0000 0000 0000
+             0000 0000 0000 82fd 002a");
+        let ip = &frame[14..];
+        assert_eq!(compute(ip).unwrap(), 0x2a00_fd82);
+        assert!(verify(ip).unwrap());
+    }
+
+    /// scapy's UC SEND_ONLY example: wire bytes 78 f3 53 f3.
+    #[test]
+    fn scapy_uc_send_only() {
+        let mut pkt = hex("4501 0040 0478 4000 4011 0000 c0a8 0007 c0a8 0007 c000 12b7 002c 0000");
+        pkt.extend([0x24, 0x60, 0xff, 0xff, 0, 0, 0, 0xd3]);
+        pkt.extend(13_571_856u32.to_be_bytes());
+        pkt.extend(b"F0\x81\x8b\xe2\x895\xd9\x0e\x9a\x95PT\x01\xbe\x88^P\x00\x00");
+        pkt.extend([0; 4]);
+        let crc = fill(&mut pkt).unwrap();
+        assert_eq!(crc.to_le_bytes(), [0x78, 0xf3, 0x53, 0xf3]);
+    }
+
+    /// The digest's worked rxe-style RC SEND_ONLY "hello" over IPv4.
+    pub(crate) const WORKED_V4: &str = "45 00 00 34 12 34 40 00 40 11 a5 31 c0 a8 01 01
+        c0 a8 01 02 c1 2f 12 b7 00 20 00 00 04 30 ff ff
+        00 00 00 11 80 12 34 56 68 65 6c 6c 6f 00 00 00
+        3d 4d 05 94";
+
+    #[test]
+    fn worked_rc_send_only_ipv4() {
+        let pkt = hex(WORKED_V4);
+        assert_eq!(compute(&pkt).unwrap(), 0x9405_4d3d);
+        assert_eq!(stored(&pkt).unwrap(), 0x9405_4d3d);
+        assert!(verify(&pkt).unwrap());
+    }
+
+    #[test]
+    fn worked_rc_send_only_ipv6() {
+        let v4 = hex(WORKED_V4);
+        let mut pkt = hex("6000 0000 0020 1140");
+        pkt.extend(hex("fe80 0000 0000 0000 0000 0000 0000 0001"));
+        pkt.extend(hex("fe80 0000 0000 0000 0000 0000 0000 0002"));
+        pkt.extend(&v4[20..v4.len() - 4]);
+        pkt.extend([0; 4]);
+        let crc = fill(&mut pkt).unwrap();
+        assert_eq!(crc, 0x9413_8a9d);
+        assert_eq!(pkt[pkt.len() - 4..], [0x9d, 0x8a, 0x13, 0x94]);
+    }
+
+    #[test]
+    fn trailing_link_padding_is_ignored() {
+        let mut pkt = hex(WORKED_V4);
+        pkt.extend([0xaa; 10]);
+        assert!(verify(&pkt).unwrap());
+    }
+
+    #[test]
+    fn too_short_for_bth_is_an_error() {
+        let pkt =
+            hex("4500 0020 0000 4000 4011 0000 0a00 0001 0a00 0002 c000 12b7 000c 0000 0000 0000");
+        assert!(compute(&pkt).is_err());
+    }
+}

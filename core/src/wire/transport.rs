@@ -1,0 +1,286 @@
+//! The InfiniBand transport part of a RoCEv2 packet: BTH, the extension headers its opcode
+//! prescribes, payload, pad and ICRC (everything inside the UDP datagram).
+
+use super::bth::{self, BthPacket, BthRepr};
+use super::ext::{
+    emit_u32, parse_u32, AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, RdethRepr, RethRepr,
+};
+use super::opcode::{HeaderKind, HeaderSet, OpcodeInfo};
+use super::{check_len, Result, WireError, ICRC_LEN};
+
+/// A checked view over a UDP payload holding BTH .. ICRC.
+///
+/// After [`new_checked`](Self::new_checked) the opcode is known, every extension header it
+/// names is present, and the pad count fits, so no accessor can panic.
+#[derive(Debug, Clone, Copy)]
+pub struct TransportPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> TransportPacket<T> {
+    pub const fn new_unchecked(buffer: T) -> Self {
+        TransportPacket { buffer }
+    }
+
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Self::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// Validates what the accessors rely on, in the order rdma_rxe's receive path does: BTH
+    /// present and of version 0, opcode known, headers plus ICRC present, pad within bounds.
+    pub fn check_len(&self) -> Result<()> {
+        let b = self.buffer.as_ref();
+        let bth = BthPacket::new_checked(b)?;
+        if bth.transport_version() != 0 {
+            return Err(WireError::TransportVersion(bth.transport_version()));
+        }
+        let info = bth
+            .opcode()
+            .info()
+            .ok_or(WireError::UnknownOpcode(bth.opcode().0))?;
+        check_len(info.name, b, info.header_len() + ICRC_LEN)?;
+        let available = b.len() - info.header_len() - ICRC_LEN;
+        let pad = bth.pad_count();
+        if usize::from(pad) > available {
+            return Err(WireError::BadPadCount { pad, available });
+        }
+        if !info.has_payload() && available != usize::from(pad) {
+            return Err(WireError::BadLength {
+                layer: info.name,
+                detail: "payload on an opcode that carries none",
+            });
+        }
+        Ok(())
+    }
+
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    pub fn bth(&self) -> BthPacket<&[u8]> {
+        BthPacket::new_unchecked(self.buffer.as_ref())
+    }
+
+    /// The opcode's table entry (known to exist after `new_checked`).
+    pub fn info(&self) -> &'static OpcodeInfo {
+        let op = self.bth().opcode();
+        match op.info() {
+            Some(i) => i,
+            // new_checked rejected unknown opcodes; an unchecked view may still get here.
+            None => &UNKNOWN,
+        }
+    }
+
+    /// The bytes of one extension header, if the opcode carries it.
+    pub fn header(&self, kind: HeaderKind) -> Option<&[u8]> {
+        let off = bth::HEADER_LEN + self.info().headers.offset_of(kind)?;
+        self.buffer.as_ref().get(off..off + kind.wire_len())
+    }
+
+    pub fn header_len(&self) -> usize {
+        self.info().header_len()
+    }
+
+    fn payload_end(&self) -> usize {
+        self.buffer.as_ref().len() - ICRC_LEN - usize::from(self.bth().pad_count())
+    }
+
+    /// The ICRC as a number: the four trailing bytes read least-significant byte first.
+    pub fn icrc(&self) -> u32 {
+        let b = self.buffer.as_ref();
+        let mut a = [0u8; 4];
+        a.copy_from_slice(&b[b.len() - ICRC_LEN..]);
+        u32::from_le_bytes(a)
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> TransportPacket<&'a T> {
+    /// The payload, pad excluded.
+    pub fn payload(&self) -> &'a [u8] {
+        &self.buffer.as_ref()[self.header_len()..self.payload_end()]
+    }
+    /// The pad bytes (rdma_rxe writes zeros; they are covered by the ICRC).
+    pub fn pad(&self) -> &'a [u8] {
+        let b = self.buffer.as_ref();
+        &b[self.payload_end()..b.len() - ICRC_LEN]
+    }
+}
+
+/// Stands in for `info()` on an unchecked view of an unknown opcode: no headers, no payload.
+static UNKNOWN: OpcodeInfo = OpcodeInfo {
+    name: "UNKNOWN",
+    transport: super::opcode::Transport::Rc,
+    operation: super::opcode::Operation::Acknowledge,
+    position: super::opcode::Position::Only,
+    headers: HeaderSet::NONE,
+};
+
+/// The meaning of BTH plus extension headers. Which `Option`s are `Some` must agree with the
+/// opcode table entry for `bth.opcode`; [`emit`](Self::emit) checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportRepr {
+    pub bth: BthRepr,
+    pub rdeth: Option<RdethRepr>,
+    pub deth: Option<DethRepr>,
+    pub reth: Option<RethRepr>,
+    pub atomic_eth: Option<AtomicEthRepr>,
+    pub aeth: Option<AethRepr>,
+    pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+    /// ImmDt, as the 32-bit big-endian value on the wire (opaque to the transport).
+    pub immediate: Option<u32>,
+    /// IETH: the R_Key to invalidate.
+    pub invalidate_rkey: Option<u32>,
+}
+
+impl TransportRepr {
+    /// A repr with only a BTH; fill in the extension headers the opcode needs.
+    pub fn new(bth: BthRepr) -> Self {
+        TransportRepr {
+            bth,
+            rdeth: None,
+            deth: None,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            immediate: None,
+            invalidate_rkey: None,
+        }
+    }
+
+    pub fn parse<T: AsRef<[u8]>>(p: &TransportPacket<T>) -> Result<Self> {
+        p.check_len()?;
+        let bth = BthRepr::parse(&p.bth())?;
+        let mut r = TransportRepr::new(bth);
+        if let Some(b) = p.header(HeaderKind::Rdeth) {
+            r.rdeth = Some(RdethRepr::parse(b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::Deth) {
+            r.deth = Some(DethRepr::parse(b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::Reth) {
+            r.reth = Some(RethRepr::parse(b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::AtomicEth) {
+            r.atomic_eth = Some(AtomicEthRepr::parse(b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::Aeth) {
+            r.aeth = Some(AethRepr::parse(b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::AtomicAckEth) {
+            r.atomic_ack_eth = Some(AtomicAckEthRepr::parse(b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::ImmDt) {
+            r.immediate = Some(parse_u32("ImmDt", b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::Ieth) {
+            r.invalidate_rkey = Some(parse_u32("IETH", b)?);
+        }
+        Ok(r)
+    }
+
+    /// The opcode's table entry, or `UnknownOpcode`.
+    pub fn info(&self) -> Result<&'static OpcodeInfo> {
+        self.bth
+            .opcode
+            .info()
+            .ok_or(WireError::UnknownOpcode(self.bth.opcode.0))
+    }
+
+    /// BTH plus extension headers, in bytes.
+    pub fn header_len(&self) -> Result<usize> {
+        Ok(self.info()?.header_len())
+    }
+
+    /// Bytes from BTH through ICRC for `payload_len` bytes of payload.
+    pub fn packet_len(&self, payload_len: usize) -> Result<usize> {
+        Ok(self.header_len()? + payload_len + pad_for(payload_len) + ICRC_LEN)
+    }
+
+    /// Checks that the present headers are exactly those the opcode prescribes.
+    fn check_headers(&self, info: &OpcodeInfo) -> Result<()> {
+        let present = [
+            (HeaderKind::Rdeth, self.rdeth.is_some()),
+            (HeaderKind::Deth, self.deth.is_some()),
+            (HeaderKind::Reth, self.reth.is_some()),
+            (HeaderKind::AtomicEth, self.atomic_eth.is_some()),
+            (HeaderKind::Aeth, self.aeth.is_some()),
+            (HeaderKind::AtomicAckEth, self.atomic_ack_eth.is_some()),
+            (HeaderKind::ImmDt, self.immediate.is_some()),
+            (HeaderKind::Ieth, self.invalidate_rkey.is_some()),
+        ];
+        for (kind, is_present) in present {
+            if info.headers.contains(kind) != is_present {
+                return Err(WireError::HeaderMismatch {
+                    opcode: self.bth.opcode.0,
+                    detail: if is_present {
+                        "carries a header its opcode does not have"
+                    } else {
+                        "lacks a header its opcode needs"
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes BTH and extension headers at the start of `buf` for a packet carrying
+    /// `payload_len` bytes; the BTH pad count is derived from `payload_len` (the `pad_count`
+    /// field of `self.bth` is ignored). Returns the header length. Payload, pad and ICRC are the
+    /// caller's (see [`FrameWriter`](super::frame::FrameWriter)).
+    pub fn emit_headers(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
+        let info = self.info()?;
+        self.check_headers(info)?;
+        if !info.has_payload() && payload_len != 0 {
+            return Err(WireError::BadLength {
+                layer: info.name,
+                detail: "payload on an opcode that carries none",
+            });
+        }
+        let hlen = info.header_len();
+        check_len("transport headers", buf, hlen)?;
+        let mut bth = self.bth;
+        bth.pad_count = pad_for(payload_len) as u8;
+        bth.emit(&mut buf[..bth::HEADER_LEN])?;
+        let ext = &mut buf[bth::HEADER_LEN..hlen];
+        let at = |kind: HeaderKind| -> core::ops::Range<usize> {
+            let off = info.headers.offset_of(kind).unwrap_or(0);
+            off..off + kind.wire_len()
+        };
+        if let Some(h) = &self.rdeth {
+            h.emit(&mut ext[at(HeaderKind::Rdeth)])?;
+        }
+        if let Some(h) = &self.deth {
+            h.emit(&mut ext[at(HeaderKind::Deth)])?;
+        }
+        if let Some(h) = &self.reth {
+            h.emit(&mut ext[at(HeaderKind::Reth)])?;
+        }
+        if let Some(h) = &self.atomic_eth {
+            h.emit(&mut ext[at(HeaderKind::AtomicEth)])?;
+        }
+        if let Some(h) = &self.aeth {
+            h.emit(&mut ext[at(HeaderKind::Aeth)])?;
+        }
+        if let Some(h) = &self.atomic_ack_eth {
+            h.emit(&mut ext[at(HeaderKind::AtomicAckEth)])?;
+        }
+        if let Some(v) = self.immediate {
+            emit_u32("ImmDt", v, &mut ext[at(HeaderKind::ImmDt)])?;
+        }
+        if let Some(v) = self.invalidate_rkey {
+            emit_u32("IETH", v, &mut ext[at(HeaderKind::Ieth)])?;
+        }
+        if info.headers.contains(HeaderKind::CnpReserved) {
+            ext[at(HeaderKind::CnpReserved)].fill(0);
+        }
+        Ok(hlen)
+    }
+}
+
+/// Pad bytes that bring `payload_len` to a multiple of four.
+pub const fn pad_for(payload_len: usize) -> usize {
+    payload_len.wrapping_neg() & 3
+}
