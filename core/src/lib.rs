@@ -10,4 +10,5 @@
 #![forbid(unsafe_code)]
 
 pub mod icrc;
+pub mod transport;
 pub mod wire;
