@@ -111,7 +111,7 @@ pub fn read_file(path: &Path) -> Result<Vec<CapturedPacket>, CaptureError> {
                     PcapBlockOwned::NG(Block::InterfaceDescription(idb)) => {
                         interfaces.push(Interface {
                             link: idb.linktype.into(),
-                            resolution: idb.ts_resolution().unwrap_or(1_000_000),
+                            resolution: ts_resolution(idb.if_tsresol),
                             offset_s: idb.ts_offset(),
                         });
                     }
@@ -172,6 +172,18 @@ pub fn read_file(path: &Path) -> Result<Vec<CapturedPacket>, CaptureError> {
     }
 }
 
+/// Timestamp units per second from a pcapng `if_tsresol` byte: 10^n, or 2^n when the top bit
+/// is set. Values that do not fit in 64 bits fall back to the pcapng default, microseconds.
+fn ts_resolution(tsresol: u8) -> u64 {
+    let n = u32::from(tsresol & 0x7f);
+    let units = if tsresol & 0x80 == 0 {
+        10u64.checked_pow(n)
+    } else {
+        1u64.checked_shl(n)
+    };
+    units.unwrap_or(1_000_000)
+}
+
 /// Where the network-layer packet starts in a captured frame, for link types without Ethernet:
 /// `Some(offset)` for an IP packet, `None` when the frame is not IP.
 pub fn ip_offset(link: LinkLayer, data: &[u8]) -> Option<usize> {
@@ -182,8 +194,8 @@ pub fn ip_offset(link: LinkLayer, data: &[u8]) -> Option<usize> {
     let is_ip = |p: Option<u16>| matches!(p, Some(0x0800 | 0x86dd));
     match link {
         LinkLayer::RawIp => Some(0),
-        LinkLayer::LinuxSll if is_ip(proto_at(14)) => Some(16),
-        LinkLayer::LinuxSll2 if is_ip(proto_at(0)) => Some(20),
+        LinkLayer::LinuxSll if data.len() >= 16 && is_ip(proto_at(14)) => Some(16),
+        LinkLayer::LinuxSll2 if data.len() >= 20 && is_ip(proto_at(0)) => Some(20),
         _ => None,
     }
 }

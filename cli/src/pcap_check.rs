@@ -63,7 +63,10 @@ pub fn check_packet(p: &CapturedPacket) -> Verdict {
     let parsed = match p.link {
         LinkLayer::Ethernet => RoceFrame::parse_ethernet(&p.data),
         link => match capture::ip_offset(link, &p.data) {
-            Some(at) => RoceFrame::parse_ip(&p.data[at..]),
+            Some(at) => match p.data.get(at..) {
+                Some(ip) => RoceFrame::parse_ip(ip),
+                None => return Verdict::NotRoce,
+            },
             None => return Verdict::NotRoce,
         },
     };

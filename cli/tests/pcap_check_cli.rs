@@ -1,6 +1,5 @@
 //! `xroce pcap check` as a user runs it: the real binary on real captures.
 
-use std::path::Path;
 use std::process::{Command, Output};
 
 use xroce_tests::{fixture_frames, fixture_path, pcap_bytes, pcapng_bytes, RXE_CAPTURES};
@@ -136,7 +135,16 @@ fn pcapng_files_are_read_with_their_timestamp_resolution() {
         &pcapng_bytes(&[(0, &frames[0]), (250_000_000, &frames[1])], Some(9)),
     );
     let o = xroce(&["pcap", "check", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stdout(&o).contains(" 0.250000 "), "{}", stdout(&o));
+    // Power-of-two resolution (if_tsresol 0x80 | 20: 2^20 units per second): 0.5 s.
+    let p = tmp(
+        "pow2.pcapng",
+        &pcapng_bytes(&[(0, &frames[0]), (1 << 19, &frames[1])], Some(0x80 | 20)),
+    );
+    let o = xroce(&["pcap", "check", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains(" 0.500000 "), "{}", stdout(&o));
 }
 
 #[test]
@@ -190,6 +198,10 @@ fn help_explains_the_command() {
     assert!(s.contains("not RoCEv2"));
     // No file is a usage error, not a silent success.
     let o = xroce(&["pcap", "check"]);
-    assert_ne!(o.status.code(), Some(0));
-    assert!(Path::new(env!("CARGO_BIN_EXE_xroce")).exists());
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "clap reports usage errors with status 2"
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("<FILE>"));
 }

@@ -90,24 +90,25 @@ impl<'a> RoceFrame<'a> {
     }
 
     /// The ICRC stored in the frame.
-    pub fn stored_icrc(&self) -> u32 {
-        // parse checked that the packet holds BTH + ICRC, so `stored` cannot fail here.
-        icrc::stored(self.ip_packet).unwrap_or(0)
+    pub fn stored_icrc(&self) -> Result<u32> {
+        icrc::stored(self.ip_packet)
     }
 
     /// The ICRC computed over the frame.
-    pub fn computed_icrc(&self) -> u32 {
-        icrc::compute(self.ip_packet).unwrap_or(0)
+    pub fn computed_icrc(&self) -> Result<u32> {
+        icrc::compute(self.ip_packet)
     }
 
     pub fn icrc_ok(&self) -> bool {
-        icrc::verify(self.ip_packet).unwrap_or(false)
+        matches!(icrc::verify(self.ip_packet), Ok(true))
     }
 
-    /// False only for an IPv4 packet whose header checksum is wrong.
+    /// False only for an IPv4 packet whose header checksum is wrong (or that is unreadable).
     pub fn ip_checksum_ok(&self) -> bool {
         match self.headers.ip {
-            IpRepr::V4(_) => Ipv4Packet::new_unchecked(self.ip_packet).verify_checksum(),
+            IpRepr::V4(_) => {
+                Ipv4Packet::new_checked(self.ip_packet).is_ok_and(|p| p.verify_checksum())
+            }
             IpRepr::V6(_) => true,
         }
     }
@@ -115,7 +116,10 @@ impl<'a> RoceFrame<'a> {
     /// True when the UDP checksum is zero (as rdma_rxe sends) or correct.
     pub fn udp_checksum_ok(&self) -> bool {
         let ip = &self.headers.ip;
-        UdpPacket::new_unchecked(&self.ip_packet[ip.header_len()..]).verify_checksum(ip)
+        self.ip_packet
+            .get(ip.header_len()..)
+            .and_then(|b| UdpPacket::new_checked(b).ok())
+            .is_some_and(|u| u.verify_checksum(ip))
     }
 
     /// Everything a receiver must check before trusting the packet: the ICRC, the IPv4 header
@@ -127,7 +131,7 @@ impl<'a> RoceFrame<'a> {
         if !self.udp_checksum_ok() {
             return Err(WireError::UdpChecksum);
         }
-        let (computed, stored) = (self.computed_icrc(), self.stored_icrc());
+        let (computed, stored) = (self.computed_icrc()?, self.stored_icrc()?);
         if computed != stored {
             return Err(WireError::Icrc { computed, stored });
         }
