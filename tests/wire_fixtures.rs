@@ -197,7 +197,7 @@ fn malformed_variants_are_errors() {
     assert!(RoceFrame::parse_ethernet(&f).is_err());
 
     // Unknown opcodes.
-    for op in [0x15u8, 0x18, 0x1c, 0x30, 0x66, 0x80, 0xff] {
+    for op in [0x15u8, 0x18, 0x1e, 0x30, 0x66, 0x80, 0xff] {
         let mut f = base.clone();
         f[bth] = op;
         assert_eq!(

@@ -7,9 +7,9 @@ use xroce_core::wire::opcode::{HeaderKind, OPCODE_TABLE};
 use xroce_core::wire::transport::pad_for;
 use xroce_core::wire::{
     emit_frame, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr,
-    EtherType, EthernetAddress, EthernetRepr, FrameHeaders, IpRepr, Ipv4Address, Ipv4Repr,
-    Ipv6Address, Ipv6Repr, Opcode, RdethRepr, RethRepr, RoceFrame, TransportRepr, UdpRepr, VlanTag,
-    ROCEV2_UDP_PORT,
+    EtherType, EthernetAddress, EthernetRepr, FethRepr, FrameHeaders, IpRepr, Ipv4Address,
+    Ipv4Repr, Ipv6Address, Ipv6Repr, Opcode, RdethRepr, RethRepr, RoceFrame, TransportRepr,
+    UdpRepr, VlanTag, ROCEV2_UDP_PORT,
 };
 
 fn known_opcodes() -> Vec<u8> {
@@ -41,6 +41,8 @@ prop_compose! {
         let has = |k| h.contains(k);
         t.rdeth = has(HeaderKind::Rdeth).then_some(RdethRepr { ee_context: ee });
         t.deth = has(HeaderKind::Deth).then_some(DethRepr { qkey, src_qpn });
+        t.feth = has(HeaderKind::Feth)
+            .then_some(FethRepr { selectivity: syn & 3, placement: (syn >> 2) & 0xf });
         t.reth = has(HeaderKind::Reth).then_some(RethRepr { va, rkey, dma_len: len });
         t.atomic_eth = has(HeaderKind::AtomicEth)
             .then_some(AtomicEthRepr { va, rkey, swap_add: swap, compare: cmp });

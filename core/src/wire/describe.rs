@@ -50,6 +50,9 @@ impl fmt::Display for TransportRepr {
         if let Some(h) = &self.deth {
             write!(f, " deth(qkey={:#010x} src_qp={:#08x})", h.qkey, h.src_qpn)?;
         }
+        if let Some(h) = &self.feth {
+            write!(f, " feth(sel={} plt={:#x})", h.selectivity, h.placement)?;
+        }
         if let Some(h) = &self.reth {
             write!(
                 f,

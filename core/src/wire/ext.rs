@@ -60,6 +60,38 @@ impl DethRepr {
     }
 }
 
+/// FLUSH ETH (Linux 6.2+): resv(26) | SEL(2) | PLT(4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FethRepr {
+    /// Selectivity level (2 bits): 0 = memory region range, 1 = whole memory region.
+    pub selectivity: u8,
+    /// Placement type (4 bits): bit 0 global visibility, bit 1 persistence.
+    pub placement: u8,
+}
+
+impl FethRepr {
+    pub const LEN: usize = 4;
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        check_len("FETH", b, Self::LEN)?;
+        let w = be::u32_at(b, 0..4);
+        Ok(FethRepr {
+            selectivity: ((w >> 4) & 3) as u8,
+            placement: (w & 0xf) as u8,
+        })
+    }
+    pub fn emit(&self, b: &mut [u8]) -> Result<()> {
+        check_len("FETH", b, Self::LEN)?;
+        if self.selectivity > 3 || self.placement > 0xf {
+            return Err(WireError::FieldRange(
+                "FETH selectivity or placement too large",
+            ));
+        }
+        let w = (u32::from(self.selectivity) << 4) | u32::from(self.placement);
+        be::set_u32(b, 0..4, w);
+        Ok(())
+    }
+}
+
 /// RDMA ETH: VA(64) | R_Key(32) | DMA length(32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RethRepr {
@@ -284,6 +316,18 @@ mod tests {
         assert_eq!(b[12], 0x11);
         assert_eq!(b[20], 0x21);
         assert_eq!(AtomicEthRepr::parse(&b).unwrap(), r);
+    }
+
+    #[test]
+    fn feth_bits_sit_where_rxe_puts_them() {
+        let r = FethRepr {
+            selectivity: 1,
+            placement: 2,
+        };
+        let mut b = [0u8; 4];
+        r.emit(&mut b).unwrap();
+        assert_eq!(b, [0, 0, 0, 0x12]); // SEL in bits 5-4, PLT in bits 3-0
+        assert_eq!(FethRepr::parse(&b).unwrap(), r);
     }
 
     #[test]

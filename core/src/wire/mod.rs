@@ -27,7 +27,8 @@ pub mod udp;
 pub use bth::{BthPacket, BthRepr};
 pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, VlanTag};
 pub use ext::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, DethRepr, NakCode, RdethRepr, RethRepr,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, NakCode,
+    RdethRepr, RethRepr,
 };
 pub use frame::{emit_frame, FrameHeaders, FrameWriter, RoceFrame};
 pub use ip::{IpAddress, IpRepr};

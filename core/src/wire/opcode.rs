@@ -2,9 +2,9 @@
 //! operation and its place in a message. Parser and builder both consult it.
 //!
 //! Content follows rdma_rxe's `rxe_opcode[]` (values from `include/rdma/ib_pack.h`) for RC, UC and
-//! UD, plus the RD opcodes (decoded for display; rdma_rxe has no RD QPs) and the RoCEv2 CNP (0x81,
-//! BTH followed by 16 reserved bytes). Opcodes absent from the table (0x15 RESYNC, FLUSH,
-//! ATOMIC_WRITE, UC READ, ...) are unknown and rejected by the parser.
+//! UD (FLUSH and ATOMIC_WRITE from Linux 6.2 included), plus the RD opcodes (decoded for display;
+//! rdma_rxe has no RD QPs) and the RoCEv2 CNP (0x81, BTH followed by 16 reserved bytes). Opcodes
+//! absent from the table (0x15 RESYNC, UC READ, ...) are unknown and rejected by the parser.
 
 use core::fmt;
 
@@ -21,6 +21,8 @@ pub struct HeaderSet(u16);
 pub enum HeaderKind {
     Rdeth,
     Deth,
+    /// FLUSH extended transport header (Linux 6.2+ rdma_rxe), before the RETH.
+    Feth,
     Reth,
     AtomicEth,
     Aeth,
@@ -32,9 +34,10 @@ pub enum HeaderKind {
 }
 
 impl HeaderKind {
-    pub const ALL: [HeaderKind; 9] = [
+    pub const ALL: [HeaderKind; 10] = [
         HeaderKind::Rdeth,
         HeaderKind::Deth,
+        HeaderKind::Feth,
         HeaderKind::Reth,
         HeaderKind::AtomicEth,
         HeaderKind::Aeth,
@@ -49,6 +52,7 @@ impl HeaderKind {
         match self {
             HeaderKind::Rdeth => 4,
             HeaderKind::Deth => 8,
+            HeaderKind::Feth => 4,
             HeaderKind::Reth => 16,
             HeaderKind::AtomicEth => 28,
             HeaderKind::Aeth => 4,
@@ -68,6 +72,7 @@ impl HeaderSet {
     pub const NONE: HeaderSet = HeaderSet(0);
     pub const RDETH: HeaderSet = HeaderSet(HeaderKind::Rdeth.bit());
     pub const DETH: HeaderSet = HeaderSet(HeaderKind::Deth.bit());
+    pub const FETH: HeaderSet = HeaderSet(HeaderKind::Feth.bit());
     pub const RETH: HeaderSet = HeaderSet(HeaderKind::Reth.bit());
     pub const ATOMIC_ETH: HeaderSet = HeaderSet(HeaderKind::AtomicEth.bit());
     pub const AETH: HeaderSet = HeaderSet(HeaderKind::Aeth.bit());
@@ -152,6 +157,10 @@ pub enum Operation {
     AtomicAcknowledge,
     CompareSwap,
     FetchAdd,
+    /// RDMA FLUSH (Linux 6.2+): make a remote range persistent or globally visible.
+    Flush,
+    /// RDMA ATOMIC WRITE (Linux 6.2+): an 8-byte write performed atomically.
+    AtomicWrite,
     CongestionNotification,
 }
 
@@ -209,7 +218,10 @@ impl OpcodeInfo {
     pub const fn has_payload(&self) -> bool {
         matches!(
             self.operation,
-            Operation::Send | Operation::RdmaWrite | Operation::RdmaReadResponse
+            Operation::Send
+                | Operation::RdmaWrite
+                | Operation::RdmaReadResponse
+                | Operation::AtomicWrite
         )
     }
 
@@ -314,6 +326,8 @@ pub static OPCODE_TABLE: [Option<OpcodeInfo>; 256] = {
     t[0x14] = e("RC_FETCH_ADD", Rc, FetchAdd, Only, H::ATOMIC_ETH);
     t[0x16] = e("RC_SEND_LAST_WITH_INVALIDATE", Rc, Send, Last, H::IETH);
     t[0x17] = e("RC_SEND_ONLY_WITH_INVALIDATE", Rc, Send, Only, H::IETH);
+    t[0x1c] = e("RC_FLUSH", Rc, Flush, Only, H::FETH.with(reth));
+    t[0x1d] = e("RC_ATOMIC_WRITE", Rc, AtomicWrite, Only, reth);
     // Unreliable Connected.
     t[0x20] = e("UC_SEND_FIRST", Uc, Send, First, H::NONE);
     t[0x21] = e("UC_SEND_MIDDLE", Uc, Send, Middle, H::NONE);
@@ -456,6 +470,8 @@ impl Opcode {
     pub const RC_FETCH_ADD: Opcode = Opcode(0x14);
     pub const RC_SEND_LAST_WITH_INVALIDATE: Opcode = Opcode(0x16);
     pub const RC_SEND_ONLY_WITH_INVALIDATE: Opcode = Opcode(0x17);
+    pub const RC_FLUSH: Opcode = Opcode(0x1c);
+    pub const RC_ATOMIC_WRITE: Opcode = Opcode(0x1d);
     pub const UC_SEND_FIRST: Opcode = Opcode(0x20);
     pub const UC_SEND_MIDDLE: Opcode = Opcode(0x21);
     pub const UC_SEND_LAST: Opcode = Opcode(0x22);
@@ -541,6 +557,8 @@ mod tests {
             (0x13, 40), // CMP_SWAP
             (0x14, 40), // FETCH_ADD
             (0x17, 16), // SEND + Inv
+            (0x1c, 32), // FLUSH
+            (0x1d, 28), // ATOMIC_WRITE
             (0x81, 28), // CNP
         ];
         for &(op, len) in cases {

@@ -3,7 +3,8 @@
 
 use super::bth::{self, BthPacket, BthRepr};
 use super::ext::{
-    emit_u32, parse_u32, AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, RdethRepr, RethRepr,
+    emit_u32, parse_u32, AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RdethRepr,
+    RethRepr,
 };
 use super::opcode::{HeaderKind, HeaderSet, OpcodeInfo};
 use super::{check_len, Result, WireError, ICRC_LEN};
@@ -124,6 +125,7 @@ pub struct TransportRepr {
     pub bth: BthRepr,
     pub rdeth: Option<RdethRepr>,
     pub deth: Option<DethRepr>,
+    pub feth: Option<FethRepr>,
     pub reth: Option<RethRepr>,
     pub atomic_eth: Option<AtomicEthRepr>,
     pub aeth: Option<AethRepr>,
@@ -141,6 +143,7 @@ impl TransportRepr {
             bth,
             rdeth: None,
             deth: None,
+            feth: None,
             reth: None,
             atomic_eth: None,
             aeth: None,
@@ -159,6 +162,9 @@ impl TransportRepr {
         }
         if let Some(b) = p.header(HeaderKind::Deth) {
             r.deth = Some(DethRepr::parse(b)?);
+        }
+        if let Some(b) = p.header(HeaderKind::Feth) {
+            r.feth = Some(FethRepr::parse(b)?);
         }
         if let Some(b) = p.header(HeaderKind::Reth) {
             r.reth = Some(RethRepr::parse(b)?);
@@ -204,6 +210,7 @@ impl TransportRepr {
         let present = [
             (HeaderKind::Rdeth, self.rdeth.is_some()),
             (HeaderKind::Deth, self.deth.is_some()),
+            (HeaderKind::Feth, self.feth.is_some()),
             (HeaderKind::Reth, self.reth.is_some()),
             (HeaderKind::AtomicEth, self.atomic_eth.is_some()),
             (HeaderKind::Aeth, self.aeth.is_some()),
@@ -254,6 +261,9 @@ impl TransportRepr {
         }
         if let Some(h) = &self.deth {
             h.emit(&mut ext[at(HeaderKind::Deth)])?;
+        }
+        if let Some(h) = &self.feth {
+            h.emit(&mut ext[at(HeaderKind::Feth)])?;
         }
         if let Some(h) = &self.reth {
             h.emit(&mut ext[at(HeaderKind::Reth)])?;
