@@ -61,6 +61,11 @@ fn layout(ip_packet: &[u8]) -> Result<(usize, usize), WireError> {
 /// that carries UDP/BTH and ends with a 4-byte ICRC slot. The length is taken from the IP header,
 /// so trailing link-layer padding in `ip_packet` is ignored; the slot's content is not read.
 pub fn compute(ip_packet: &[u8]) -> Result<u32, WireError> {
+    compute_with_end(ip_packet).map(|(crc, _)| crc)
+}
+
+/// The ICRC and the offset of its slot, from one look at the IP header.
+fn compute_with_end(ip_packet: &[u8]) -> Result<(u32, usize), WireError> {
     let (ip_len, covered_end) = layout(ip_packet)?;
     let masked_len = ip_len + udp::HEADER_LEN + bth::HEADER_LEN;
     let mut masked = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN];
@@ -85,26 +90,36 @@ pub fn compute(ip_packet: &[u8]) -> Result<u32, WireError> {
     let mut h = Hasher::new_with_initial(AFTER_PSEUDO_LRH);
     h.update(m);
     h.update(&ip_packet[masked_len..covered_end]);
-    Ok(h.finalize())
+    Ok((h.finalize(), covered_end))
+}
+
+fn read_slot(ip_packet: &[u8], end: usize) -> u32 {
+    let mut a = [0u8; ICRC_LEN];
+    a.copy_from_slice(&ip_packet[end..end + ICRC_LEN]);
+    u32::from_le_bytes(a)
 }
 
 /// The ICRC stored in the packet (its four trailing bytes, least-significant byte first).
 pub fn stored(ip_packet: &[u8]) -> Result<u32, WireError> {
     let (_, end) = layout(ip_packet)?;
-    let mut a = [0u8; ICRC_LEN];
-    a.copy_from_slice(&ip_packet[end..end + ICRC_LEN]);
-    Ok(u32::from_le_bytes(a))
+    Ok(read_slot(ip_packet, end))
+}
+
+/// The computed and the stored ICRC, in one pass.
+pub fn computed_and_stored(ip_packet: &[u8]) -> Result<(u32, u32), WireError> {
+    let (crc, end) = compute_with_end(ip_packet)?;
+    Ok((crc, read_slot(ip_packet, end)))
 }
 
 /// True when the stored ICRC matches the computed one.
 pub fn verify(ip_packet: &[u8]) -> Result<bool, WireError> {
-    Ok(compute(ip_packet)? == stored(ip_packet)?)
+    let (computed, stored) = computed_and_stored(ip_packet)?;
+    Ok(computed == stored)
 }
 
 /// Computes the ICRC and writes it into the packet's trailing slot.
 pub fn fill(ip_packet: &mut [u8]) -> Result<u32, WireError> {
-    let crc = compute(ip_packet)?;
-    let (_, end) = layout(ip_packet)?;
+    let (crc, end) = compute_with_end(ip_packet)?;
     ip_packet[end..end + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
     Ok(crc)
 }

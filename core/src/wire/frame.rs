@@ -131,7 +131,7 @@ impl<'a> RoceFrame<'a> {
         if !self.udp_checksum_ok() {
             return Err(WireError::UdpChecksum);
         }
-        let (computed, stored) = (self.computed_icrc()?, self.stored_icrc()?);
+        let (computed, stored) = icrc::computed_and_stored(self.ip_packet)?;
         if computed != stored {
             return Err(WireError::Icrc { computed, stored });
         }
