@@ -1,0 +1,309 @@
+//! The completer: acknowledgements, READ responses and atomic ACKs retire send WQEs in order
+//! (`rxe_comp.c`); the retransmission and RNR timers drive retries.
+
+use super::device::Shared;
+use super::host_memory::HostMemory;
+use super::qp::{Qp, WqeState};
+use super::qp_state::{retransmit_timeout_ns, QpState, RNR_TIMER_US};
+use super::verbs::{SendOp, WcStatus};
+use super::{psn, sgl, Nanos};
+use crate::wire::{AethSyndrome, NakCode, Operation, Position, RoceFrame};
+
+/// rdma_rxe treats a retry count of 7 as infinite, for `retry_cnt` as for `rnr_retry`.
+pub const INFINITE_RETRY: u8 = 7;
+
+impl Qp {
+    /// Handles an ACK, NAK, READ response or atomic ACK addressed to this QP.
+    pub(crate) fn handle_response(
+        &mut self,
+        now: Nanos,
+        sh: &mut Shared,
+        host: &mut dyn HostMemory,
+        frame: &RoceFrame<'_>,
+    ) {
+        if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        self.process_response(now, sh, host, frame);
+        self.retire_local(sh);
+        self.rearm_retransmit(now);
+        self.check_drained(sh);
+    }
+
+    fn process_response(
+        &mut self,
+        now: Nanos,
+        sh: &mut Shared,
+        host: &mut dyn HostMemory,
+        frame: &RoceFrame<'_>,
+    ) {
+        let t = &frame.headers.transport;
+        let p = t.bth.psn;
+        let Some(info) = t.bth.opcode.info() else {
+            return;
+        };
+        let syndrome = t.aeth.map(|a| a.syndrome);
+
+        // Implicit acknowledgement: a response beyond a SEND/WRITE's last PSN completes it.
+        loop {
+            let Some(w) = self.sq.front() else {
+                return;
+            };
+            if w.state != WqeState::Pending {
+                return;
+            }
+            if psn::diff(p, w.last_psn) <= 0 {
+                break;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                // The READ/atomic response was lost: retry it.
+                self.start_retry(sh, false);
+                return;
+            }
+            // A NAK or RNR NAK beyond this WQE acknowledges it too; so does an ACK.
+            let next = psn::add(w.last_psn, 1);
+            self.reset_retry_counters();
+            if psn::diff(next, self.comp.psn) > 0 {
+                self.comp.psn = next;
+                self.comp.opcode = None;
+            }
+            self.retire_head(sh, WcStatus::Success);
+            if self.attr.state == QpState::Error {
+                return;
+            }
+        }
+        let Some(w) = self.sq.front() else {
+            return;
+        };
+        let op = w.wr.op;
+        let last_psn = w.last_psn;
+        let d = psn::diff(p, self.comp.psn);
+        if d < 0 {
+            // A duplicate (retried) response: only the one ending the head SEND/WRITE counts.
+            if p == last_psn && !op.is_read_or_atomic() && info.operation == Operation::Acknowledge
+            {
+                if let Some(AethSyndrome::Ack { .. }) = syndrome {
+                    self.reset_retry_counters();
+                    self.retire_head(sh, WcStatus::Success);
+                }
+            }
+            return;
+        }
+        if d > 0 && op.is_read_or_atomic() {
+            // Out-of-order READ response or atomic ACK: not buffered; the timer recovers.
+            return;
+        }
+
+        match info.operation {
+            Operation::Acknowledge => match syndrome {
+                Some(AethSyndrome::Ack { .. }) => {
+                    if op.is_read_or_atomic() {
+                        // An ACK cannot complete a READ or atomic: it carries no data.
+                        return;
+                    }
+                    self.reset_retry_counters();
+                    self.comp.psn = psn::add(p, 1);
+                    self.comp.opcode = None;
+                    if p == last_psn {
+                        self.retire_head(sh, WcStatus::Success);
+                    }
+                }
+                Some(AethSyndrome::RnrNak { timer }) => {
+                    sh.counters.rnr_naks_received += 1;
+                    self.comp.psn = p;
+                    if self.comp.rnr_retry > 0 {
+                        if self.comp.rnr_retry != INFINITE_RETRY {
+                            self.comp.rnr_retry -= 1;
+                        }
+                        let us = u64::from(RNR_TIMER_US[usize::from(timer & 0x1f)]);
+                        self.comp.rnr_deadline = Some(now + us * 1000);
+                        self.comp.retrans_deadline = None;
+                        self.req.need_retry = true;
+                    } else {
+                        self.fail_head(sh, WcStatus::RnrRetryExcErr);
+                    }
+                }
+                Some(AethSyndrome::Nak(NakCode::PsnSequenceError)) => {
+                    sh.counters.seq_naks_received += 1;
+                    if d > 0 {
+                        self.comp.psn = p;
+                    }
+                    self.start_retry(sh, false);
+                }
+                Some(AethSyndrome::Nak(code)) => {
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        _ => WcStatus::RemOpErr,
+                    };
+                    self.fail_head(sh, status);
+                }
+                Some(AethSyndrome::Reserved(_)) | None => self.fail_head(sh, WcStatus::BadRespErr),
+            },
+            Operation::RdmaReadResponse => {
+                if !matches!(op, SendOp::RdmaRead { .. }) {
+                    self.fail_head(sh, WcStatus::FatalErr);
+                    return;
+                }
+                let pos = info.position;
+                let in_sequence = match self.comp.opcode {
+                    None => pos.starts_message(),
+                    Some(_) => {
+                        matches!(pos, Position::Middle | Position::Last)
+                            || (pos.starts_message() && p == self.sq[0].first_psn)
+                    }
+                };
+                if !in_sequence {
+                    self.fail_head(sh, WcStatus::BadRespErr);
+                    return;
+                }
+                if pos != Position::Middle && !matches!(syndrome, Some(AethSyndrome::Ack { .. }))
+                {
+                    self.fail_head(sh, WcStatus::BadRespErr);
+                    return;
+                }
+                self.reset_retry_counters();
+                let w = &self.sq[0];
+                if pos.starts_message() && p == w.first_psn {
+                    self.sq[0].read_received = 0;
+                }
+                let w = &self.sq[0];
+                let received = w.read_received;
+                let n = frame.payload.len() as u64;
+                if received + n > w.length {
+                    self.fail_head(sh, WcStatus::LocLenErr);
+                    return;
+                }
+                if sgl::scatter(
+                    &sh.mem,
+                    host,
+                    self.pd,
+                    &w.wr.sg_list,
+                    received,
+                    frame.payload,
+                )
+                .is_err()
+                {
+                    self.fail_head(sh, WcStatus::LocProtErr);
+                    return;
+                }
+                self.sq[0].read_received = received + n;
+                self.comp.psn = psn::add(p, 1);
+                if pos.ends_message() {
+                    self.comp.opcode = None;
+                    if received + n == self.sq[0].length {
+                        self.retire_head(sh, WcStatus::Success);
+                    } else {
+                        self.fail_head(sh, WcStatus::LocLenErr);
+                    }
+                } else {
+                    self.comp.opcode = Some(t.bth.opcode);
+                }
+            }
+            Operation::AtomicAcknowledge => {
+                if !op.is_atomic() || !matches!(syndrome, Some(AethSyndrome::Ack { .. })) {
+                    self.fail_head(sh, WcStatus::BadRespErr);
+                    return;
+                }
+                let Some(ack) = t.atomic_ack_eth else {
+                    return;
+                };
+                self.reset_retry_counters();
+                // The original value lands in host byte order, as rdma_rxe writes it.
+                let bytes = ack.orig.to_ne_bytes();
+                let w = &self.sq[0];
+                if sgl::scatter(&sh.mem, host, self.pd, &w.wr.sg_list, 0, &bytes).is_err() {
+                    self.fail_head(sh, WcStatus::LocProtErr);
+                    return;
+                }
+                self.comp.psn = psn::add(p, 1);
+                self.comp.opcode = None;
+                self.retire_head(sh, WcStatus::Success);
+            }
+            _ => {}
+        }
+    }
+
+    /// Completes the head WQE with an error; the QP goes to ERROR and the rest flushes.
+    fn fail_head(&mut self, sh: &mut Shared, status: WcStatus) {
+        self.retire_head(sh, status);
+    }
+
+    fn reset_retry_counters(&mut self) {
+        self.comp.retry_cnt = self.attr.retry_cnt;
+        self.comp.rnr_retry = self.attr.rnr_retry;
+        self.comp.started_retry = false;
+    }
+
+    /// A sequence NAK, a lost response or a timeout: count a retry and go back N, or give up
+    /// with RETRY_EXC_ERR. A NAK during a retry already under way is ignored; a timeout is not.
+    fn start_retry(&mut self, sh: &mut Shared, timeout: bool) {
+        let Some(w) = self.sq.front() else {
+            return;
+        };
+        if w.state == WqeState::Posted {
+            return;
+        }
+        if self.comp.started_retry && !timeout {
+            return;
+        }
+        if self.comp.retry_cnt > 0 {
+            if self.comp.retry_cnt != INFINITE_RETRY {
+                self.comp.retry_cnt -= 1;
+            }
+            if psn::diff(self.req.psn, self.comp.psn) > 0 {
+                self.req.need_retry = true;
+                self.comp.started_retry = true;
+                self.comp.retrans_deadline = None;
+            }
+        } else {
+            sh.counters.retry_exceeded += 1;
+            self.fail_head(sh, WcStatus::RetryExcErr);
+        }
+    }
+
+    /// Keeps the retransmission timer running while PSNs are outstanding, restarting it after
+    /// every response, and stops it when everything is acknowledged.
+    fn rearm_retransmit(&mut self, now: Nanos) {
+        if self.attr.state == QpState::Error {
+            self.comp.retrans_deadline = None;
+            return;
+        }
+        let outstanding = psn::diff(self.req.psn, self.comp.psn) > 0;
+        self.comp.retrans_deadline = match retransmit_timeout_ns(self.attr.timeout) {
+            Some(t) if outstanding && self.comp.rnr_deadline.is_none() => Some(now + t),
+            _ => None,
+        };
+    }
+
+    /// The earliest timer of this QP.
+    pub(crate) fn next_deadline(&self) -> Option<Nanos> {
+        match (self.comp.retrans_deadline, self.comp.rnr_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs the timers that are due at `now`.
+    pub(crate) fn handle_timeout(&mut self, now: Nanos, sh: &mut Shared) {
+        if let Some(t) = self.comp.rnr_deadline {
+            if t <= now {
+                // The RNR wait is over: go back N from the NAKed PSN.
+                self.comp.rnr_deadline = None;
+                self.req.need_retry = true;
+            }
+        }
+        if let Some(t) = self.comp.retrans_deadline {
+            if t <= now {
+                self.comp.retrans_deadline = None;
+                if self.comp.rnr_deadline.is_none()
+                    && psn::diff(self.req.psn, self.comp.psn) > 0
+                    && matches!(self.attr.state, QpState::Rts | QpState::Sqd)
+                {
+                    sh.counters.timeouts += 1;
+                    self.start_retry(sh, true);
+                }
+            }
+        }
+    }
+}

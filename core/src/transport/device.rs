@@ -1,0 +1,710 @@
+//! The device: every object of one RDMA device (PDs, MRs, CQs, SRQs, AHs, QPs) and the
+//! sans-IO interface the engine drives.
+//!
+//! The device never reads a clock, sleeps or touches a socket. The caller passes `now` (any
+//! monotonic nanosecond count) and:
+//! * hands received IP packets to [`Device::handle_packet`];
+//! * calls [`Device::poll_transmit`] until it returns `None`, sending each packet;
+//! * calls [`Device::handle_timeout`] when [`Device::poll_timeout`] says a timer is due;
+//! * drains [`Device::poll_event`] for completion-channel and asynchronous events.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::address::{AddressVector, AhId};
+use super::cq::{CompletionQueue, CqId, Pushed};
+use super::host_memory::HostMemory;
+use super::memory::{Access, MemoryRegion, MemoryTable, MrId, PdId};
+use super::qp::{Qp, QpAttr, QpInit, SendWqe, WqeState};
+use super::qp_state::{AttrMask, PathMtu, QpState, QpType};
+use super::requester::MAX_MSG_SIZE;
+use super::srq::{SharedReceiveQueue, SrqId};
+use super::verbs::{
+    AsyncEvent, Event, RecvWr, SendFlags, SendOp, SendWr, VerbsError, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+use super::Nanos;
+use crate::wire::{IpAddress, Opcode, RoceFrame, Transport};
+
+/// Device limits, as rdma_rxe advertises them (digest §8) where they bind.
+pub mod limits {
+    pub const MAX_QP_WR: u32 = 1 << 20;
+    pub const MAX_SGE: u32 = 32;
+    pub const MAX_INLINE_DATA: u32 = 512;
+    pub const MAX_CQE: u32 = 32767;
+    pub const MAX_SRQ_WR: u32 = 1 << 20;
+    pub const MAX_SRQ_SGE: u32 = 27;
+    /// First QPN handed out (rdma_rxe's `RXE_MIN_QP_INDEX` + 1).
+    pub const FIRST_QPN: u32 = 0x11;
+}
+
+/// How a device is set up.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The GID table, as IP addresses (IPv4-mapped GIDs become IPv4). `None` marks an empty
+    /// slot, so indices stay stable when an address goes away.
+    pub gids: Vec<Option<IpAddress>>,
+    /// The port's active MTU (from the netdev MTU, see [`PathMtu::for_netdev_mtu`]); UD uses it.
+    pub port_mtu: PathMtu,
+    /// Seeds the memory-key generator. The engine draws it from the OS; tests fix it.
+    pub key_seed: [u8; 32],
+}
+
+/// Where a built packet goes. The packet in the caller's buffer starts with the IP header; the
+/// caller adds the link layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub len: usize,
+    pub src: IpAddress,
+    pub dst: IpAddress,
+    /// The local QP that sent it.
+    pub qpn: u32,
+}
+
+/// What the device has seen and done, for `xroce` statistics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub rx_packets: u64,
+    pub tx_requests: u64,
+    pub tx_responses: u64,
+    pub malformed: u64,
+    pub bad_icrc: u64,
+    pub not_local: u64,
+    pub bad_pkey: u64,
+    pub unknown_qp: u64,
+    pub wrong_transport: u64,
+    pub wrong_address: u64,
+    pub cnp_received: u64,
+    pub duplicates: u64,
+    pub seq_naks_sent: u64,
+    pub seq_naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    pub error_naks_sent: u64,
+    pub retransmissions: u64,
+    pub timeouts: u64,
+    pub retry_exceeded: u64,
+    pub qkey_violations: u64,
+    pub ud_no_receive: u64,
+    pub ud_too_long: u64,
+    pub uc_messages_dropped: u64,
+    pub cq_overflows: u64,
+}
+
+/// Everything a QP touches besides itself.
+pub(crate) struct Shared {
+    pub mem: MemoryTable,
+    pub cqs: HashMap<CqId, CompletionQueue>,
+    pub srqs: HashMap<SrqId, SharedReceiveQueue>,
+    pub ahs: HashMap<AhId, (PdId, AddressVector)>,
+    pub events: VecDeque<Event>,
+    pub gids: Vec<Option<IpAddress>>,
+    pub port_mtu: PathMtu,
+    pub counters: Counters,
+    ip_ident: u16,
+}
+
+impl Shared {
+    pub fn gid(&self, index: u8) -> Option<IpAddress> {
+        self.gids.get(usize::from(index)).copied().flatten()
+    }
+
+    pub fn next_ip_ident(&mut self) -> u16 {
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        self.ip_ident
+    }
+
+    /// Stores a completion; false when the CQ overflowed (the CQ-error event is raised once).
+    pub fn complete(&mut self, cq: CqId, wc: WorkCompletion) -> bool {
+        let Some(q) = self.cqs.get_mut(&cq) else {
+            return false;
+        };
+        let was_overflowed = q.overflowed();
+        match q.push(wc) {
+            Pushed::Stored { notify } => {
+                if notify {
+                    self.events.push_back(Event::CqNotify(cq));
+                }
+                true
+            }
+            Pushed::Overflow => {
+                self.counters.cq_overflows += 1;
+                if !was_overflowed {
+                    self.events.push_back(Event::Async(AsyncEvent::CqError(cq)));
+                }
+                false
+            }
+        }
+    }
+
+    /// Like [`Self::complete`] where the QP is already going to ERROR anyway.
+    pub fn complete_quiet(&mut self, cq: CqId, wc: WorkCompletion) {
+        let _ = self.complete(cq, wc);
+    }
+}
+
+/// One RDMA device.
+pub struct Device {
+    qps: HashMap<u32, Qp>,
+    /// QPs that may have something to send, in round-robin order.
+    ready: VecDeque<u32>,
+    sh: Shared,
+    next_qpn: u32,
+    next_cq: u32,
+    next_srq: u32,
+    next_ah: u32,
+}
+
+impl Device {
+    pub fn new(config: DeviceConfig) -> Self {
+        Device {
+            qps: HashMap::new(),
+            ready: VecDeque::new(),
+            sh: Shared {
+                mem: MemoryTable::new(config.key_seed),
+                cqs: HashMap::new(),
+                srqs: HashMap::new(),
+                ahs: HashMap::new(),
+                events: VecDeque::new(),
+                gids: config.gids,
+                port_mtu: config.port_mtu,
+                counters: Counters::default(),
+                ip_ident: 0,
+            },
+            next_qpn: limits::FIRST_QPN,
+            next_cq: 1,
+            next_srq: 1,
+            next_ah: 1,
+        }
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.sh.counters
+    }
+
+    pub fn gids(&self) -> &[Option<IpAddress>] {
+        &self.sh.gids
+    }
+
+    /// Replaces the GID table (the netdev's addresses changed).
+    pub fn set_gids(&mut self, gids: Vec<Option<IpAddress>>) {
+        self.sh.gids = gids;
+    }
+
+    pub fn port_mtu(&self) -> PathMtu {
+        self.sh.port_mtu
+    }
+
+    pub fn set_port_mtu(&mut self, mtu: PathMtu) {
+        self.sh.port_mtu = mtu;
+    }
+
+    // ----- protection domains and memory regions -----
+
+    pub fn alloc_pd(&mut self) -> PdId {
+        self.sh.mem.alloc_pd()
+    }
+
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        let used = self.qps.values().any(|q| q.pd == pd)
+            || self.sh.ahs.values().any(|(p, _)| *p == pd)
+            || self.sh.srqs.values().any(|s| s.pd == pd);
+        if used || !self.sh.mem.dealloc_pd(pd) {
+            return Err(VerbsError::Busy("protection domain"));
+        }
+        Ok(())
+    }
+
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        va: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(MrId, MemoryRegion), VerbsError> {
+        Ok(self.sh.mem.register(pd, va, len, access)?)
+    }
+
+    pub fn dereg_mr(&mut self, mr: MrId) -> Result<MemoryRegion, VerbsError> {
+        self.sh
+            .mem
+            .deregister(mr)
+            .ok_or(VerbsError::NoSuchObject("memory region"))
+    }
+
+    // ----- completion queues -----
+
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqId, VerbsError> {
+        if cqe == 0 || cqe > limits::MAX_CQE {
+            return Err(VerbsError::Invalid("cqe must be 1..=32767"));
+        }
+        let id = CqId(self.next_cq);
+        self.next_cq += 1;
+        self.sh
+            .cqs
+            .insert(id, CompletionQueue::new(cqe as usize));
+        Ok(id)
+    }
+
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        if self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+            return Err(VerbsError::Busy("completion queue"));
+        }
+        self.sh
+            .cqs
+            .remove(&cq)
+            .map(|_| ())
+            .ok_or(VerbsError::NoSuchObject("completion queue"))
+    }
+
+    pub fn cq(&self, cq: CqId) -> Option<&CompletionQueue> {
+        self.sh.cqs.get(&cq)
+    }
+
+    /// Moves up to `max` completions into `out`; returns how many.
+    pub fn poll_cq(
+        &mut self,
+        cq: CqId,
+        max: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<usize, VerbsError> {
+        let q = self
+            .sh
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NoSuchObject("completion queue"))?;
+        Ok(q.poll(max, out))
+    }
+
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), VerbsError> {
+        let q = self
+            .sh
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NoSuchObject("completion queue"))?;
+        q.req_notify(solicited_only);
+        Ok(())
+    }
+
+    // ----- shared receive queues -----
+
+    pub fn create_srq(
+        &mut self,
+        pd: PdId,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<SrqId, VerbsError> {
+        if max_wr == 0 || max_wr > limits::MAX_SRQ_WR || max_sge > limits::MAX_SRQ_SGE {
+            return Err(VerbsError::Invalid("SRQ size out of range"));
+        }
+        let id = SrqId(self.next_srq);
+        self.next_srq += 1;
+        self.sh.srqs.insert(
+            id,
+            SharedReceiveQueue::new(pd, max_wr as usize, max_sge as usize),
+        );
+        Ok(id)
+    }
+
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
+        if self.qps.values().any(|q| q.srq == Some(srq)) {
+            return Err(VerbsError::Busy("shared receive queue"));
+        }
+        self.sh
+            .srqs
+            .remove(&srq)
+            .map(|_| ())
+            .ok_or(VerbsError::NoSuchObject("shared receive queue"))
+    }
+
+    /// Arms (non-zero) or disarms the SRQ limit event.
+    pub fn modify_srq_limit(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
+        let s = self
+            .sh
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NoSuchObject("shared receive queue"))?;
+        if limit as usize > s.max_wr {
+            return Err(VerbsError::Invalid("SRQ limit above its size"));
+        }
+        s.set_limit(limit);
+        Ok(())
+    }
+
+    pub fn srq(&self, srq: SrqId) -> Option<&SharedReceiveQueue> {
+        self.sh.srqs.get(&srq)
+    }
+
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
+        let s = self
+            .sh
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NoSuchObject("shared receive queue"))?;
+        if wr.sg_list.len() > s.max_sge {
+            return Err(VerbsError::Invalid("more SGEs than the SRQ's max_sge"));
+        }
+        if !s.push(wr) {
+            return Err(VerbsError::QueueFull("shared receive queue"));
+        }
+        Ok(())
+    }
+
+    // ----- address handles -----
+
+    pub fn create_ah(&mut self, pd: PdId, av: AddressVector) -> Result<AhId, VerbsError> {
+        let Some(sgid) = self.sh.gid(av.sgid_index) else {
+            return Err(VerbsError::Invalid("sgid_index names no GID"));
+        };
+        if matches!(sgid, IpAddress::V4(_)) != matches!(av.dgid, IpAddress::V4(_)) {
+            return Err(VerbsError::Invalid(
+                "source and destination GIDs are of different IP versions",
+            ));
+        }
+        let id = AhId(self.next_ah);
+        self.next_ah += 1;
+        self.sh.ahs.insert(id, (pd, av));
+        Ok(id)
+    }
+
+    pub fn destroy_ah(&mut self, ah: AhId) -> Result<(), VerbsError> {
+        self.sh
+            .ahs
+            .remove(&ah)
+            .map(|_| ())
+            .ok_or(VerbsError::NoSuchObject("address handle"))
+    }
+
+    // ----- queue pairs -----
+
+    pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
+        if !self.sh.cqs.contains_key(&init.send_cq) || !self.sh.cqs.contains_key(&init.recv_cq) {
+            return Err(VerbsError::NoSuchObject("completion queue"));
+        }
+        if let Some(srq) = init.srq {
+            if !self.sh.srqs.contains_key(&srq) {
+                return Err(VerbsError::NoSuchObject("shared receive queue"));
+            }
+        }
+        let c = init.cap;
+        if c.max_send_wr > limits::MAX_QP_WR || c.max_recv_wr > limits::MAX_QP_WR {
+            return Err(VerbsError::Invalid("max_send_wr/max_recv_wr above the device limit"));
+        }
+        if c.max_send_sge > limits::MAX_SGE || c.max_recv_sge > limits::MAX_SGE {
+            return Err(VerbsError::Invalid("max_send_sge/max_recv_sge above 32"));
+        }
+        if c.max_inline_data > limits::MAX_INLINE_DATA {
+            return Err(VerbsError::Invalid("max_inline_data above 512"));
+        }
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) {
+            qpn = next_qpn(qpn);
+        }
+        self.next_qpn = next_qpn(qpn);
+        self.qps.insert(qpn, Qp::new(qpn, &init));
+        Ok(qpn)
+    }
+
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        self.qps
+            .remove(&qpn)
+            .map(|_| ())
+            .ok_or(VerbsError::NoSuchObject("queue pair"))
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
+        self.qps.get(&qpn)
+    }
+
+    pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbsError> {
+        self.qps
+            .get(&qpn)
+            .map(Qp::attr)
+            .ok_or(VerbsError::NoSuchObject("queue pair"))
+    }
+
+    pub fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        qp.modify(&mut self.sh, attr, mask)?;
+        self.mark_ready(qpn);
+        Ok(())
+    }
+
+    /// `ibv_post_send`. Errors are the ones verbs reports at post time; anything found later
+    /// (bad lkey, remote errors) arrives as a work completion.
+    pub fn post_send(
+        &mut self,
+        qpn: u32,
+        wr: SendWr,
+        host: &dyn HostMemory,
+    ) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        let cap = qp.attr.cap;
+        if matches!(
+            qp.attr.state,
+            QpState::Reset | QpState::Init | QpState::Rtr
+        ) {
+            return Err(VerbsError::Invalid("QP is not ready to send (needs RTS)"));
+        }
+        if qp.sq.len() >= cap.max_send_wr as usize {
+            return Err(VerbsError::QueueFull("send queue"));
+        }
+        if wr.sg_list.len() > cap.max_send_sge as usize {
+            return Err(VerbsError::Invalid("more SGEs than the QP's max_send_sge"));
+        }
+        let op_ok = match qp.ty {
+            QpType::Rc => true,
+            QpType::Uc => !wr.op.is_read_or_atomic(),
+            QpType::Ud => wr.op.is_send(),
+        };
+        if !op_ok {
+            return Err(VerbsError::Invalid("operation not supported on this QP type"));
+        }
+        let length = wr.length();
+        if length > MAX_MSG_SIZE {
+            return Err(VerbsError::Invalid("message larger than 2 GiB"));
+        }
+        if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } =
+            wr.op
+        {
+            if length != 8 || remote_addr % 8 != 0 {
+                return Err(VerbsError::Invalid(
+                    "atomics need one 8-byte local buffer and an 8-byte aligned remote address",
+                ));
+            }
+        }
+        let ud_av = if qp.ty == QpType::Ud {
+            let ud = wr
+                .ud
+                .ok_or(VerbsError::Invalid("UD send without a destination"))?;
+            let (_, av) = self
+                .sh
+                .ahs
+                .get(&ud.ah)
+                .ok_or(VerbsError::NoSuchObject("address handle"))?;
+            Some(*av)
+        } else {
+            None
+        };
+        let inline = if wr.flags.contains(SendFlags::INLINE) && !wr.op.is_read_or_atomic() {
+            if length > u64::from(cap.max_inline_data) {
+                return Err(VerbsError::Invalid("inline data above max_inline_data"));
+            }
+            let mut data = vec![0u8; length as usize];
+            let mut at = 0usize;
+            for sge in &wr.sg_list {
+                let n = sge.length as usize;
+                host.read(sge.addr, &mut data[at..at + n])
+                    .map_err(|_| VerbsError::Invalid("inline data address not readable"))?;
+                at += n;
+            }
+            Some(data)
+        } else {
+            None
+        };
+        let wqe = SendWqe {
+            wr,
+            inline,
+            length,
+            state: WqeState::Posted,
+            first_psn: 0,
+            last_psn: 0,
+            has_rd_atomic: false,
+            read_received: 0,
+            ud_av,
+        };
+        if qp.attr.state == QpState::Error {
+            // Posting to a QP in error completes at once with a flush error.
+            let wc = qp.send_wc(&wqe, WcStatus::WrFlushErr);
+            self.sh.complete_quiet(qp.send_cq, wc);
+            return Ok(());
+        }
+        qp.sq.push_back(wqe);
+        self.mark_ready(qpn);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        if qp.srq.is_some() {
+            return Err(VerbsError::Invalid("the QP receives from an SRQ"));
+        }
+        if qp.attr.state == QpState::Reset {
+            return Err(VerbsError::Invalid("QP is in RESET"));
+        }
+        if qp.rq.len() >= qp.attr.cap.max_recv_wr as usize {
+            return Err(VerbsError::QueueFull("receive queue"));
+        }
+        if wr.sg_list.len() > qp.attr.cap.max_recv_sge as usize {
+            return Err(VerbsError::Invalid("more SGEs than the QP's max_recv_sge"));
+        }
+        if qp.attr.state == QpState::Error {
+            let wc = WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: 0,
+                qp_num: qpn,
+                src_qp: 0,
+                flags: WcFlags::default(),
+                solicited: false,
+            };
+            self.sh.complete_quiet(qp.recv_cq, wc);
+            return Ok(());
+        }
+        qp.rq.push_back(wr);
+        Ok(())
+    }
+
+    // ----- the sans-IO interface -----
+
+    /// Handles one received packet (starting at the IP header). Anything invalid is dropped
+    /// and counted, as rdma_rxe does: nothing a peer sends can make this panic.
+    pub fn handle_packet(&mut self, now: Nanos, packet: &[u8], host: &mut dyn HostMemory) {
+        let c = &mut self.sh.counters;
+        c.rx_packets += 1;
+        let Ok(frame) = RoceFrame::parse_ip(packet) else {
+            c.malformed += 1;
+            return;
+        };
+        if frame.verify().is_err() {
+            c.bad_icrc += 1;
+            return;
+        }
+        let h = &frame.headers;
+        let dst = h.ip.dst_addr();
+        if !self.sh.gids.iter().flatten().any(|g| *g == dst) {
+            c.not_local += 1;
+            return;
+        }
+        let bth = &h.transport.bth;
+        if bth.pkey & 0x7fff != 0x7fff {
+            c.bad_pkey += 1;
+            return;
+        }
+        let Some(info) = bth.opcode.info() else {
+            c.malformed += 1;
+            return;
+        };
+        if bth.opcode == Opcode::CNP {
+            // No congestion control, as rdma_rxe.
+            c.cnp_received += 1;
+            return;
+        }
+        let qpn = bth.dest_qpn;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            c.unknown_qp += 1;
+            return;
+        };
+        let matches = matches!(
+            (info.transport, qp.ty),
+            (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
+        );
+        if !matches {
+            c.wrong_transport += 1;
+            return;
+        }
+        if qp.ty != QpType::Ud {
+            // A connected QP only hears from its peer, at the address it was given.
+            let gids = &self.sh.gids;
+            let ok = qp.attr.av.is_some_and(|av| {
+                av.dgid == h.ip.src_addr()
+                    && gids.get(usize::from(av.sgid_index)).copied().flatten() == Some(dst)
+            });
+            if !ok {
+                c.wrong_address += 1;
+                return;
+            }
+        }
+        if info.is_request() {
+            qp.handle_request(&mut self.sh, host, &frame);
+        } else {
+            qp.handle_response(now, &mut self.sh, host, &frame);
+        }
+        self.mark_ready(qpn);
+    }
+
+    /// Builds the next packet to send into `buf` (starting at the IP header, so leave room in
+    /// front for the link layer). QPs take turns, one packet each.
+    pub fn poll_transmit(
+        &mut self,
+        now: Nanos,
+        host: &dyn HostMemory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        while let Some(qpn) = self.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            qp.queued = false;
+            let sent = match qp.next_response(&mut self.sh, host, buf) {
+                Some(t) => Some(t),
+                None => qp.next_request(now, &mut self.sh, host, buf),
+            };
+            if let Some(t) = sent {
+                self.mark_ready(qpn);
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// The earliest time [`Self::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.qps.values().filter_map(Qp::next_deadline).min()
+    }
+
+    /// Runs every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        let due: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.next_deadline().is_some_and(|t| t <= now))
+            .map(|(n, _)| *n)
+            .collect();
+        for qpn in due {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.handle_timeout(now, &mut self.sh);
+            }
+            self.mark_ready(qpn);
+        }
+    }
+
+    /// The next completion-channel or asynchronous event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.sh.events.pop_front()
+    }
+
+    fn mark_ready(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            if !qp.queued {
+                qp.queued = true;
+                self.ready.push_back(qpn);
+            }
+        }
+    }
+}
+
+fn next_qpn(q: u32) -> u32 {
+    // QPN 0 and 1 are the special QPs; 0xFFFFFF is the multicast QPN.
+    if q + 1 >= 0xff_ffff {
+        limits::FIRST_QPN
+    } else {
+        q + 1
+    }
+}

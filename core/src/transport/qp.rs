@@ -1,0 +1,626 @@
+//! A queue pair: its attributes, queues and the state its requester, completer and responder
+//! share. The three protocol engines are in `requester.rs`, `completer.rs` and `responder.rs`.
+
+use std::collections::VecDeque;
+
+use super::address::{udp_sport_for_flow, udp_sport_for_qpn, AddressVector};
+use super::cq::CqId;
+use super::device::Shared;
+use super::memory::{Access, PdId};
+use super::qp_state::{
+    check_transition, rd_atomic_slots, AttrMask, ModifyError, PathMtu, QpState, QpType,
+    MAX_QP_RD_ATOM, MAX_TIMEOUT,
+};
+use super::responder::Responder;
+use super::srq::SrqId;
+use super::verbs::{
+    AsyncEvent, RecvWr, SendWr, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
+use super::{psn, Nanos};
+use crate::wire::{
+    bth::DEFAULT_PKEY, ipv4, BthRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr,
+    Opcode, TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
+};
+
+/// Queue sizes asked for at creation (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        QpCap {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// What `create_qp` needs (`struct ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    pub ty: QpType,
+    pub pd: PdId,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    pub srq: Option<SrqId>,
+    pub cap: QpCap,
+    /// Every send WR completes with a work completion, whatever its SIGNALED flag.
+    pub sq_sig_all: bool,
+}
+
+/// QP attributes (`struct ibv_qp_attr`, the fields RoCE uses). `modify_qp` reads the fields its
+/// mask names; `query_qp` fills all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    pub state: QpState,
+    pub cur_state: QpState,
+    pub path_mtu: PathMtu,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qpn: u32,
+    pub access: Access,
+    pub pkey_index: u16,
+    pub port_num: u8,
+    pub av: Option<AddressVector>,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub en_sqd_async_notify: bool,
+    pub cap: QpCap,
+}
+
+impl Default for QpAttr {
+    fn default() -> Self {
+        QpAttr {
+            state: QpState::Reset,
+            cur_state: QpState::Reset,
+            // rdma_rxe's value before IBV_QP_PATH_MTU is set.
+            path_mtu: PathMtu::Mtu256,
+            qkey: 0,
+            rq_psn: 0,
+            sq_psn: 0,
+            dest_qpn: 0,
+            access: Access::NONE,
+            pkey_index: 0,
+            port_num: 1,
+            av: None,
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            min_rnr_timer: 0,
+            max_rd_atomic: 0,
+            max_dest_rd_atomic: 0,
+            en_sqd_async_notify: false,
+            cap: QpCap::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WqeState {
+    /// Not started by the requester.
+    Posted,
+    /// Started: PSNs assigned, packets (partly) sent, waiting for the completer.
+    Pending,
+    /// Finished locally (UC/UD after transmission, oversized UD): complete when at the head.
+    Done,
+    /// Failed locally; completes with this status and moves the QP to error.
+    Error(WcStatus),
+}
+
+/// A send work queue element.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    /// Inline payload, copied from the application at post time.
+    pub inline: Option<Vec<u8>>,
+    pub length: u64,
+    pub state: WqeState,
+    pub first_psn: u32,
+    pub last_psn: u32,
+    /// Holds one of the requester's READ/atomic slots.
+    pub has_rd_atomic: bool,
+    /// READ: bytes of response placed so far (the completer's cursor).
+    pub read_received: u64,
+    /// UD: the destination, resolved from the AH at post time.
+    pub ud_av: Option<AddressVector>,
+}
+
+/// Requester state (`qp->req` in rxe).
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// Next PSN to send.
+    pub psn: u32,
+    /// Index in the SQ (from the head) of the WQE being sent.
+    pub wqe_index: usize,
+    /// Bytes of that WQE already sent in this pass.
+    pub offset: u64,
+    pub noack_pkts: u32,
+    pub rd_atomic_avail: u32,
+    pub rd_atomic_max: u32,
+    /// The completer asked for a go-back-N from `comp.psn`.
+    pub need_retry: bool,
+}
+
+/// Completer state (`qp->comp` in rxe).
+#[derive(Debug, Default)]
+pub(crate) struct Completer {
+    /// Oldest PSN not yet acknowledged.
+    pub psn: u32,
+    /// Opcode of the last READ response in a multi-packet response, `None` between messages.
+    pub opcode: Option<Opcode>,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub started_retry: bool,
+    pub retrans_deadline: Option<Nanos>,
+    pub rnr_deadline: Option<Nanos>,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) ty: QpType,
+    pub(crate) pd: PdId,
+    pub(crate) send_cq: CqId,
+    pub(crate) recv_cq: CqId,
+    pub(crate) srq: Option<SrqId>,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) attr: QpAttr,
+    pub(crate) udp_sport: u16,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: VecDeque<RecvWr>,
+    pub(crate) req: Requester,
+    pub(crate) comp: Completer,
+    pub(crate) resp: Responder,
+    /// SQD: the SQ-drained event is still to be raised.
+    pub(crate) drain_notify: bool,
+    /// On the device's ready list.
+    pub(crate) queued: bool,
+}
+
+/// The TTL/hop limit xroce sends: rdma_rxe sends the route's default (64) whatever the AV asks.
+pub const DEFAULT_TTL: u8 = 64;
+
+impl Qp {
+    pub(crate) fn new(qpn: u32, init: &QpInit) -> Self {
+        Qp {
+            qpn,
+            ty: init.ty,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            sq_sig_all: init.sq_sig_all,
+            attr: QpAttr {
+                cap: init.cap,
+                ..QpAttr::default()
+            },
+            udp_sport: udp_sport_for_qpn(qpn),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: Requester::default(),
+            comp: Completer::default(),
+            resp: Responder::default(),
+            drain_notify: false,
+            queued: false,
+        }
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn qp_type(&self) -> QpType {
+        self.ty
+    }
+
+    pub fn state(&self) -> QpState {
+        self.attr.state
+    }
+
+    /// The attributes as `ibv_query_qp` reports them.
+    pub fn attr(&self) -> QpAttr {
+        QpAttr {
+            cur_state: self.attr.state,
+            sq_psn: self.req.psn,
+            rq_psn: self.resp.psn,
+            ..self.attr
+        }
+    }
+
+    /// Path MTU in bytes for segmentation and length checks: the QP's for RC/UC, the port's
+    /// for UD.
+    pub(crate) fn mtu(&self, sh: &Shared) -> usize {
+        match self.ty {
+            QpType::Ud => sh.port_mtu.bytes(),
+            _ => self.attr.path_mtu.bytes(),
+        }
+    }
+
+    /// Applies `ibv_modify_qp`. Validation happens before anything changes, so a refused
+    /// modify leaves the QP as it was.
+    pub(crate) fn modify(
+        &mut self,
+        sh: &mut Shared,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), VerbsError> {
+        let cur = self.attr.state;
+        let next = if mask.contains(AttrMask::STATE) {
+            attr.state
+        } else {
+            cur
+        };
+        if mask.contains(AttrMask::CUR_STATE) && attr.cur_state != cur {
+            return Err(ModifyError::CurrentStateMismatch {
+                given: attr.cur_state,
+                actual: cur,
+            }
+            .into());
+        }
+        check_transition(cur, next, self.ty, mask)?;
+        self.check_attr_values(sh, attr, mask)?;
+        if cur == QpState::Sqd && next != QpState::Sqd && next != QpState::Error && self.draining()
+        {
+            return Err(ModifyError::InvalidAttribute("the send queue is still draining").into());
+        }
+
+        let m = |b: AttrMask| mask.contains(b);
+        if m(AttrMask::PATH_MTU) {
+            self.attr.path_mtu = attr.path_mtu;
+        }
+        if m(AttrMask::QKEY) {
+            self.attr.qkey = attr.qkey;
+        }
+        if m(AttrMask::ACCESS_FLAGS) {
+            self.attr.access = attr.access;
+        }
+        if m(AttrMask::PKEY_INDEX) {
+            self.attr.pkey_index = attr.pkey_index;
+        }
+        if m(AttrMask::PORT) {
+            self.attr.port_num = attr.port_num;
+        }
+        if m(AttrMask::DEST_QPN) {
+            self.attr.dest_qpn = attr.dest_qpn;
+        }
+        if m(AttrMask::AV) {
+            self.attr.av = attr.av;
+        }
+        if m(AttrMask::AV) || m(AttrMask::DEST_QPN) {
+            if let Some(av) = self.attr.av {
+                self.udp_sport = udp_sport_for_flow(av.flow_label, self.qpn, self.attr.dest_qpn);
+            }
+        }
+        if m(AttrMask::TIMEOUT) {
+            self.attr.timeout = attr.timeout;
+        }
+        if m(AttrMask::RETRY_CNT) {
+            self.attr.retry_cnt = attr.retry_cnt;
+            self.comp.retry_cnt = attr.retry_cnt;
+        }
+        if m(AttrMask::RNR_RETRY) {
+            self.attr.rnr_retry = attr.rnr_retry;
+            self.comp.rnr_retry = attr.rnr_retry;
+        }
+        if m(AttrMask::MIN_RNR_TIMER) {
+            self.attr.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if m(AttrMask::MAX_QP_RD_ATOMIC) {
+            self.attr.max_rd_atomic = attr.max_rd_atomic;
+            let slots = rd_atomic_slots(attr.max_rd_atomic);
+            let in_use = self.req.rd_atomic_max - self.req.rd_atomic_avail;
+            self.req.rd_atomic_max = slots;
+            self.req.rd_atomic_avail = slots.saturating_sub(in_use);
+        }
+        if m(AttrMask::MAX_DEST_RD_ATOMIC) {
+            self.attr.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+            self.resp
+                .resize_resources(rd_atomic_slots(attr.max_dest_rd_atomic) as usize);
+        }
+        if m(AttrMask::RQ_PSN) {
+            self.attr.rq_psn = attr.rq_psn & psn::MASK;
+            self.resp.psn = self.attr.rq_psn;
+        }
+        if m(AttrMask::SQ_PSN) {
+            self.attr.sq_psn = attr.sq_psn & psn::MASK;
+            self.req.psn = self.attr.sq_psn;
+            self.comp.psn = self.attr.sq_psn;
+        }
+        if m(AttrMask::EN_SQD_ASYNC_NOTIFY) {
+            self.attr.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+
+        if m(AttrMask::STATE) && next != cur {
+            match next {
+                QpState::Reset => self.reset(),
+                QpState::Error => {
+                    self.attr.state = QpState::Error;
+                    self.flush(sh);
+                }
+                QpState::Sqd => {
+                    self.attr.state = QpState::Sqd;
+                    self.drain_notify = true;
+                    self.check_drained(sh);
+                }
+                s => self.attr.state = s,
+            }
+        }
+        Ok(())
+    }
+
+    /// The value checks rdma_rxe adds to the core's mask checks (`rxe_qp_chk_attr()`).
+    fn check_attr_values(
+        &self,
+        sh: &Shared,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), ModifyError> {
+        let m = |b: AttrMask| mask.contains(b);
+        let bad = ModifyError::InvalidAttribute;
+        if m(AttrMask::PORT) && attr.port_num != 1 {
+            return Err(bad("port_num must be 1"));
+        }
+        if m(AttrMask::ACCESS_FLAGS) && attr.access.0 & !Access::SUPPORTED.0 != 0 {
+            return Err(bad("unsupported access flags"));
+        }
+        if m(AttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
+            return Err(bad("pkey_index must be 0 (one P_Key, 0xFFFF)"));
+        }
+        if m(AttrMask::AV) {
+            let Some(av) = attr.av else {
+                return Err(bad("AV mask set without an address vector"));
+            };
+            let Some(sgid) = sh.gid(av.sgid_index) else {
+                return Err(bad("sgid_index names no GID"));
+            };
+            if matches!(sgid, IpAddress::V4(_)) != matches!(av.dgid, IpAddress::V4(_)) {
+                return Err(bad("source and destination GIDs are of different IP versions"));
+            }
+        }
+        if m(AttrMask::DEST_QPN) && attr.dest_qpn > psn::MASK {
+            return Err(bad("dest_qp_num above 24 bits"));
+        }
+        if m(AttrMask::TIMEOUT) && attr.timeout > MAX_TIMEOUT {
+            return Err(bad("timeout above 31"));
+        }
+        if m(AttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+            return Err(bad("retry_cnt above 7"));
+        }
+        if m(AttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+            return Err(bad("rnr_retry above 7"));
+        }
+        if m(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return Err(bad("min_rnr_timer above 31"));
+        }
+        if m(AttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > MAX_QP_RD_ATOM {
+            return Err(bad("max_rd_atomic above 128"));
+        }
+        if m(AttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > MAX_QP_RD_ATOM {
+            return Err(bad("max_dest_rd_atomic above 128"));
+        }
+        Ok(())
+    }
+
+    /// Entering RESET: queues emptied without completions, every counter back to its initial
+    /// value (`rxe_qp_reset()`).
+    fn reset(&mut self) {
+        let keep = QpAttr {
+            cap: self.attr.cap,
+            ..QpAttr::default()
+        };
+        self.attr = keep;
+        self.sq.clear();
+        self.rq.clear();
+        self.req = Requester::default();
+        self.comp = Completer::default();
+        self.resp = Responder::default();
+        self.udp_sport = udp_sport_for_qpn(self.qpn);
+        self.drain_notify = false;
+    }
+
+    /// True while SQD still has WQEs in flight.
+    fn draining(&self) -> bool {
+        self.attr.state == QpState::Sqd
+            && self
+                .sq
+                .iter()
+                .any(|w| !matches!(w.state, WqeState::Posted))
+    }
+
+    /// Raises SQ-drained once everything started before SQD has completed.
+    pub(crate) fn check_drained(&mut self, sh: &mut Shared) {
+        if self.drain_notify && !self.draining() {
+            self.drain_notify = false;
+            if self.attr.en_sqd_async_notify {
+                sh.events
+                    .push_back(super::Event::Async(AsyncEvent::SqDrained(self.qpn)));
+            }
+        }
+    }
+
+    /// Moves the QP to ERROR after a failure and flushes its queues.
+    pub(crate) fn enter_error(&mut self, sh: &mut Shared) {
+        if self.attr.state == QpState::Error {
+            return;
+        }
+        self.attr.state = QpState::Error;
+        self.flush(sh);
+    }
+
+    /// Completes every queued WQE with WR_FLUSH_ERR (send completions regardless of
+    /// signalling) and stops the timers. A responder's final NAK stays queued so that it still
+    /// reaches the peer.
+    fn flush(&mut self, sh: &mut Shared) {
+        while let Some(wqe) = self.sq.pop_front() {
+            let wc = self.send_wc(&wqe, WcStatus::WrFlushErr);
+            sh.complete_quiet(self.send_cq, wc);
+        }
+        self.req.wqe_index = 0;
+        self.req.offset = 0;
+        self.req.need_retry = false;
+        self.req.rd_atomic_avail = self.req.rd_atomic_max;
+        self.comp.retrans_deadline = None;
+        self.comp.rnr_deadline = None;
+        if let Some(inb) = self.resp.recv.take() {
+            let wc = self.recv_flush_wc(inb.wqe.wr_id);
+            sh.complete_quiet(self.recv_cq, wc);
+        }
+        while let Some(wr) = self.rq.pop_front() {
+            let wc = self.recv_flush_wc(wr.wr_id);
+            sh.complete_quiet(self.recv_cq, wc);
+        }
+        self.resp.drop_pending_except_nak();
+        if self.srq.is_some() {
+            sh.events
+                .push_back(super::Event::Async(AsyncEvent::QpLastWqeReached(self.qpn)));
+        }
+    }
+
+    fn recv_flush_wc(&self, wr_id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: 0,
+            qp_num: self.qpn,
+            src_qp: 0,
+            flags: WcFlags::default(),
+            solicited: false,
+        }
+    }
+
+    pub(crate) fn send_wc(&self, wqe: &SendWqe, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: wqe.wr.wr_id,
+            status,
+            opcode: wqe.wr.op.wc_opcode(),
+            byte_len: wqe.length as u32,
+            imm: 0,
+            qp_num: self.qpn,
+            src_qp: 0,
+            flags: if wqe.wr.op.immediate().is_some() {
+                WcFlags::WITH_IMM
+            } else {
+                WcFlags::default()
+            },
+            solicited: false,
+        }
+    }
+
+    /// Retires the SQ head with `status`: a completion if signalled or failed, the READ/atomic
+    /// slot returned, and on failure the QP to ERROR.
+    pub(crate) fn retire_head(&mut self, sh: &mut Shared, status: WcStatus) {
+        let Some(wqe) = self.sq.pop_front() else {
+            return;
+        };
+        if self.req.wqe_index > 0 {
+            self.req.wqe_index -= 1;
+        } else {
+            self.req.offset = 0;
+        }
+        if wqe.has_rd_atomic {
+            self.req.rd_atomic_avail = (self.req.rd_atomic_avail + 1).min(self.req.rd_atomic_max);
+        }
+        let signalled = self.sq_sig_all
+            || wqe.wr.flags.contains(super::SendFlags::SIGNALED)
+            || status != WcStatus::Success;
+        let mut ok = true;
+        if signalled {
+            let wc = self.send_wc(&wqe, status);
+            ok = sh.complete(self.send_cq, wc);
+        }
+        if status != WcStatus::Success || !ok {
+            if !ok {
+                sh.events
+                    .push_back(super::Event::Async(AsyncEvent::QpFatal(self.qpn)));
+            }
+            self.enter_error(sh);
+        } else {
+            self.check_drained(sh);
+        }
+    }
+
+    /// Completes head WQEs that finished locally (UC/UD sends, local errors).
+    pub(crate) fn retire_local(&mut self, sh: &mut Shared) {
+        while let Some(w) = self.sq.front() {
+            match w.state {
+                WqeState::Done => self.retire_head(sh, WcStatus::Success),
+                WqeState::Error(s) => self.retire_head(sh, s),
+                _ => break,
+            }
+        }
+    }
+
+    /// The IP/UDP/BTH headers of a packet from this QP to `av`.
+    pub(crate) fn headers(
+        &self,
+        sh: &mut Shared,
+        av: &AddressVector,
+        transport: TransportRepr,
+    ) -> Option<FrameHeaders> {
+        let src = sh.gid(av.sgid_index)?;
+        let ip = match (src, av.dgid) {
+            (IpAddress::V4(s), IpAddress::V4(d)) => IpRepr::V4(Ipv4Repr {
+                src: s,
+                dst: d,
+                tos: av.traffic_class,
+                ident: sh.next_ip_ident(),
+                dont_frag: true,
+                ttl: DEFAULT_TTL,
+                protocol: ipv4::PROTOCOL_UDP,
+                payload_len: 0,
+            }),
+            (IpAddress::V6(s), IpAddress::V6(d)) => IpRepr::V6(Ipv6Repr {
+                src: s,
+                dst: d,
+                traffic_class: av.traffic_class,
+                flow_label: 0,
+                next_header: ipv4::PROTOCOL_UDP,
+                hop_limit: DEFAULT_TTL,
+                payload_len: 0,
+            }),
+            _ => return None,
+        };
+        Some(FrameHeaders {
+            eth: None,
+            ip,
+            udp: UdpRepr {
+                src_port: self.udp_sport,
+                dst_port: ROCEV2_UDP_PORT,
+                payload_len: 0,
+            },
+            transport,
+        })
+    }
+
+    pub(crate) fn bth(&self, opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn,
+            ack_req: false,
+            psn,
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! The requester: turns send WQEs into request packets (`rxe_req.c`).
+//!
+//! Segmentation by path MTU, PSN assignment with 24-bit wrap, rdma_rxe's AckReq policy, the
+//! 128-PSN send window, the initiator-depth limit on READs and atomics, fences, and the
+//! go-back-N restart point after a retry.
+
+use super::device::{Shared, Transmit};
+use super::host_memory::HostMemory;
+use super::memory::Access;
+use super::qp::{Qp, WqeState};
+use super::qp_state::{QpState, QpType};
+use super::verbs::{SendFlags, SendOp, WcStatus};
+use super::{psn, sgl, Nanos};
+use crate::wire::{AtomicEthRepr, DethRepr, FrameWriter, Opcode, RethRepr, TransportRepr};
+
+/// An RC requester never runs more than this many PSNs ahead of the oldest unacknowledged one
+/// (`RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// AckReq is forced on a middle packet after this many packets without it
+/// (`RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// Largest message a WR may carry (rdma_rxe's `max_msg_sz`).
+pub const MAX_MSG_SIZE: u64 = 1 << 31;
+
+/// Opcode offsets inside the SEND and WRITE families (IBTA table 38); RC starts at 0x00, UC
+/// at 0x20.
+mod op {
+    pub const SEND_FIRST: u8 = 0x00;
+    pub const SEND_MIDDLE: u8 = 0x01;
+    pub const SEND_LAST: u8 = 0x02;
+    pub const SEND_LAST_IMM: u8 = 0x03;
+    pub const SEND_ONLY: u8 = 0x04;
+    pub const SEND_ONLY_IMM: u8 = 0x05;
+    pub const WRITE_FIRST: u8 = 0x06;
+    pub const WRITE_MIDDLE: u8 = 0x07;
+    pub const WRITE_LAST: u8 = 0x08;
+    pub const WRITE_LAST_IMM: u8 = 0x09;
+    pub const WRITE_ONLY: u8 = 0x0a;
+    pub const WRITE_ONLY_IMM: u8 = 0x0b;
+}
+
+/// What starting a WQE led to.
+enum Start {
+    /// PSNs assigned; packets can go.
+    Ready,
+    /// Not yet: a fence, the initiator depth or SQD holds it back.
+    Wait,
+    /// Finished or failed without a packet (see its state).
+    NoPacket,
+}
+
+impl Qp {
+    /// Builds the next request packet into `buf`, if one may be sent now.
+    pub(crate) fn next_request(
+        &mut self,
+        now: Nanos,
+        sh: &mut Shared,
+        host: &dyn HostMemory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        loop {
+            if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) {
+                return None;
+            }
+            self.retire_local(sh);
+            if self.attr.state == QpState::Error || self.comp.rnr_deadline.is_some() {
+                return None;
+            }
+            if self.req.need_retry {
+                self.go_back_n(sh);
+            }
+            let idx = self.req.wqe_index;
+            let state = self.sq.get(idx)?.state;
+            match state {
+                WqeState::Posted => match self.start_wqe(idx, sh) {
+                    Start::Ready => {}
+                    Start::Wait => return None,
+                    Start::NoPacket => continue,
+                },
+                WqeState::Pending => {}
+                // Waits for the completer to reach it.
+                WqeState::Done | WqeState::Error(_) => return None,
+            }
+            if self.ty == QpType::Rc
+                && psn::diff(self.req.psn, psn::add(self.comp.psn, MAX_UNACKED_PSNS)) > 0
+            {
+                return None;
+            }
+            match self.build_request(now, sh, host, idx, buf) {
+                Some(t) => return Some(t),
+                None => continue,
+            }
+        }
+    }
+
+    /// First look at a WQE: limits, local checks, PSN assignment.
+    fn start_wqe(&mut self, idx: usize, sh: &mut Shared) -> Start {
+        let mtu = self.mtu(sh) as u64;
+        let (op, flags, length) = {
+            let w = &self.sq[idx];
+            (w.wr.op, w.wr.flags, w.length)
+        };
+        if self.attr.state == QpState::Sqd {
+            return Start::Wait;
+        }
+        if flags.contains(SendFlags::FENCE) && self.req.rd_atomic_avail < self.req.rd_atomic_max
+        {
+            return Start::Wait;
+        }
+        let needs_slot = op.is_read_or_atomic();
+        if needs_slot && self.req.rd_atomic_avail == 0 {
+            return Start::Wait;
+        }
+        if self.ty == QpType::Ud && length > mtu {
+            // rdma_rxe completes an oversized UD send successfully without sending it.
+            self.sq[idx].state = WqeState::Done;
+            return Start::NoPacket;
+        }
+        let w = &self.sq[idx];
+        let local_check = match op {
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::LOCAL_WRITE)
+            }
+            _ if w.inline.is_some() => Ok(()),
+            _ => sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::NONE),
+        };
+        if local_check.is_err() {
+            self.sq[idx].state = WqeState::Error(WcStatus::LocProtErr);
+            return Start::NoPacket;
+        }
+        let npkts = if op.is_atomic() {
+            1
+        } else {
+            length.div_ceil(mtu).max(1) as u32
+        };
+        if needs_slot {
+            self.req.rd_atomic_avail -= 1;
+        }
+        let first = self.req.psn;
+        let w = &mut self.sq[idx];
+        w.has_rd_atomic = needs_slot;
+        w.first_psn = first;
+        w.last_psn = psn::add(first, npkts - 1);
+        w.state = WqeState::Pending;
+        self.req.offset = 0;
+        Start::Ready
+    }
+
+    /// Builds one packet of the WQE at `idx` from `req.offset`. `None` when the WQE failed
+    /// locally instead (its state says how).
+    fn build_request(
+        &mut self,
+        now: Nanos,
+        sh: &mut Shared,
+        host: &dyn HostMemory,
+        idx: usize,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let mtu = self.mtu(sh) as u64;
+        let offset = self.req.offset;
+        let psn = self.req.psn;
+        let w = &self.sq[idx];
+        let dest = match (self.ty, w.ud_av, w.wr.ud) {
+            (QpType::Ud, Some(av), Some(ud)) => Some((av, ud.remote_qpn)),
+            (QpType::Ud, _, _) => None,
+            _ => self.attr.av.map(|av| (av, self.attr.dest_qpn)),
+        };
+        let Some((av, dest_qpn)) = dest else {
+            self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
+            return None;
+        };
+        let base = if self.ty == QpType::Uc { 0x20 } else { 0x00 };
+        let remaining = w.length - offset;
+        let start = offset == 0;
+        let mut payload_len = 0u64;
+        let mut psn_advance = 1u32;
+        let mut ends = true;
+        let mut t = TransportRepr::new(self.bth(Opcode(0), dest_qpn, psn));
+        match w.wr.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => {
+                payload_len = remaining.min(mtu);
+                ends = remaining <= mtu;
+                let imm = w.wr.op.immediate();
+                t.bth.opcode = Opcode(if self.ty == QpType::Ud {
+                    if imm.is_some() {
+                        Opcode::UD_SEND_ONLY_WITH_IMMEDIATE.0
+                    } else {
+                        Opcode::UD_SEND_ONLY.0
+                    }
+                } else {
+                    base + match (start, ends, imm.is_some()) {
+                        (true, true, false) => op::SEND_ONLY,
+                        (true, true, true) => op::SEND_ONLY_IMM,
+                        (true, false, _) => op::SEND_FIRST,
+                        (false, false, _) => op::SEND_MIDDLE,
+                        (false, true, false) => op::SEND_LAST,
+                        (false, true, true) => op::SEND_LAST_IMM,
+                    }
+                });
+                if ends {
+                    t.immediate = imm;
+                    t.bth.solicited = w.wr.flags.contains(SendFlags::SOLICITED);
+                }
+                if let (QpType::Ud, Some(ud)) = (self.ty, w.wr.ud) {
+                    t.deth = Some(DethRepr {
+                        qkey: ud.remote_qkey,
+                        src_qpn: self.qpn,
+                    });
+                }
+            }
+            SendOp::RdmaWrite { remote_addr, rkey }
+            | SendOp::RdmaWriteWithImm {
+                remote_addr, rkey, ..
+            } => {
+                payload_len = remaining.min(mtu);
+                ends = remaining <= mtu;
+                let imm = w.wr.op.immediate();
+                t.bth.opcode = Opcode(
+                    base + match (start, ends, imm.is_some()) {
+                        (true, true, false) => op::WRITE_ONLY,
+                        (true, true, true) => op::WRITE_ONLY_IMM,
+                        (true, false, _) => op::WRITE_FIRST,
+                        (false, false, _) => op::WRITE_MIDDLE,
+                        (false, true, false) => op::WRITE_LAST,
+                        (false, true, true) => op::WRITE_LAST_IMM,
+                    },
+                );
+                if start {
+                    t.reth = Some(RethRepr {
+                        va: remote_addr,
+                        rkey,
+                        dma_len: w.length as u32,
+                    });
+                }
+                if ends {
+                    t.immediate = imm;
+                    t.bth.solicited = imm.is_some() && w.wr.flags.contains(SendFlags::SOLICITED);
+                }
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                // A retried READ resumes after the bytes already received.
+                t.bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                t.reth = Some(RethRepr {
+                    va: remote_addr.wrapping_add(offset),
+                    rkey,
+                    dma_len: remaining as u32,
+                });
+                psn_advance = remaining.div_ceil(mtu).max(1) as u32;
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                t.bth.opcode = Opcode::RC_COMPARE_SWAP;
+                t.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                t.bth.opcode = Opcode::RC_FETCH_ADD;
+                t.atomic_eth = Some(AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+            }
+        }
+        if self.ty == QpType::Rc {
+            let periodic = !ends && {
+                let n = self.req.noack_pkts;
+                self.req.noack_pkts += 1;
+                n > MAX_PKT_PER_ACK
+            };
+            if ends || periodic {
+                t.bth.ack_req = true;
+                self.req.noack_pkts = 0;
+            }
+        }
+        let headers = match self.headers(sh, &av, t) {
+            Some(h) => h,
+            None => {
+                self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
+                return None;
+            }
+        };
+        let mut writer = match FrameWriter::new(buf, &headers, payload_len as usize) {
+            Ok(w) => w,
+            Err(_) => {
+                self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
+                return None;
+            }
+        };
+        let w = &self.sq[idx];
+        let gathered = match &w.inline {
+            Some(data) => {
+                let s = offset as usize;
+                writer
+                    .payload_mut()
+                    .copy_from_slice(&data[s..s + payload_len as usize]);
+                Ok(())
+            }
+            None => sgl::gather(
+                &sh.mem,
+                host,
+                self.pd,
+                &w.wr.sg_list,
+                offset,
+                writer.payload_mut(),
+            ),
+        };
+        if gathered.is_err() {
+            self.sq[idx].state = WqeState::Error(WcStatus::LocProtErr);
+            return None;
+        }
+        let len = writer.finish().ok()?;
+
+        self.req.psn = psn::add(psn, psn_advance);
+        let finished = match w.wr.op {
+            SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::RdmaWrite { .. }
+            | SendOp::RdmaWriteWithImm { .. } => {
+                self.req.offset += payload_len;
+                ends
+            }
+            _ => true,
+        };
+        if finished {
+            self.req.wqe_index += 1;
+            self.req.offset = 0;
+            if self.ty != QpType::Rc {
+                self.sq[idx].state = WqeState::Done;
+            }
+        }
+        if self.ty == QpType::Rc && self.comp.retrans_deadline.is_none() {
+            if let Some(t) = super::qp_state::retransmit_timeout_ns(self.attr.timeout) {
+                self.comp.retrans_deadline = Some(now + t);
+            }
+        }
+        if finished && self.ty != QpType::Rc {
+            self.retire_local(sh);
+        }
+        sh.counters.tx_requests += 1;
+        Some(Transmit {
+            len,
+            src: headers.ip.src_addr(),
+            dst: headers.ip.dst_addr(),
+            qpn: self.qpn,
+        })
+    }
+
+    /// Go-back-N: resend from the oldest unacknowledged PSN. The head WQE resumes where the
+    /// acknowledgements (or, for a READ, the responses received) left it; everything after it
+    /// is resent whole, with the PSNs it had.
+    pub(crate) fn go_back_n(&mut self, sh: &mut Shared) {
+        self.req.need_retry = false;
+        self.req.psn = self.comp.psn;
+        self.req.wqe_index = 0;
+        self.req.noack_pkts = 0;
+        let mtu = self.mtu(sh) as u64;
+        self.req.offset = match self.sq.front() {
+            Some(w) if w.state == WqeState::Pending => match w.wr.op {
+                SendOp::RdmaRead { .. } => w.read_received,
+                op if op.is_atomic() => 0,
+                _ => {
+                    let acked = psn::diff(self.comp.psn, w.first_psn).max(0) as u64;
+                    (acked * mtu).min(w.length)
+                }
+            },
+            _ => 0,
+        };
+        sh.counters.retransmissions += 1;
+    }
+}

@@ -1,0 +1,871 @@
+//! The responder: executes incoming requests and answers them (`rxe_resp.c`).
+//!
+//! Expected-PSN checks, one sequence-error NAK per gap, duplicates re-ACKed or replayed from the
+//! responder-resource ring, opcode-sequence and access checks, RNR NAKs when no receive WQE is
+//! posted, R_Key checks, atomics, immediate data, MSN, and ACKs on AckReq (coalesced while
+//! unsent, never withheld). UC drops a message on any gap; UD checks the Q_Key and writes the
+//! 40-byte GRH area.
+
+use std::collections::VecDeque;
+
+use super::device::{Shared, Transmit};
+use super::host_memory::HostMemory;
+use super::memory::Access;
+use super::qp::Qp;
+use super::qp_state::{QpState, QpType};
+use super::verbs::{RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use super::{psn, sgl, AsyncEvent, Event};
+use crate::wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, FrameWriter, IpRepr, NakCode, Opcode, OpcodeInfo,
+    Operation, Position, RoceFrame, TransportRepr,
+};
+
+/// Bytes at the head of a UD receive buffer that hold the GRH image.
+pub const GRH_LEN: usize = 40;
+/// Responses queued beyond this are dropped (a peer flooding duplicate READs cannot make the
+/// responder queue grow without bound; the requester's retry recovers).
+const MAX_QUEUED_RESPONSES: usize = 1024;
+/// Largest RETH length accepted.
+const MAX_DMA_LEN: u32 = 1 << 31;
+
+/// A remembered READ or atomic, for replaying duplicates (`struct resp_res`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Resource {
+    Read {
+        first_psn: u32,
+        last_psn: u32,
+        va: u64,
+        len: u32,
+        rkey: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+/// A READ response being generated, one packet per `poll_transmit`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadReply {
+    /// PSN of the original request: a reply starting there begins with FIRST/ONLY.
+    first_psn: u32,
+    psn: u32,
+    va: u64,
+    rkey: u32,
+    remaining: u64,
+    msn: u32,
+    started: bool,
+}
+
+/// A packet the responder owes its peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Outbound {
+    Ack {
+        psn: u32,
+        syndrome: AethSyndrome,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+    },
+    Read(ReadReply),
+}
+
+/// The WRITE in progress.
+#[derive(Debug, Clone, Copy)]
+struct WriteTarget {
+    va: u64,
+    rkey: u32,
+    resid: u64,
+    total: u32,
+}
+
+/// The message being received.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InMessage {
+    kind: Operation,
+    write: Option<WriteTarget>,
+}
+
+/// The receive WQE a SEND (or WRITE with immediate) is landing in.
+#[derive(Debug)]
+pub(crate) struct InRecv {
+    pub wqe: RecvWr,
+    offset: u64,
+}
+
+/// Responder state (`qp->resp` in rxe).
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    pub psn: u32,
+    pub msn: u32,
+    sent_psn_nak: bool,
+    cur: Option<InMessage>,
+    pub recv: Option<InRecv>,
+    resources: Vec<Option<Resource>>,
+    res_next: usize,
+    pub out: VecDeque<Outbound>,
+    uc_dropping: bool,
+}
+
+impl Responder {
+    pub(crate) fn resize_resources(&mut self, n: usize) {
+        self.resources = vec![None; n];
+        self.res_next = 0;
+    }
+
+    fn remember(&mut self, r: Resource) {
+        if self.resources.is_empty() {
+            return;
+        }
+        let i = self.res_next;
+        self.resources[i] = Some(r);
+        self.res_next = (i + 1) % self.resources.len();
+    }
+
+    /// After an error only the NAK that reported it still goes out.
+    pub(crate) fn drop_pending_except_nak(&mut self) {
+        self.out.retain(|o| {
+            matches!(
+                o,
+                Outbound::Ack {
+                    syndrome: AethSyndrome::Nak(_),
+                    ..
+                }
+            )
+        });
+    }
+
+    fn push(&mut self, o: Outbound) {
+        if self.out.len() < MAX_QUEUED_RESPONSES {
+            self.out.push_back(o);
+        }
+    }
+
+    /// Queues an ACK for `psn`, merging it into an unsent ACK at the tail (ACKs are
+    /// cumulative, so the later one says everything the earlier did).
+    fn ack(&mut self, psn: u32) {
+        let msn = self.msn;
+        if let Some(Outbound::Ack {
+            psn: p,
+            syndrome: AethSyndrome::Ack { .. },
+            msn: m,
+        }) = self.out.back_mut()
+        {
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        self.push(Outbound::Ack {
+            psn,
+            syndrome: AethSyndrome::Ack {
+                credits: AethSyndrome::UNLIMITED_CREDITS,
+            },
+            msn,
+        });
+    }
+
+    fn nak(&mut self, psn: u32, syndrome: AethSyndrome) {
+        let msn = self.msn;
+        self.push(Outbound::Ack { psn, syndrome, msn });
+    }
+}
+
+/// Why a SEND/WRITE packet could not be executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Bad length, opcode sequence or operation: NAK invalid request.
+    Invalid,
+    /// R_Key, bounds or rights: NAK remote access error.
+    Access,
+    /// The receive WQE names memory that cannot be written: NAK remote operational error.
+    Malformed,
+}
+
+impl Fault {
+    fn nak(self) -> NakCode {
+        match self {
+            Fault::Invalid => NakCode::InvalidRequest,
+            Fault::Access => NakCode::RemoteAccessError,
+            Fault::Malformed => NakCode::RemoteOperationalError,
+        }
+    }
+    fn status(self) -> WcStatus {
+        match self {
+            Fault::Invalid => WcStatus::RemInvReqErr,
+            Fault::Access => WcStatus::RemAccessErr,
+            Fault::Malformed => WcStatus::LocQpOpErr,
+        }
+    }
+}
+
+impl Qp {
+    /// Handles a request packet addressed to this QP.
+    pub(crate) fn handle_request(
+        &mut self,
+        sh: &mut Shared,
+        host: &mut dyn HostMemory,
+        frame: &RoceFrame<'_>,
+    ) {
+        if !matches!(
+            self.attr.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            return;
+        }
+        let Some(info) = frame.headers.transport.bth.opcode.info() else {
+            return;
+        };
+        match self.ty {
+            QpType::Rc => self.rc_request(sh, host, frame, info),
+            QpType::Uc => self.uc_request(sh, host, frame, info),
+            QpType::Ud => self.ud_request(sh, host, frame),
+        }
+    }
+
+    fn rc_request(
+        &mut self,
+        sh: &mut Shared,
+        host: &mut dyn HostMemory,
+        frame: &RoceFrame<'_>,
+        info: &OpcodeInfo,
+    ) {
+        let t = &frame.headers.transport;
+        let p = t.bth.psn;
+        let d = psn::diff(p, self.resp.psn);
+        if d > 0 {
+            // A gap: one NAK carrying the expected PSN, then silence until it arrives.
+            if !self.resp.sent_psn_nak {
+                self.resp.sent_psn_nak = true;
+                let expected = self.resp.psn;
+                self.resp
+                    .nak(expected, AethSyndrome::Nak(NakCode::PsnSequenceError));
+                sh.counters.seq_naks_sent += 1;
+            }
+            return;
+        }
+        if d < 0 {
+            sh.counters.duplicates += 1;
+            self.rc_duplicate(sh, frame, info);
+            return;
+        }
+        self.resp.sent_psn_nak = false;
+
+        let op = info.operation;
+        let pos = info.position;
+        let in_sequence = match self.resp.cur {
+            Some(m) => m.kind == op && matches!(pos, Position::Middle | Position::Last),
+            None => pos.starts_message(),
+        };
+        if !in_sequence {
+            return self.class_c(sh, p, Fault::Invalid);
+        }
+        let allowed = match op {
+            Operation::Send => true,
+            Operation::RdmaWrite => self.attr.access.contains(Access::REMOTE_WRITE),
+            Operation::RdmaReadRequest => self.attr.access.contains(Access::REMOTE_READ),
+            Operation::CompareSwap | Operation::FetchAdd => {
+                self.attr.access.contains(Access::REMOTE_ATOMIC)
+            }
+            // FLUSH and ATOMIC_WRITE are not offered by this device.
+            _ => false,
+        };
+        if !allowed {
+            return self.class_c(sh, p, Fault::Invalid);
+        }
+        let read_or_atomic = matches!(
+            op,
+            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        );
+        if read_or_atomic && self.attr.max_dest_rd_atomic == 0 {
+            return self.class_c(sh, p, Fault::Invalid);
+        }
+        if self.needs_recv(info) && self.resp.recv.is_none() {
+            match self.take_recv_wqe(sh) {
+                Some(wqe) => self.resp.recv = Some(InRecv { wqe, offset: 0 }),
+                None => {
+                    let timer = self.attr.min_rnr_timer;
+                    self.resp.nak(p, AethSyndrome::RnrNak { timer });
+                    sh.counters.rnr_naks_sent += 1;
+                    return;
+                }
+            }
+        }
+        match op {
+            Operation::Send | Operation::RdmaWrite => {
+                if let Err(f) = self.exec_send_write(sh, host, frame, info) {
+                    return self.class_c(sh, p, f);
+                }
+                self.resp.psn = psn::add(p, 1);
+                if t.bth.ack_req {
+                    self.resp.ack(p);
+                }
+            }
+            Operation::RdmaReadRequest => {
+                let Some(reth) = t.reth else {
+                    return self.class_c(sh, p, Fault::Invalid);
+                };
+                if reth.dma_len > MAX_DMA_LEN {
+                    return self.class_c(sh, p, Fault::Invalid);
+                }
+                if reth.dma_len > 0
+                    && sh
+                        .mem
+                        .check_remote(
+                            reth.rkey,
+                            self.pd,
+                            reth.va,
+                            u64::from(reth.dma_len),
+                            Access::REMOTE_READ,
+                        )
+                        .is_err()
+                {
+                    return self.class_c(sh, p, Fault::Access);
+                }
+                let mtu = self.mtu(sh) as u64;
+                let npkts = u64::from(reth.dma_len).div_ceil(mtu).max(1) as u32;
+                let last_psn = psn::add(p, npkts - 1);
+                self.resp.remember(Resource::Read {
+                    first_psn: p,
+                    last_psn,
+                    va: reth.va,
+                    len: reth.dma_len,
+                    rkey: reth.rkey,
+                });
+                // C9-148: the MSN counts a READ when it is accepted.
+                self.resp.msn = psn::add(self.resp.msn, 1);
+                let msn = self.resp.msn;
+                self.resp.push(Outbound::Read(ReadReply {
+                    first_psn: p,
+                    psn: p,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    remaining: u64::from(reth.dma_len),
+                    msn,
+                    started: false,
+                }));
+                self.resp.psn = psn::add(last_psn, 1);
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                let Some(a) = t.atomic_eth else {
+                    return self.class_c(sh, p, Fault::Invalid);
+                };
+                if a.va % 8 != 0 {
+                    return self.class_c(sh, p, Fault::Invalid);
+                }
+                if sh
+                    .mem
+                    .check_remote(a.rkey, self.pd, a.va, 8, Access::REMOTE_ATOMIC)
+                    .is_err()
+                {
+                    return self.class_c(sh, p, Fault::Access);
+                }
+                let mut cur = [0u8; 8];
+                if host.read(a.va, &mut cur).is_err() {
+                    return self.class_c(sh, p, Fault::Access);
+                }
+                // Memory holds host byte order; the wire carries big-endian operands.
+                let orig = u64::from_ne_bytes(cur);
+                let new = if op == Operation::CompareSwap {
+                    if orig == a.compare {
+                        a.swap_add
+                    } else {
+                        orig
+                    }
+                } else {
+                    orig.wrapping_add(a.swap_add)
+                };
+                if new != orig && host.write(a.va, &new.to_ne_bytes()).is_err() {
+                    return self.class_c(sh, p, Fault::Access);
+                }
+                self.resp.remember(Resource::Atomic { psn: p, orig });
+                self.resp.msn = psn::add(self.resp.msn, 1);
+                let msn = self.resp.msn;
+                self.resp.push(Outbound::AtomicAck { psn: p, orig, msn });
+                self.resp.psn = psn::add(p, 1);
+            }
+            _ => {}
+        }
+    }
+
+    /// A request whose PSN is behind the expected one.
+    fn rc_duplicate(&mut self, sh: &mut Shared, frame: &RoceFrame<'_>, info: &OpcodeInfo) {
+        let t = &frame.headers.transport;
+        let p = t.bth.psn;
+        match info.operation {
+            Operation::Send | Operation::RdmaWrite => {
+                // Re-ACK with the last executed PSN, even without AckReq (C9-105): this is how
+                // a lost ACK is recovered.
+                let last = psn::add(self.resp.psn, psn::MASK);
+                self.resp.ack(last);
+            }
+            Operation::RdmaReadRequest => {
+                let Some(reth) = t.reth else { return };
+                let found = self.resp.resources.iter().flatten().find_map(|r| match *r {
+                    Resource::Read {
+                        first_psn,
+                        last_psn,
+                        va,
+                        len,
+                        rkey,
+                    } if psn::diff(p, first_psn) >= 0 && psn::diff(p, last_psn) <= 0 => {
+                        Some((first_psn, va, len, rkey))
+                    }
+                    _ => None,
+                });
+                let Some((first_psn, va, len, rkey)) = found else {
+                    return;
+                };
+                let end = reth.va.saturating_add(u64::from(reth.dma_len));
+                let subset = reth.rkey == rkey
+                    && reth.va >= va
+                    && reth.va.checked_add(u64::from(reth.dma_len)).is_some()
+                    && end <= va.saturating_add(u64::from(len));
+                if !subset {
+                    return;
+                }
+                let msn = self.resp.msn;
+                self.resp.push(Outbound::Read(ReadReply {
+                    first_psn,
+                    psn: p,
+                    va: reth.va,
+                    rkey,
+                    remaining: u64::from(reth.dma_len),
+                    msn,
+                    started: false,
+                }));
+                let _ = sh;
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                let orig = self.resp.resources.iter().flatten().find_map(|r| match *r {
+                    Resource::Atomic { psn, orig } if psn == p => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = orig {
+                    let msn = self.resp.msn;
+                    self.resp.push(Outbound::AtomicAck { psn: p, orig, msn });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// SEND FIRST/ONLY and WRITE-with-immediate LAST/ONLY consume a receive WQE.
+    fn needs_recv(&self, info: &OpcodeInfo) -> bool {
+        match info.operation {
+            Operation::Send => info.position.starts_message(),
+            Operation::RdmaWrite => info.with_immediate() && info.position.ends_message(),
+            _ => false,
+        }
+    }
+
+    fn take_recv_wqe(&mut self, sh: &mut Shared) -> Option<RecvWr> {
+        match self.srq {
+            Some(id) => {
+                let (wqe, crossed) = sh.srqs.get_mut(&id)?.take()?;
+                if crossed {
+                    sh.events
+                        .push_back(Event::Async(AsyncEvent::SrqLimitReached(id)));
+                }
+                Some(wqe)
+            }
+            None => self.rq.pop_front(),
+        }
+    }
+
+    /// Places one SEND or WRITE packet (shared by RC and UC).
+    fn exec_send_write(
+        &mut self,
+        sh: &mut Shared,
+        host: &mut dyn HostMemory,
+        frame: &RoceFrame<'_>,
+        info: &OpcodeInfo,
+    ) -> Result<(), Fault> {
+        let t = &frame.headers.transport;
+        let pos = info.position;
+        let n = frame.payload.len();
+        let mtu = self.mtu(sh);
+        let len_ok = match pos {
+            Position::Only => n <= mtu,
+            Position::First | Position::Middle => n == mtu,
+            Position::Last => (1..=mtu).contains(&n),
+        };
+        if !len_ok {
+            return Err(Fault::Invalid);
+        }
+        match info.operation {
+            Operation::Send => {
+                let r = self.resp.recv.as_mut().ok_or(Fault::Invalid)?;
+                if r.offset + n as u64 > r.wqe.length() {
+                    return Err(Fault::Invalid);
+                }
+                sgl::scatter(&sh.mem, host, self.pd, &r.wqe.sg_list, r.offset, frame.payload)
+                    .map_err(|_| Fault::Malformed)?;
+                r.offset += n as u64;
+                if pos.ends_message() {
+                    self.resp.cur = None;
+                    self.resp.msn = psn::add(self.resp.msn, 1);
+                    let byte_len = r.offset as u32;
+                    self.complete_recv(sh, WcOpcode::Recv, byte_len, frame);
+                } else {
+                    self.resp.cur = Some(InMessage {
+                        kind: Operation::Send,
+                        write: None,
+                    });
+                }
+            }
+            Operation::RdmaWrite => {
+                let mut target = if pos.starts_message() {
+                    let reth = t.reth.ok_or(Fault::Invalid)?;
+                    if reth.dma_len > MAX_DMA_LEN {
+                        return Err(Fault::Invalid);
+                    }
+                    if reth.dma_len > 0 {
+                        sh.mem
+                            .check_remote(
+                                reth.rkey,
+                                self.pd,
+                                reth.va,
+                                u64::from(reth.dma_len),
+                                Access::REMOTE_WRITE,
+                            )
+                            .map_err(|_| Fault::Access)?;
+                    }
+                    WriteTarget {
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        resid: u64::from(reth.dma_len),
+                        total: reth.dma_len,
+                    }
+                } else {
+                    self.resp
+                        .cur
+                        .and_then(|m| m.write)
+                        .ok_or(Fault::Invalid)?
+                };
+                // Every packet but the last carries exactly one MTU; the last, exactly the rest.
+                let exact = if target.resid > mtu as u64 {
+                    n == mtu && !pos.ends_message()
+                } else {
+                    n as u64 == target.resid && pos.ends_message()
+                };
+                if !exact {
+                    return Err(Fault::Invalid);
+                }
+                if n > 0 {
+                    // Re-checked per packet: the region may have been deregistered meanwhile,
+                    // and the engine must never write memory that is no longer registered.
+                    sh.mem
+                        .check_remote(
+                            target.rkey,
+                            self.pd,
+                            target.va,
+                            n as u64,
+                            Access::REMOTE_WRITE,
+                        )
+                        .map_err(|_| Fault::Access)?;
+                    host.write(target.va, frame.payload)
+                        .map_err(|_| Fault::Access)?;
+                }
+                target.va += n as u64;
+                target.resid -= n as u64;
+                if pos.ends_message() {
+                    self.resp.cur = None;
+                    self.resp.msn = psn::add(self.resp.msn, 1);
+                    if info.with_immediate() {
+                        self.complete_recv(sh, WcOpcode::RecvRdmaWithImm, target.total, frame);
+                    }
+                } else {
+                    self.resp.cur = Some(InMessage {
+                        kind: Operation::RdmaWrite,
+                        write: Some(target),
+                    });
+                }
+            }
+            _ => return Err(Fault::Invalid),
+        }
+        Ok(())
+    }
+
+    /// Completes the receive WQE in progress successfully.
+    fn complete_recv(
+        &mut self,
+        sh: &mut Shared,
+        opcode: WcOpcode,
+        byte_len: u32,
+        frame: &RoceFrame<'_>,
+    ) {
+        let Some(r) = self.resp.recv.take() else {
+            return;
+        };
+        let t = &frame.headers.transport;
+        let mut flags = WcFlags::GRH; // rdma_rxe sets it on every receive completion
+        if t.immediate.is_some() {
+            flags = WcFlags(flags.0 | WcFlags::WITH_IMM.0);
+        }
+        let wc = WorkCompletion {
+            wr_id: r.wqe.wr_id,
+            status: WcStatus::Success,
+            opcode,
+            byte_len,
+            imm: t.immediate.unwrap_or(0),
+            qp_num: self.qpn,
+            src_qp: t.deth.map_or(self.attr.dest_qpn, |d| d.src_qpn),
+            flags,
+            solicited: t.bth.solicited,
+        };
+        self.post_recv_completion(sh, wc);
+    }
+
+    fn post_recv_completion(&mut self, sh: &mut Shared, wc: WorkCompletion) {
+        if !sh.complete(self.recv_cq, wc) {
+            sh.events.push_back(Event::Async(AsyncEvent::QpFatal(self.qpn)));
+            self.enter_error(sh);
+        }
+    }
+
+    /// A class A/C error: NAK the PSN, fail the receive in progress, and move to ERROR.
+    fn class_c(&mut self, sh: &mut Shared, p: u32, f: Fault) {
+        self.resp.nak(p, AethSyndrome::Nak(f.nak()));
+        sh.counters.error_naks_sent += 1;
+        self.fail_recv_in_progress(sh, f.status());
+        self.resp.cur = None;
+        self.enter_error(sh);
+    }
+
+    fn fail_recv_in_progress(&mut self, sh: &mut Shared, status: WcStatus) {
+        if let Some(r) = self.resp.recv.take() {
+            let wc = WorkCompletion {
+                wr_id: r.wqe.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: 0,
+                qp_num: self.qpn,
+                src_qp: self.attr.dest_qpn,
+                flags: WcFlags::default(),
+                solicited: false,
+            };
+            sh.complete_quiet(self.recv_cq, wc);
+        }
+    }
+
+    fn uc_request(
+        &mut self,
+        sh: &mut Shared,
+        host: &mut dyn HostMemory,
+        frame: &RoceFrame<'_>,
+        info: &OpcodeInfo,
+    ) {
+        let p = frame.headers.transport.bth.psn;
+        let pos = info.position;
+        let in_order = psn::diff(p, self.resp.psn) == 0 && !self.resp.uc_dropping;
+        if !in_order || (pos.starts_message() && self.resp.cur.is_some()) {
+            // A gap loses the message in progress; a FIRST/ONLY always starts a new one.
+            self.uc_abandon(sh);
+            if !pos.starts_message() {
+                self.resp.uc_dropping = true;
+                sh.counters.uc_messages_dropped += 1;
+                return;
+            }
+        }
+        let in_sequence = match self.resp.cur {
+            Some(m) => m.kind == info.operation,
+            None => pos.starts_message(),
+        };
+        let allowed = match info.operation {
+            Operation::Send => true,
+            Operation::RdmaWrite => self.attr.access.contains(Access::REMOTE_WRITE),
+            _ => false,
+        };
+        if !in_sequence || !allowed {
+            return self.uc_drop(sh);
+        }
+        if self.needs_recv(info) && self.resp.recv.is_none() {
+            match self.take_recv_wqe(sh) {
+                Some(wqe) => self.resp.recv = Some(InRecv { wqe, offset: 0 }),
+                None => return self.uc_drop(sh),
+            }
+        }
+        match self.exec_send_write(sh, host, frame, info) {
+            Ok(()) => self.resp.psn = psn::add(p, 1),
+            Err(Fault::Malformed) => {
+                self.fail_recv_in_progress(sh, WcStatus::LocQpOpErr);
+                self.enter_error(sh);
+            }
+            Err(f) => {
+                if self.srq.is_some() {
+                    // With an SRQ the WQE was already taken: it completes with the error.
+                    self.fail_recv_in_progress(sh, f.status());
+                }
+                self.uc_drop(sh);
+            }
+        }
+    }
+
+    /// UC: drop the rest of this message (class D).
+    fn uc_drop(&mut self, sh: &mut Shared) {
+        self.uc_abandon(sh);
+        self.resp.uc_dropping = true;
+        sh.counters.uc_messages_dropped += 1;
+    }
+
+    /// UC: forget the message in progress; its receive WQE is kept for the next message.
+    fn uc_abandon(&mut self, _sh: &mut Shared) {
+        self.resp.cur = None;
+        self.resp.uc_dropping = false;
+        if let Some(r) = self.resp.recv.as_mut() {
+            r.offset = 0;
+        }
+    }
+
+    fn ud_request(&mut self, sh: &mut Shared, host: &mut dyn HostMemory, frame: &RoceFrame<'_>) {
+        let t = &frame.headers.transport;
+        let Some(deth) = t.deth else { return };
+        if deth.qkey != self.attr.qkey {
+            sh.counters.qkey_violations += 1;
+            return;
+        }
+        let Some(wqe) = self.take_recv_wqe(sh) else {
+            sh.counters.ud_no_receive += 1;
+            return;
+        };
+        let n = frame.payload.len();
+        if (GRH_LEN + n) as u64 > wqe.length() {
+            if self.srq.is_some() {
+                self.resp.recv = Some(InRecv { wqe, offset: 0 });
+                self.fail_recv_in_progress(sh, WcStatus::RemInvReqErr);
+            } else {
+                // Not consumed: rdma_rxe only peeks at the RQ before dropping.
+                self.rq.push_front(wqe);
+            }
+            sh.counters.ud_too_long += 1;
+            return;
+        }
+        let mut grh = [0u8; GRH_LEN];
+        match frame.headers.ip {
+            // IPv4: 20 zero bytes, then the IPv4 header as received.
+            IpRepr::V4(_) => grh[20..].copy_from_slice(&frame.ip_packet[..20]),
+            IpRepr::V6(_) => grh.copy_from_slice(&frame.ip_packet[..GRH_LEN]),
+        }
+        let placed = sgl::scatter(&sh.mem, host, self.pd, &wqe.sg_list, 0, &grh).and_then(|_| {
+            sgl::scatter(
+                &sh.mem,
+                host,
+                self.pd,
+                &wqe.sg_list,
+                GRH_LEN as u64,
+                frame.payload,
+            )
+        });
+        self.resp.recv = Some(InRecv { wqe, offset: 0 });
+        if placed.is_err() {
+            self.fail_recv_in_progress(sh, WcStatus::LocQpOpErr);
+            self.enter_error(sh);
+            return;
+        }
+        self.complete_recv(sh, WcOpcode::Recv, (GRH_LEN + n) as u32, frame);
+    }
+
+    /// Builds the next response packet (ACK, NAK, READ response, atomic ACK), if one is owed.
+    pub(crate) fn next_response(
+        &mut self,
+        sh: &mut Shared,
+        host: &dyn HostMemory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let av = self.attr.av?;
+        let dest = self.attr.dest_qpn;
+        let front = *self.resp.out.front()?;
+        let ack_aeth = |msn: u32| AethRepr {
+            syndrome: AethSyndrome::Ack {
+                credits: AethSyndrome::UNLIMITED_CREDITS,
+            },
+            msn,
+        };
+        let (t, payload_len, read) = match front {
+            Outbound::Ack { psn, syndrome, msn } => {
+                self.resp.out.pop_front();
+                let mut t = TransportRepr::new(self.bth(Opcode::RC_ACKNOWLEDGE, dest, psn));
+                t.aeth = Some(AethRepr { syndrome, msn });
+                (t, 0, None)
+            }
+            Outbound::AtomicAck { psn, orig, msn } => {
+                self.resp.out.pop_front();
+                let mut t =
+                    TransportRepr::new(self.bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn));
+                t.aeth = Some(ack_aeth(msn));
+                t.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                (t, 0, None)
+            }
+            Outbound::Read(r) => {
+                if self.attr.state == QpState::Error {
+                    self.resp.out.pop_front();
+                    return None;
+                }
+                let mtu = self.mtu(sh) as u64;
+                let n = r.remaining.min(mtu);
+                let last = r.remaining <= mtu;
+                let opcode = if !r.started && r.psn == r.first_psn {
+                    if last {
+                        Opcode::RC_RDMA_READ_RESPONSE_ONLY
+                    } else {
+                        Opcode::RC_RDMA_READ_RESPONSE_FIRST
+                    }
+                } else if last {
+                    Opcode::RC_RDMA_READ_RESPONSE_LAST
+                } else {
+                    Opcode::RC_RDMA_READ_RESPONSE_MIDDLE
+                };
+                if n > 0
+                    && sh
+                        .mem
+                        .check_remote(r.rkey, self.pd, r.va, n, Access::REMOTE_READ)
+                        .is_err()
+                {
+                    // Deregistered under a READ: remote access error, QP to ERROR.
+                    self.resp.out.pop_front();
+                    self.class_c(sh, r.psn, Fault::Access);
+                    return self.next_response(sh, host, buf);
+                }
+                let mut t = TransportRepr::new(self.bth(opcode, dest, r.psn));
+                if opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
+                    t.aeth = Some(ack_aeth(r.msn));
+                }
+                (t, n as usize, Some(r))
+            }
+        };
+        let headers = self.headers(sh, &av, t)?;
+        let mut w = FrameWriter::new(buf, &headers, payload_len).ok()?;
+        if let Some(r) = read {
+            if payload_len > 0 && host.read(r.va, w.payload_mut()).is_err() {
+                self.resp.out.pop_front();
+                self.class_c(sh, r.psn, Fault::Access);
+                return self.next_response(sh, host, buf);
+            }
+            let n = payload_len as u64;
+            match self.resp.out.front_mut() {
+                Some(Outbound::Read(cur)) if cur.remaining > n => {
+                    cur.psn = psn::add(cur.psn, 1);
+                    cur.va += n;
+                    cur.remaining -= n;
+                    cur.started = true;
+                }
+                _ => {
+                    self.resp.out.pop_front();
+                }
+            }
+        }
+        let len = w.finish().ok()?;
+        sh.counters.tx_responses += 1;
+        Some(Transmit {
+            len,
+            src: headers.ip.src_addr(),
+            dst: headers.ip.dst_addr(),
+            qpn: self.qpn,
+        })
+    }
+}

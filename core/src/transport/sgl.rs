@@ -1,0 +1,105 @@
+//! Gather from and scatter into scatter/gather lists, checking every element against the
+//! memory table (key, protection domain, bounds, rights) before the host memory is touched.
+
+use super::host_memory::HostMemory;
+use super::memory::{Access, MemoryTable, PdId};
+use super::verbs::Sge;
+
+/// Why a local access through an SGE list failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SglError {
+    /// A key, protection domain, bound or right check failed, or the host could not access it.
+    Protection,
+    /// The list is shorter than `offset + len`.
+    Length,
+}
+
+/// Calls `f(addr, range)` for each SGE piece covering `[offset, offset + len)` of the list,
+/// after checking it with `needed` rights.
+fn walk(
+    table: &MemoryTable,
+    pd: PdId,
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+    needed: Access,
+    mut f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), SglError>,
+) -> Result<(), SglError> {
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let sl = u64::from(sge.length);
+        if offset >= sl {
+            offset -= sl;
+            continue;
+        }
+        let n = ((sl - offset) as usize).min(len - done);
+        let addr = sge.addr.checked_add(offset).ok_or(SglError::Protection)?;
+        table
+            .check_local(sge.lkey, pd, addr, n as u64, needed)
+            .map_err(|_| SglError::Protection)?;
+        f(addr, done..done + n)?;
+        done += n;
+        offset = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(SglError::Length)
+    }
+}
+
+/// Copies `out.len()` bytes starting `offset` bytes into the list.
+pub(crate) fn gather(
+    table: &MemoryTable,
+    host: &dyn HostMemory,
+    pd: PdId,
+    sges: &[Sge],
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), SglError> {
+    let len = out.len();
+    walk(table, pd, sges, offset, len, Access::NONE, |addr, r| {
+        host.read(addr, &mut out[r]).map_err(|_| SglError::Protection)
+    })
+}
+
+/// Copies `data` into the list starting `offset` bytes in (needs LOCAL_WRITE).
+pub(crate) fn scatter(
+    table: &MemoryTable,
+    host: &mut dyn HostMemory,
+    pd: PdId,
+    sges: &[Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), SglError> {
+    walk(
+        table,
+        pd,
+        sges,
+        offset,
+        data.len(),
+        Access::LOCAL_WRITE,
+        |addr, r| {
+            host.write(addr, &data[r])
+                .map_err(|_| SglError::Protection)
+        },
+    )
+}
+
+/// Checks a whole list for the given rights without touching memory.
+pub(crate) fn check(
+    table: &MemoryTable,
+    pd: PdId,
+    sges: &[Sge],
+    needed: Access,
+) -> Result<(), SglError> {
+    for sge in sges.iter().filter(|s| s.length > 0) {
+        table
+            .check_local(sge.lkey, pd, sge.addr, u64::from(sge.length), needed)
+            .map_err(|_| SglError::Protection)?;
+    }
+    Ok(())
+}
