@@ -1,5 +1,7 @@
 //! Helpers shared by xroce's integration tests.
 
+pub mod sim;
+
 use std::path::PathBuf;
 
 use xroce_cli::capture::{self, CapturedPacket, LinkLayer};

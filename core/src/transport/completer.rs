@@ -157,8 +157,7 @@ impl Qp {
                     self.fail_head(sh, WcStatus::BadRespErr);
                     return;
                 }
-                if pos != Position::Middle && !matches!(syndrome, Some(AethSyndrome::Ack { .. }))
-                {
+                if pos != Position::Middle && !matches!(syndrome, Some(AethSyndrome::Ack { .. })) {
                     self.fail_head(sh, WcStatus::BadRespErr);
                     return;
                 }

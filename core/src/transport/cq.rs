@@ -19,7 +19,9 @@ enum Armed {
 /// What happened when a completion was pushed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pushed {
-    Stored { notify: bool },
+    Stored {
+        notify: bool,
+    },
     /// The CQ was full: the completion could not be stored and the CQ is now in error.
     Overflow,
 }

@@ -19,8 +19,8 @@ use super::qp_state::{AttrMask, PathMtu, QpState, QpType};
 use super::requester::MAX_MSG_SIZE;
 use super::srq::{SharedReceiveQueue, SrqId};
 use super::verbs::{
-    AsyncEvent, Event, RecvWr, SendFlags, SendOp, SendWr, VerbsError, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion,
+    AsyncEvent, Event, RecvWr, SendFlags, SendOp, SendWr, VerbsError, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use super::Nanos;
 use crate::wire::{IpAddress, Opcode, RoceFrame, Transport};
@@ -239,14 +239,16 @@ impl Device {
         }
         let id = CqId(self.next_cq);
         self.next_cq += 1;
-        self.sh
-            .cqs
-            .insert(id, CompletionQueue::new(cqe as usize));
+        self.sh.cqs.insert(id, CompletionQueue::new(cqe as usize));
         Ok(id)
     }
 
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
-        if self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+        if self
+            .qps
+            .values()
+            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+        {
             return Err(VerbsError::Busy("completion queue"));
         }
         self.sh
@@ -287,12 +289,7 @@ impl Device {
 
     // ----- shared receive queues -----
 
-    pub fn create_srq(
-        &mut self,
-        pd: PdId,
-        max_wr: u32,
-        max_sge: u32,
-    ) -> Result<SrqId, VerbsError> {
+    pub fn create_srq(&mut self, pd: PdId, max_wr: u32, max_sge: u32) -> Result<SrqId, VerbsError> {
         if max_wr == 0 || max_wr > limits::MAX_SRQ_WR || max_sge > limits::MAX_SRQ_SGE {
             return Err(VerbsError::Invalid("SRQ size out of range"));
         }
@@ -387,7 +384,9 @@ impl Device {
         }
         let c = init.cap;
         if c.max_send_wr > limits::MAX_QP_WR || c.max_recv_wr > limits::MAX_QP_WR {
-            return Err(VerbsError::Invalid("max_send_wr/max_recv_wr above the device limit"));
+            return Err(VerbsError::Invalid(
+                "max_send_wr/max_recv_wr above the device limit",
+            ));
         }
         if c.max_send_sge > limits::MAX_SGE || c.max_recv_sge > limits::MAX_SGE {
             return Err(VerbsError::Invalid("max_send_sge/max_recv_sge above 32"));
@@ -422,12 +421,7 @@ impl Device {
             .ok_or(VerbsError::NoSuchObject("queue pair"))
     }
 
-    pub fn modify_qp(
-        &mut self,
-        qpn: u32,
-        attr: &QpAttr,
-        mask: AttrMask,
-    ) -> Result<(), VerbsError> {
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
         let qp = self
             .qps
             .get_mut(&qpn)
@@ -450,10 +444,7 @@ impl Device {
             .get_mut(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
         let cap = qp.attr.cap;
-        if matches!(
-            qp.attr.state,
-            QpState::Reset | QpState::Init | QpState::Rtr
-        ) {
+        if matches!(qp.attr.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::Invalid("QP is not ready to send (needs RTS)"));
         }
         if qp.sq.len() >= cap.max_send_wr as usize {
@@ -468,7 +459,9 @@ impl Device {
             QpType::Ud => wr.op.is_send(),
         };
         if !op_ok {
-            return Err(VerbsError::Invalid("operation not supported on this QP type"));
+            return Err(VerbsError::Invalid(
+                "operation not supported on this QP type",
+            ));
         }
         let length = wr.length();
         if length > MAX_MSG_SIZE {
@@ -671,12 +664,14 @@ impl Device {
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Nanos) {
-        let due: Vec<u32> = self
+        let mut due: Vec<u32> = self
             .qps
             .iter()
             .filter(|(_, q)| q.next_deadline().is_some_and(|t| t <= now))
             .map(|(n, _)| *n)
             .collect();
+        // Deterministic order: the QP table is a hash map.
+        due.sort_unstable();
         for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 qp.handle_timeout(now, &mut self.sh);

@@ -59,7 +59,10 @@ impl VecMemory {
     }
 
     fn locate(&self, addr: u64, len: usize) -> Option<(usize, usize)> {
-        let i = self.areas.partition_point(|(b, _)| *b <= addr).checked_sub(1)?;
+        let i = self
+            .areas
+            .partition_point(|(b, _)| *b <= addr)
+            .checked_sub(1)?;
         let (base, v) = &self.areas[i];
         let off = usize::try_from(addr - base).ok()?;
         (off.checked_add(len)? <= v.len()).then_some((i, off))

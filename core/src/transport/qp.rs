@@ -18,8 +18,8 @@ use super::verbs::{
 };
 use super::{psn, Nanos};
 use crate::wire::{
-    bth::DEFAULT_PKEY, ipv4, BthRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr,
-    Opcode, TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
+    bth::DEFAULT_PKEY, ipv4, BthRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode,
+    TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
 };
 
 /// Queue sizes asked for at creation (`struct ibv_qp_cap`).
@@ -389,7 +389,9 @@ impl Qp {
                 return Err(bad("sgid_index names no GID"));
             };
             if matches!(sgid, IpAddress::V4(_)) != matches!(av.dgid, IpAddress::V4(_)) {
-                return Err(bad("source and destination GIDs are of different IP versions"));
+                return Err(bad(
+                    "source and destination GIDs are of different IP versions",
+                ));
             }
         }
         if m(AttrMask::DEST_QPN) && attr.dest_qpn > psn::MASK {
@@ -436,10 +438,7 @@ impl Qp {
     /// True while SQD still has WQEs in flight.
     fn draining(&self) -> bool {
         self.attr.state == QpState::Sqd
-            && self
-                .sq
-                .iter()
-                .any(|w| !matches!(w.state, WqeState::Posted))
+            && self.sq.iter().any(|w| !matches!(w.state, WqeState::Posted))
     }
 
     /// Raises SQ-drained once everything started before SQD has completed.

@@ -103,8 +103,7 @@ impl Qp {
         if self.attr.state == QpState::Sqd {
             return Start::Wait;
         }
-        if flags.contains(SendFlags::FENCE) && self.req.rd_atomic_avail < self.req.rd_atomic_max
-        {
+        if flags.contains(SendFlags::FENCE) && self.req.rd_atomic_avail < self.req.rd_atomic_max {
             return Start::Wait;
         }
         let needs_slot = op.is_read_or_atomic();

@@ -502,8 +502,15 @@ impl Qp {
                 if r.offset + n as u64 > r.wqe.length() {
                     return Err(Fault::Invalid);
                 }
-                sgl::scatter(&sh.mem, host, self.pd, &r.wqe.sg_list, r.offset, frame.payload)
-                    .map_err(|_| Fault::Malformed)?;
+                sgl::scatter(
+                    &sh.mem,
+                    host,
+                    self.pd,
+                    &r.wqe.sg_list,
+                    r.offset,
+                    frame.payload,
+                )
+                .map_err(|_| Fault::Malformed)?;
                 r.offset += n as u64;
                 if pos.ends_message() {
                     self.resp.cur = None;
@@ -541,10 +548,7 @@ impl Qp {
                         total: reth.dma_len,
                     }
                 } else {
-                    self.resp
-                        .cur
-                        .and_then(|m| m.write)
-                        .ok_or(Fault::Invalid)?
+                    self.resp.cur.and_then(|m| m.write).ok_or(Fault::Invalid)?
                 };
                 // Every packet but the last carries exactly one MTU; the last, exactly the rest.
                 let exact = if target.resid > mtu as u64 {
@@ -622,7 +626,8 @@ impl Qp {
 
     fn post_recv_completion(&mut self, sh: &mut Shared, wc: WorkCompletion) {
         if !sh.complete(self.recv_cq, wc) {
-            sh.events.push_back(Event::Async(AsyncEvent::QpFatal(self.qpn)));
+            sh.events
+                .push_back(Event::Async(AsyncEvent::QpFatal(self.qpn)));
             self.enter_error(sh);
         }
     }
@@ -795,8 +800,7 @@ impl Qp {
             }
             Outbound::AtomicAck { psn, orig, msn } => {
                 self.resp.out.pop_front();
-                let mut t =
-                    TransportRepr::new(self.bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn));
+                let mut t = TransportRepr::new(self.bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn));
                 t.aeth = Some(ack_aeth(msn));
                 t.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
                 (t, 0, None)

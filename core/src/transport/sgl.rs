@@ -62,7 +62,8 @@ pub(crate) fn gather(
 ) -> Result<(), SglError> {
     let len = out.len();
     walk(table, pd, sges, offset, len, Access::NONE, |addr, r| {
-        host.read(addr, &mut out[r]).map_err(|_| SglError::Protection)
+        host.read(addr, &mut out[r])
+            .map_err(|_| SglError::Protection)
     })
 }
 
@@ -82,10 +83,7 @@ pub(crate) fn scatter(
         offset,
         data.len(),
         Access::LOCAL_WRITE,
-        |addr, r| {
-            host.write(addr, &data[r])
-                .map_err(|_| SglError::Protection)
-        },
+        |addr, r| host.write(addr, &data[r]).map_err(|_| SglError::Protection),
     )
 }
 

@@ -1,0 +1,258 @@
+//! Every operation once over a clean simulated link: the data lands, the completions say so.
+
+use xroce_core::transport::{
+    Access, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
+};
+use xroce_tests::sim::{connect, ConnectOptions, LinkConfig, Sim};
+
+const RW: Access = Access(
+    Access::LOCAL_WRITE.0
+        | Access::REMOTE_WRITE.0
+        | Access::REMOTE_READ.0
+        | Access::REMOTE_ATOMIC.0,
+);
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt)
+        .collect()
+}
+
+#[test]
+fn rc_send_write_read_atomics() {
+    let mut sim = Sim::new(1, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+
+    let src = sim.nodes[0].alloc(16384, RW);
+    let dst = sim.nodes[1].alloc(16384, RW);
+    let data = pattern(5000, 7);
+    sim.nodes[0].bytes_mut(&src)[..5000].copy_from_slice(&data);
+
+    // SEND 5000 bytes (5 packets at MTU 1024) into a posted receive.
+    sim.nodes[1]
+        .dev
+        .post_recv(
+            b.qpn,
+            RecvWr {
+                wr_id: 77,
+                sg_list: vec![Sge {
+                    addr: dst.va,
+                    length: 8192,
+                    lkey: dst.lkey,
+                }],
+            },
+        )
+        .unwrap();
+    let mut wr = SendWr::new(
+        1,
+        SendOp::SendWithImm { imm: 0xdeadbeef },
+        vec![Sge {
+            addr: src.va,
+            length: 5000,
+            lkey: src.lkey,
+        }],
+    );
+    wr.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    assert!(sim.run_until(1_000_000_000, |s| !s.nodes[0]
+        .dev
+        .cq(a.send_cq)
+        .unwrap()
+        .is_empty()));
+    let sc = sim.nodes[0].poll(a.send_cq);
+    assert_eq!(sc.len(), 1);
+    assert_eq!(sc[0].status, WcStatus::Success);
+    assert_eq!(sc[0].opcode, WcOpcode::Send);
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(rc.len(), 1, "{rc:?}");
+    assert_eq!(rc[0].wr_id, 77);
+    assert_eq!(rc[0].byte_len, 5000);
+    assert_eq!(rc[0].imm, 0xdeadbeef);
+    assert!(rc[0].flags.contains(WcFlags::WITH_IMM));
+    assert!(rc[0].solicited);
+    assert_eq!(rc[0].src_qp, a.qpn);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..5000], &data[..]);
+
+    // WRITE 3000 bytes at offset 8192 of the remote region.
+    let wr = SendWr::new(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: dst.va + 8192,
+            rkey: dst.rkey,
+        },
+        vec![Sge {
+            addr: src.va,
+            length: 3000,
+            lkey: src.lkey,
+        }],
+    );
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    assert!(sim.run_until(1_000_000_000, |s| !s.nodes[0]
+        .dev
+        .cq(a.send_cq)
+        .unwrap()
+        .is_empty()));
+    let sc = sim.nodes[0].poll(a.send_cq);
+    assert_eq!(
+        (sc[0].status, sc[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(&sim.nodes[1].bytes(&dst)[8192..11192], &data[..3000]);
+
+    // READ 4500 bytes back from the remote region into offset 10000 locally.
+    let remote = pattern(4500, 99);
+    sim.nodes[1].bytes_mut(&dst)[100..4600].copy_from_slice(&remote);
+    let wr = SendWr::new(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: dst.va + 100,
+            rkey: dst.rkey,
+        },
+        vec![
+            Sge {
+                addr: src.va + 10000,
+                length: 1000,
+                lkey: src.lkey,
+            },
+            Sge {
+                addr: src.va + 12000,
+                length: 3500,
+                lkey: src.lkey,
+            },
+        ],
+    );
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    assert!(sim.run_until(1_000_000_000, |s| !s.nodes[0]
+        .dev
+        .cq(a.send_cq)
+        .unwrap()
+        .is_empty()));
+    let sc = sim.nodes[0].poll(a.send_cq);
+    assert_eq!(
+        (sc[0].status, sc[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaRead)
+    );
+    let local = sim.nodes[0].bytes(&src);
+    assert_eq!(&local[10000..11000], &remote[..1000]);
+    assert_eq!(&local[12000..15500], &remote[1000..]);
+
+    // FETCH_ADD then CMP_SWAP on an 8-byte word.
+    sim.nodes[1].bytes_mut(&dst)[16000..16008].copy_from_slice(&40u64.to_ne_bytes());
+    let wr = SendWr::new(
+        4,
+        SendOp::FetchAdd {
+            remote_addr: dst.va + 16000,
+            rkey: dst.rkey,
+            add: 2,
+        },
+        vec![Sge {
+            addr: src.va + 16000,
+            length: 8,
+            lkey: src.lkey,
+        }],
+    );
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    let wr = SendWr::new(
+        5,
+        SendOp::CompareSwap {
+            remote_addr: dst.va + 16000,
+            rkey: dst.rkey,
+            compare: 42,
+            swap: 7,
+        },
+        vec![Sge {
+            addr: src.va + 16008,
+            length: 8,
+            lkey: src.lkey,
+        }],
+    );
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    assert!(sim.run_until(1_000_000_000, |s| s.nodes[0]
+        .dev
+        .cq(a.send_cq)
+        .unwrap()
+        .len()
+        == 2));
+    let sc = sim.nodes[0].poll(a.send_cq);
+    assert!(sc.iter().all(|c| c.status == WcStatus::Success), "{sc:?}");
+    let local = sim.nodes[0].bytes(&src);
+    assert_eq!(
+        u64::from_ne_bytes(local[16000..16008].try_into().unwrap()),
+        40
+    );
+    assert_eq!(
+        u64::from_ne_bytes(local[16008..16016].try_into().unwrap()),
+        42
+    );
+    let word = &sim.nodes[1].bytes(&dst)[16000..16008];
+    assert_eq!(u64::from_ne_bytes(word.try_into().unwrap()), 7);
+
+    assert!(
+        sim.run_idle(1_000_000_000),
+        "timers still armed when all is acknowledged"
+    );
+    let c = sim.nodes[0].dev.counters();
+    assert_eq!(c.retransmissions, 0);
+    assert_eq!(sim.nodes[1].dev.counters().seq_naks_sent, 0);
+}
+
+#[test]
+fn uc_send_and_write() {
+    let mut sim = Sim::new(2, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        ty: QpType::Uc,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(8192, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(3000, 3);
+    sim.nodes[0].bytes_mut(&src)[..3000].copy_from_slice(&data);
+    sim.nodes[1]
+        .dev
+        .post_recv(
+            b.qpn,
+            RecvWr {
+                wr_id: 9,
+                sg_list: vec![Sge {
+                    addr: dst.va,
+                    length: 4096,
+                    lkey: dst.lkey,
+                }],
+            },
+        )
+        .unwrap();
+    let sge = vec![Sge {
+        addr: src.va,
+        length: 3000,
+        lkey: src.lkey,
+    }];
+    let mem = sim.nodes[0].mem.clone();
+    sim.nodes[0]
+        .dev
+        .post_send(a.qpn, SendWr::new(1, SendOp::Send, sge.clone()), &mem)
+        .unwrap();
+    sim.nodes[0]
+        .dev
+        .post_send(
+            a.qpn,
+            SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: dst.va + 4096,
+                    rkey: dst.rkey,
+                },
+                sge,
+            ),
+            &mem,
+        )
+        .unwrap();
+    assert!(sim.run_idle(1_000_000_000));
+    assert_eq!(sim.nodes[0].poll(a.send_cq).len(), 2);
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(rc.len(), 1);
+    assert_eq!(rc[0].byte_len, 3000);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..3000], &data[..]);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[4096..7096], &data[..]);
+}
