@@ -667,7 +667,15 @@ impl Qp {
     ) {
         let p = frame.headers.transport.bth.psn;
         let pos = info.position;
-        let in_order = psn::diff(p, self.resp.psn) == 0 && !self.resp.uc_dropping;
+        let d = psn::diff(p, self.resp.psn);
+        if d < 0 {
+            // An old duplicate (the network repeated it). rdma_rxe would restart a message on
+            // a duplicated FIRST/ONLY and deliver it twice; xroce drops it, so a UC message is
+            // delivered at most once. Senders only move forward, so nothing valid is lost.
+            sh.counters.duplicates += 1;
+            return;
+        }
+        let in_order = d == 0 && !self.resp.uc_dropping;
         if !in_order || (pos.starts_message() && self.resp.cur.is_some()) {
             // A gap loses the message in progress; a FIRST/ONLY always starts a new one.
             self.uc_abandon(sh);
