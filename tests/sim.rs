@@ -9,7 +9,7 @@ use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use xroce_core::transport::{
     Access, AddressVector, AttrMask, CqId, Device, DeviceConfig, MemoryRegion, Nanos, PathMtu,
-    PdId, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendWr, VecMemory, VerbsError,
+    PdId, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendWr, SrqId, VecMemory, VerbsError,
     WorkCompletion,
 };
 use xroce_core::wire::{IpAddress, Ipv4Address, Ipv6Address};
@@ -161,7 +161,15 @@ pub struct Sim {
     buf: Vec<u8>,
     /// When set, every packet put on the link is also recorded here (IP header onwards).
     pub trace: Option<Vec<(usize, Vec<u8>)>>,
+    /// When set, called for every packet put on the link with the sending node's index and the
+    /// packet (IP header onwards); `true` loses it (counted in `stats.lost`). Random loss cannot
+    /// hit one chosen packet, so scenario tests use this to drop exactly the one they mean to.
+    /// Runs after `trace` records the packet, and before any random fault.
+    pub drop_filter: Option<DropFilter>,
 }
+
+/// Decides, per packet, whether the link loses it: `(sending node, packet) -> lose`.
+pub type DropFilter = Box<dyn FnMut(usize, &[u8]) -> bool>;
 
 /// IPv4 address of node `i`: 10.0.0.(i+1).
 pub fn node_ipv4(i: usize) -> IpAddress {
@@ -215,6 +223,7 @@ impl Sim {
             seq: 0,
             buf: vec![0u8; 16384],
             trace: None,
+            drop_filter: None,
         }
     }
 
@@ -247,6 +256,12 @@ impl Sim {
                     tr.push((i, packet.clone()));
                 }
                 self.stats.sent += 1;
+                if let Some(drop) = self.drop_filter.as_mut() {
+                    if drop(i, &packet) {
+                        self.stats.lost += 1;
+                        continue;
+                    }
+                }
                 let Some(to) = self.nodes.iter().position(|n| n.ip == t.dst) else {
                     self.stats.lost += 1;
                     continue;
@@ -407,11 +422,23 @@ pub struct QpEnd {
     pub recv_cq: CqId,
 }
 
-/// Creates a QP on node `i` in RESET.
+/// Creates a QP on node `i` in RESET, with CQs of `o.cqe` entries and no SRQ.
 pub fn create_qp(sim: &mut Sim, i: usize, o: &ConnectOptions) -> QpEnd {
+    create_qp_with(sim, i, o, o.cqe, o.cqe, None)
+}
+
+/// Creates a QP on node `i` in RESET, with its own CQs of the given sizes and an optional SRQ.
+pub fn create_qp_with(
+    sim: &mut Sim,
+    i: usize,
+    o: &ConnectOptions,
+    send_cqe: u32,
+    recv_cqe: u32,
+    srq: Option<SrqId>,
+) -> QpEnd {
     let node = &mut sim.nodes[i];
-    let send_cq = node.dev.create_cq(o.cqe).expect("create_cq");
-    let recv_cq = node.dev.create_cq(o.cqe).expect("create_cq");
+    let send_cq = node.dev.create_cq(send_cqe).expect("create_cq");
+    let recv_cq = node.dev.create_cq(recv_cqe).expect("create_cq");
     let qpn = node
         .dev
         .create_qp(QpInit {
@@ -419,7 +446,7 @@ pub fn create_qp(sim: &mut Sim, i: usize, o: &ConnectOptions) -> QpEnd {
             pd: node.pd,
             send_cq,
             recv_cq,
-            srq: None,
+            srq,
             cap: o.cap,
             sq_sig_all: o.sq_sig_all,
         })

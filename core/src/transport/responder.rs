@@ -299,6 +299,12 @@ impl Qp {
                 if let Err(f) = self.exec_send_write(sh, host, frame, info) {
                     return self.class_c(sh, p, f);
                 }
+                if self.attr.state == QpState::Error {
+                    // The receive completion overran the CQ and the QP went to ERROR: like
+                    // rdma_rxe (RESPST_ERR_CQ_OVERFLOW), do not acknowledge a message whose
+                    // completion was lost, or the sender would count it as delivered.
+                    return;
+                }
                 self.resp.psn = psn::add(p, 1);
                 if t.bth.ack_req {
                     self.resp.ack(p);
@@ -678,10 +684,16 @@ impl Qp {
         let in_order = d == 0 && !self.resp.uc_dropping;
         if !in_order || (pos.starts_message() && self.resp.cur.is_some()) {
             // A gap loses the message in progress; a FIRST/ONLY always starts a new one.
+            // Each lost message counts once: when its reception is abandoned, or when the first
+            // packet after its lost start shows up; not again for every packet dropped after.
+            let losing =
+                self.resp.cur.is_some() || (!self.resp.uc_dropping && !pos.starts_message());
             self.uc_abandon(sh);
+            if losing {
+                sh.counters.uc_messages_dropped += 1;
+            }
             if !pos.starts_message() {
                 self.resp.uc_dropping = true;
-                sh.counters.uc_messages_dropped += 1;
                 return;
             }
         }

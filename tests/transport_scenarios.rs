@@ -1,0 +1,2180 @@
+//! Scenario tests for the transport, on the deterministic simulator: each one sets up one
+//! situation the digest (§4-§9) describes, often by losing exactly one chosen packet, and checks
+//! what rdma_rxe would do: which completions arrive with which status, which counters move,
+//! which state the QPs end in, and that the bytes in memory are right.
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::rc::Rc;
+
+use xroce_core::transport::{
+    Access, AddressVector, AhId, AsyncEvent, AttrMask, Counters, CqId, Event, MemoryRegion, Nanos,
+    PathMtu, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, VerbsError,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
+use xroce_core::wire::{Opcode, RoceFrame};
+use xroce_tests::sim::{
+    bring_up, connect, create_qp, create_qp_with, node_ipv6, ConnectOptions, LinkConfig, QpEnd, Sim,
+};
+
+const RW: Access = Access(
+    Access::LOCAL_WRITE.0
+        | Access::REMOTE_WRITE.0
+        | Access::REMOTE_READ.0
+        | Access::REMOTE_ATOMIC.0,
+);
+
+/// One second of virtual time: far more than any scenario here needs.
+const SEC: Nanos = 1_000_000_000;
+
+/// The retransmission timeout the digest gives for a `timeout` attribute (§4.6): 4.096 µs ×
+/// 2^timeout. Computed here rather than taken from core so the test checks core against the spec.
+fn spec_timeout_ns(timeout: u8) -> Nanos {
+    4096 << timeout
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt ^ (i >> 8) as u8)
+        .collect()
+}
+
+fn sge(mr: &MemoryRegion, offset: u64, length: u32) -> Sge {
+    Sge {
+        addr: mr.va + offset,
+        length,
+        lkey: mr.lkey,
+    }
+}
+
+fn recv_wr(wr_id: u64, mr: &MemoryRegion, offset: u64, length: u32) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: vec![sge(mr, offset, length)],
+    }
+}
+
+fn cq_len(sim: &Sim, node: usize, cq: CqId) -> usize {
+    sim.nodes[node].dev.cq(cq).map_or(0, |q| q.len())
+}
+
+/// Runs until `cq` holds at least `n` completions, then drains it.
+fn wait_cq(sim: &mut Sim, node: usize, cq: CqId, n: usize) -> Vec<WorkCompletion> {
+    let reached = sim.run_until(SEC, |s| cq_len(s, node, cq) >= n);
+    assert!(
+        reached,
+        "node {node} {cq:?}: {} of {n} completions",
+        cq_len(sim, node, cq)
+    );
+    sim.nodes[node].poll(cq)
+}
+
+/// Runs until nothing is in flight and no timer is armed.
+fn settle(sim: &mut Sim) {
+    assert!(
+        sim.run_idle(SEC),
+        "still busy after a second of virtual time"
+    );
+}
+
+fn ids_and_status(wcs: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}
+
+fn state(sim: &Sim, end: QpEnd) -> QpState {
+    sim.nodes[end.node].dev.query_qp(end.qpn).unwrap().state
+}
+
+fn counters(sim: &Sim, node: usize) -> Counters {
+    sim.nodes[node].dev.counters()
+}
+
+fn events(sim: &mut Sim, node: usize) -> Vec<Event> {
+    std::iter::from_fn(|| sim.nodes[node].dev.poll_event()).collect()
+}
+
+/// Opcode and PSN of a packet on the link.
+fn bth_of(packet: &[u8]) -> (Opcode, u32) {
+    let f = RoceFrame::parse_ip(packet).expect("the simulator carries RoCEv2 packets only");
+    (f.headers.transport.bth.opcode, f.headers.transport.bth.psn)
+}
+
+/// Loses the first `max` packets node `from` sends that `pick` chooses (by opcode and PSN).
+/// Returns how many were lost so far, so a test can check that the loss it depends on happened.
+fn drop_matching(
+    sim: &mut Sim,
+    from: usize,
+    max: u32,
+    mut pick: impl FnMut(Opcode, u32) -> bool + 'static,
+) -> Rc<Cell<u32>> {
+    let dropped = Rc::new(Cell::new(0));
+    let count = dropped.clone();
+    sim.drop_filter = Some(Box::new(move |node, packet| {
+        if node != from || count.get() >= max {
+            return false;
+        }
+        let (op, psn) = bth_of(packet);
+        let hit = pick(op, psn);
+        if hit {
+            count.set(count.get() + 1);
+        }
+        hit
+    }));
+    dropped
+}
+
+fn write_op(mr: &MemoryRegion, offset: u64) -> SendOp {
+    SendOp::RdmaWrite {
+        remote_addr: mr.va + offset,
+        rkey: mr.rkey,
+    }
+}
+
+fn read_op(mr: &MemoryRegion, offset: u64) -> SendOp {
+    SendOp::RdmaRead {
+        remote_addr: mr.va + offset,
+        rkey: mr.rkey,
+    }
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+// ----- 1. RNR NAK -----
+
+/// A SEND finding no receive is RNR-NAKed (class B: the responder stays in RTS) and retried
+/// every RNR timer period; once a receive is posted the retry lands and the data arrives.
+#[test]
+fn rnr_nak_then_recovery_when_a_receive_is_posted() {
+    let mut sim = Sim::new(11, 2, LinkConfig::default());
+    // RNR timer code 12 = 640 µs (digest §4.6 table), far above the simulated RTT.
+    let o = ConnectOptions {
+        min_rnr_timer: 12,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(8192, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(3000, 5);
+    sim.nodes[0].bytes_mut(&src)[..3000].copy_from_slice(&data);
+
+    // Three packets at MTU 1024: the FIRST draws the RNR NAK.
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 3000)]),
+        )
+        .unwrap();
+    let window: Nanos = 3_000_000;
+    assert!(!sim.run_until(window, |s| cq_len(s, 0, a.send_cq) > 0));
+
+    let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+    assert!(c1.rnr_naks_sent >= 2, "{c1:?}");
+    assert_eq!(c0.rnr_naks_received, c1.rnr_naks_sent);
+    // The requester honours the 640 µs wait: at most one attempt per period in the window.
+    assert!(
+        c1.rnr_naks_sent <= window / 640_000 + 1,
+        "{} RNR NAKs in {window} ns: the RNR timer was not honoured",
+        c1.rnr_naks_sent
+    );
+    // Retries under RNR are neither timeouts nor retry-count failures.
+    assert_eq!(c0.timeouts, 0);
+    assert_eq!(state(&sim, a), QpState::Rts);
+    assert_eq!(state(&sim, b), QpState::Rts, "RNR is class B: no error");
+    assert_eq!(cq_len(&sim, 1, b.recv_cq), 0);
+
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(7, &dst, 0, 4096))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    settle(&mut sim);
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(ids_and_status(&rc), [(7, WcStatus::Success)]);
+    assert_eq!(rc[0].byte_len, 3000);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..3000], &data[..]);
+    let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+    assert_eq!(c0.rnr_naks_received, c1.rnr_naks_sent);
+    assert_eq!(c0.retry_exceeded, 0);
+}
+
+/// With `rnr_retry = n` the requester accepts n + 1 RNR NAKs, then completes the WQE with
+/// RNR_RETRY_EXC_ERR; its QP goes to ERROR, the WQEs behind it and any posted later flush.
+#[test]
+fn rnr_retry_exhausted_fails_the_wqe_and_flushes_the_rest() {
+    for rnr_retry in [0u8, 2] {
+        let mut sim = Sim::new(12, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            rnr_retry,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        sim.nodes[0]
+            .post_recv(a.qpn, recv_wr(50, &src, 2048, 1024))
+            .unwrap();
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 100)]))
+            .unwrap();
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![sge(&src, 0, 100)]))
+            .unwrap();
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(3, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
+            )
+            .unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 3);
+        assert_eq!(
+            ids_and_status(&sc),
+            [
+                (1, WcStatus::RnrRetryExcErr),
+                (2, WcStatus::WrFlushErr),
+                (3, WcStatus::WrFlushErr)
+            ],
+            "rnr_retry {rnr_retry}"
+        );
+        settle(&mut sim);
+        let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+        assert_eq!(c0.rnr_naks_received, u64::from(rnr_retry) + 1);
+        assert_eq!(c1.rnr_naks_sent, u64::from(rnr_retry) + 1);
+        assert_eq!(state(&sim, a), QpState::Error);
+        assert_eq!(
+            state(&sim, b),
+            QpState::Rts,
+            "the responder is not at fault"
+        );
+        // The requester's receive queue flushes too.
+        let rc = sim.nodes[0].poll(a.recv_cq);
+        assert_eq!(ids_and_status(&rc), [(50, WcStatus::WrFlushErr)]);
+        // Work posted to a QP in ERROR completes at once with a flush error.
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(4, SendOp::Send, vec![sge(&src, 0, 8)]))
+            .unwrap();
+        sim.nodes[0]
+            .post_recv(a.qpn, recv_wr(51, &src, 0, 8))
+            .unwrap();
+        assert_eq!(
+            ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+            [(4, WcStatus::WrFlushErr)]
+        );
+        assert_eq!(
+            ids_and_status(&sim.nodes[0].poll(a.recv_cq)),
+            [(51, WcStatus::WrFlushErr)]
+        );
+        // Nothing reached the responder's memory or CQs.
+        assert_eq!(cq_len(&sim, 1, b.recv_cq), 0);
+        assert!(sim.nodes[1].bytes(&dst).iter().all(|&x| x == 0));
+    }
+}
+
+/// An RNR NAK can hit the last packet of a multi-packet WRITE with immediate (the packet that
+/// consumes the receive WQE). The NAK acknowledges the packets before it, so the requester
+/// resumes at the NAKed packet; the data written before the NAK is kept, and the completion
+/// reports the whole RDMA length.
+#[test]
+fn rnr_nak_on_the_last_packet_of_a_write_with_immediate() {
+    let mut sim = Sim::new(13, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(8192, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(3000, 13);
+    sim.nodes[0].bytes_mut(&src)[..3000].copy_from_slice(&data);
+    sim.trace = Some(Vec::new());
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: dst.va,
+        rkey: dst.rkey,
+        imm: 0xabc,
+    };
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(1, op, vec![sge(&src, 0, 3000)]))
+        .unwrap();
+    assert!(!sim.run_until(200_000, |s| cq_len(s, 0, a.send_cq) > 0));
+    assert!(counters(&sim, 1).rnr_naks_sent >= 2);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(4, &dst, 4096, 16))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(ids_and_status(&rc), [(4, WcStatus::Success)]);
+    let wc = rc[0];
+    assert_eq!(wc.opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!((wc.byte_len, wc.imm), (3000, 0xabc));
+    assert!(wc.flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..3000], &data[..]);
+
+    let p = o.psn.0;
+    let sent: Vec<_> = sim
+        .trace
+        .take()
+        .unwrap()
+        .iter()
+        .filter(|(from, _)| *from == 0)
+        .map(|(_, pkt)| bth_of(pkt))
+        .collect();
+    let last = (Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE, p + 2);
+    assert_eq!(
+        sent[..3],
+        [
+            (Opcode::RC_RDMA_WRITE_FIRST, p),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, p + 1),
+            last
+        ]
+    );
+    assert!(
+        sent.len() > 3 && sent[3..].iter().all(|&x| x == last),
+        "{sent:?}"
+    );
+}
+
+// ----- 2. Silent peer -----
+
+/// Every packet lost: with `retry_cnt = 3` the WQE fails with RETRY_EXC_ERR after exactly 3
+/// retransmissions, at exactly (3 + 1) × the timeout after it was sent.
+#[test]
+fn silent_peer_exhausts_retry_cnt_after_n_retransmissions() {
+    let mut sim = Sim::new(
+        21,
+        2,
+        LinkConfig {
+            loss: 1.0,
+            ..LinkConfig::default()
+        },
+    );
+    let n = 3u8;
+    let o = ConnectOptions {
+        retry_cnt: n,
+        timeout: 8,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let t0 = sim.now;
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 2);
+    let elapsed = sim.now - t0;
+    assert_eq!(
+        ids_and_status(&sc),
+        [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(elapsed, (u64::from(n) + 1) * spec_timeout_ns(o.timeout));
+    let c0 = counters(&sim, 0);
+    assert_eq!(c0.timeouts, u64::from(n) + 1);
+    assert_eq!(c0.retransmissions, u64::from(n));
+    assert_eq!(c0.retry_exceeded, 1);
+    // Each pass sends both SENDs: the first and n retries.
+    assert_eq!(c0.tx_requests, 2 * (u64::from(n) + 1));
+    assert_eq!(sim.stats.delivered, 0);
+    assert_eq!(state(&sim, a), QpState::Error);
+    assert_eq!(state(&sim, b), QpState::Rts);
+    // ERROR stops the timers: nothing more happens.
+    settle(&mut sim);
+    assert_eq!(counters(&sim, 0).tx_requests, c0.tx_requests);
+}
+
+/// rdma_rxe treats `retry_cnt = 7` as infinite: a requester whose peer never answers (here the
+/// peer QP exists but was never brought out of RESET) retransmits once per timeout forever.
+#[test]
+fn silent_peer_with_retry_cnt_7_never_gives_up() {
+    let mut sim = Sim::new(22, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        retry_cnt: 7,
+        timeout: 8,
+        ..ConnectOptions::default()
+    };
+    let a = create_qp(&mut sim, 0, &o);
+    let b = create_qp(&mut sim, 1, &o);
+    bring_up(&mut sim, a, b, &o, o.psn.0, o.psn.1);
+    let src = sim.nodes[0].alloc(4096, RW);
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    let t = spec_timeout_ns(o.timeout);
+    assert!(!sim.run_until(100 * t + t / 2, |s| cq_len(s, 0, a.send_cq) > 0));
+    let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+    assert_eq!(c0.timeouts, 100);
+    assert_eq!(c0.retransmissions, 100);
+    assert_eq!(c0.retry_exceeded, 0);
+    assert_eq!(state(&sim, a), QpState::Rts);
+    // The peer heard every attempt and, in RESET, answered none.
+    assert_eq!(c1.rx_packets, 101);
+    assert_eq!(c1.tx_responses, 0);
+    assert_eq!(state(&sim, b), QpState::Reset);
+    assert!(
+        sim.nodes[0].dev.poll_timeout().is_some(),
+        "the timer is still armed"
+    );
+}
+
+/// Lost ACKs: when the first of two ACKs is lost the second, being cumulative, completes both
+/// WQEs without a retry; when the only ACK is lost the timer resends the SEND, and the responder
+/// re-ACKs the duplicate without delivering it again.
+#[test]
+fn lost_acks_are_covered_by_later_acks_or_re_acked_duplicates() {
+    for sends in [2u64, 1] {
+        let mut sim = Sim::new(23, 2, LinkConfig::default());
+        let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        let dropped = drop_matching(&mut sim, 1, 1, |op, _| op == Opcode::RC_ACKNOWLEDGE);
+        for id in 1..=sends {
+            sim.nodes[1]
+                .post_recv(b.qpn, recv_wr(10 + id, &dst, id * 1024, 1024))
+                .unwrap();
+            sim.nodes[0]
+                .post_send(
+                    a.qpn,
+                    SendWr::new(id, SendOp::Send, vec![sge(&src, 0, 100)]),
+                )
+                .unwrap();
+        }
+        let sc = wait_cq(&mut sim, 0, a.send_cq, sends as usize);
+        settle(&mut sim);
+        assert_eq!(dropped.get(), 1);
+        let want: Vec<_> = (1..=sends).map(|i| (i, WcStatus::Success)).collect();
+        assert_eq!(ids_and_status(&sc), want, "{sends} SENDs");
+        let want: Vec<_> = (1..=sends).map(|i| (10 + i, WcStatus::Success)).collect();
+        assert_eq!(
+            ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+            want,
+            "each delivered once"
+        );
+        let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+        if sends == 2 {
+            assert_eq!((c0.timeouts, c0.retransmissions, c1.duplicates), (0, 0, 0));
+        } else {
+            assert_eq!((c0.timeouts, c0.retransmissions, c1.duplicates), (1, 1, 1));
+        }
+    }
+}
+
+/// A sequence NAK consumes one retry like a timeout does (digest §4.7): with `retry_cnt = 0`
+/// a single lost packet fails the WQE at once, with 1 the go-back-N recovers it. Neither waits
+/// for the timer.
+#[test]
+fn sequence_nak_consumes_a_retry() {
+    for retry_cnt in [0u8, 1] {
+        let mut sim = Sim::new(24, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            retry_cnt,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(5, &dst, 0, 4096))
+            .unwrap();
+        let first = o.psn.0;
+        let dropped = drop_matching(&mut sim, 0, 1, move |_, psn| psn == first);
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 3000)]),
+            )
+            .unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+        assert!(
+            sim.now < spec_timeout_ns(o.timeout),
+            "the NAK, not the timer"
+        );
+        settle(&mut sim);
+        assert_eq!(dropped.get(), 1);
+        let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+        assert_eq!((c1.seq_naks_sent, c0.seq_naks_received), (1, 1));
+        assert_eq!(c0.timeouts, 0);
+        if retry_cnt == 0 {
+            assert_eq!(ids_and_status(&sc), [(1, WcStatus::RetryExcErr)]);
+            assert_eq!(state(&sim, a), QpState::Error);
+            assert_eq!(c0.retransmissions, 0);
+        } else {
+            assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+            assert_eq!(c0.retransmissions, 1);
+            assert_eq!(
+                ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+                [(5, WcStatus::Success)]
+            );
+        }
+    }
+}
+
+/// Go-back-N into the middle of a WRITE: the resent packet is a MIDDLE without RETH at the
+/// NAKed PSN (digest §4.6), not a new FIRST, and the bytes land where they belong.
+#[test]
+fn write_retry_resumes_mid_message_without_reth() {
+    let mut sim = Sim::new(25, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(8192, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(5000, 25);
+    sim.nodes[0].bytes_mut(&src)[..5000].copy_from_slice(&data);
+    let p = o.psn.0;
+    let dropped = drop_matching(&mut sim, 0, 1, move |_, psn| psn == p + 2);
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 100), vec![sge(&src, 0, 5000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(dropped.get(), 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[100..5100], &data[..]);
+    let resent: Vec<_> = sim
+        .trace
+        .take()
+        .unwrap()
+        .iter()
+        .filter(|(from, _)| *from == 0)
+        .skip(5)
+        .map(|(_, pkt)| {
+            let t = RoceFrame::parse_ip(pkt).unwrap().headers.transport;
+            (t.bth.opcode, t.bth.psn, t.reth.is_some())
+        })
+        .collect();
+    assert_eq!(
+        resent,
+        [
+            (Opcode::RC_RDMA_WRITE_MIDDLE, p + 2, false),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, p + 3, false),
+            (Opcode::RC_RDMA_WRITE_LAST, p + 4, false),
+        ]
+    );
+}
+
+/// The requester never runs more than 128 PSNs ahead of the oldest unacknowledged one (digest
+/// §4.3): with every response lost, a 200-packet WRITE puts exactly 129 packets on the wire
+/// before the timer fires.
+#[test]
+fn send_window_is_128_psns() {
+    let mut sim = Sim::new(26, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(200 * 1024, RW);
+    let dst = sim.nodes[1].alloc(200 * 1024, RW);
+    sim.drop_filter = Some(Box::new(|from, _| from == 1));
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 200 * 1024)]),
+        )
+        .unwrap();
+    let t = spec_timeout_ns(o.timeout);
+    assert!(!sim.run_until(t - 1, |s| cq_len(s, 0, a.send_cq) > 0));
+    assert_eq!(counters(&sim, 0).tx_requests, 129);
+    assert_eq!(
+        sim.nodes[1].dev.query_qp(b.qpn).unwrap().rq_psn,
+        o.psn.0 + 129,
+        "the responder executed all 129"
+    );
+}
+
+/// AckReq: on the last packet of a message, and on a middle packet whenever more than 64
+/// packets went without it (digest §4.4): packets 65, 131 and 197 of a 200-packet WRITE, and
+/// its last one, 199.
+#[test]
+fn ack_req_every_66th_packet_and_on_the_last() {
+    let mut sim = Sim::new(27, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(200 * 1024, RW);
+    let dst = sim.nodes[1].alloc(200 * 1024, RW);
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 200 * 1024)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(counters(&sim, 0).retransmissions, 0);
+    let ack_req: Vec<usize> = sim
+        .trace
+        .take()
+        .unwrap()
+        .iter()
+        .filter(|(from, _)| *from == 0)
+        .enumerate()
+        .filter(|(_, (_, pkt))| {
+            RoceFrame::parse_ip(pkt)
+                .unwrap()
+                .headers
+                .transport
+                .bth
+                .ack_req
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(ack_req, [65, 131, 197, 199]);
+}
+
+// ----- 3. Remote access violations -----
+
+/// What the responder is asked to do wrong, and the status the requester must see.
+struct AccessCase {
+    name: &'static str,
+    /// Access flags of both QPs.
+    qp_access: Access,
+    op: fn(&Regions) -> SendOp,
+    /// Bytes of the local buffer named by the WR.
+    len: u32,
+    expect: WcStatus,
+}
+
+/// Remote regions on the responder: one with every right, one per missing right.
+struct Regions {
+    all: MemoryRegion,
+    no_write: MemoryRegion,
+    no_read: MemoryRegion,
+    no_atomic: MemoryRegion,
+}
+
+const NO_READ_QP: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
+const NO_WRITE_QP: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0);
+const NO_ATOMIC_QP: Access =
+    Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+
+fn access_cases() -> Vec<AccessCase> {
+    vec![
+        AccessCase {
+            name: "WRITE with an unknown rkey",
+            qp_access: RW,
+            op: |r| SendOp::RdmaWrite {
+                remote_addr: r.all.va,
+                rkey: r.all.rkey ^ 0x5a5a_5a5a,
+            },
+            len: 100,
+            expect: WcStatus::RemAccessErr,
+        },
+        AccessCase {
+            name: "WRITE running past the end of the region",
+            qp_access: RW,
+            op: |r| write_op(&r.all, r.all.len - 100),
+            len: 200,
+            expect: WcStatus::RemAccessErr,
+        },
+        AccessCase {
+            name: "WRITE to a region without REMOTE_WRITE",
+            qp_access: RW,
+            op: |r| write_op(&r.no_write, 0),
+            len: 100,
+            expect: WcStatus::RemAccessErr,
+        },
+        AccessCase {
+            name: "READ with an unknown rkey",
+            qp_access: RW,
+            op: |r| SendOp::RdmaRead {
+                remote_addr: r.all.va,
+                rkey: r.all.rkey.wrapping_add(1),
+            },
+            len: 100,
+            expect: WcStatus::RemAccessErr,
+        },
+        AccessCase {
+            name: "READ running past the end of the region",
+            qp_access: RW,
+            op: |r| read_op(&r.all, r.all.len - 10),
+            len: 100,
+            expect: WcStatus::RemAccessErr,
+        },
+        AccessCase {
+            name: "READ from a region without REMOTE_READ",
+            qp_access: RW,
+            op: |r| read_op(&r.no_read, 0),
+            len: 100,
+            expect: WcStatus::RemAccessErr,
+        },
+        AccessCase {
+            name: "FETCH_ADD on a region without REMOTE_ATOMIC",
+            qp_access: RW,
+            op: |r| SendOp::FetchAdd {
+                remote_addr: r.no_atomic.va,
+                rkey: r.no_atomic.rkey,
+                add: 1,
+            },
+            len: 8,
+            expect: WcStatus::RemAccessErr,
+        },
+        // rdma_rxe NAKs a request the QP's access flags forbid with *invalid request* (digest
+        // §5.4), not remote access error.
+        AccessCase {
+            name: "READ on a QP without REMOTE_READ",
+            qp_access: NO_READ_QP,
+            op: |r| read_op(&r.all, 0),
+            len: 100,
+            expect: WcStatus::RemInvReqErr,
+        },
+        AccessCase {
+            name: "WRITE on a QP without REMOTE_WRITE",
+            qp_access: NO_WRITE_QP,
+            op: |r| write_op(&r.all, 0),
+            len: 100,
+            expect: WcStatus::RemInvReqErr,
+        },
+        AccessCase {
+            name: "CMP_SWAP on a QP without REMOTE_ATOMIC",
+            qp_access: NO_ATOMIC_QP,
+            op: |r| SendOp::CompareSwap {
+                remote_addr: r.all.va,
+                rkey: r.all.rkey,
+                compare: 0,
+                swap: 1,
+            },
+            len: 8,
+            expect: WcStatus::RemInvReqErr,
+        },
+    ]
+}
+
+/// A forbidden remote access fails the WQE with the status rdma_rxe gives, moves both QPs to
+/// ERROR (the responder's is a class C error), and flushes everything still posted on both
+/// sides, receives included. The remote memory is untouched.
+#[test]
+fn remote_access_violations_fail_and_flush_both_sides() {
+    for case in access_cases() {
+        let mut sim = Sim::new(31, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            access: case.qp_access,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(4096, RW);
+        let r = Regions {
+            all: sim.nodes[1].alloc(4096, RW),
+            no_write: sim.nodes[1].alloc(4096, Access::LOCAL_WRITE | Access::REMOTE_READ),
+            no_read: sim.nodes[1].alloc(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+            no_atomic: sim.nodes[1].alloc(
+                4096,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            ),
+        };
+        let recv_buf = sim.nodes[1].alloc(4096, RW);
+        sim.nodes[1].bytes_mut(&r.all).fill(0xab);
+        sim.nodes[0].bytes_mut(&src).fill(0x11);
+        for id in [10, 11] {
+            sim.nodes[1]
+                .post_recv(b.qpn, recv_wr(id, &recv_buf, 0, 1024))
+                .unwrap();
+        }
+        sim.nodes[0]
+            .post_recv(a.qpn, recv_wr(20, &src, 2048, 1024))
+            .unwrap();
+        let bad = SendWr::new(1, (case.op)(&r), vec![sge(&src, 0, case.len)]);
+        sim.nodes[0].post_send(a.qpn, bad).unwrap();
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![sge(&src, 0, 10)]))
+            .unwrap();
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(3, write_op(&r.all, 0), vec![sge(&src, 0, 10)]),
+            )
+            .unwrap();
+
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 3);
+        settle(&mut sim);
+        let name = case.name;
+        assert_eq!(
+            ids_and_status(&sc),
+            [
+                (1, case.expect),
+                (2, WcStatus::WrFlushErr),
+                (3, WcStatus::WrFlushErr)
+            ],
+            "{name}"
+        );
+        assert_eq!(state(&sim, a), QpState::Error, "{name}");
+        assert_eq!(state(&sim, b), QpState::Error, "{name}");
+        assert_eq!(
+            ids_and_status(&sim.nodes[0].poll(a.recv_cq)),
+            [(20, WcStatus::WrFlushErr)],
+            "{name}"
+        );
+        assert_eq!(
+            ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+            [(10, WcStatus::WrFlushErr), (11, WcStatus::WrFlushErr)],
+            "{name}: the responder's receives flush"
+        );
+        assert_eq!(counters(&sim, 1).error_naks_sent, 1, "{name}");
+        // Nothing was written anywhere on the responder, and no READ data came back.
+        assert!(
+            sim.nodes[1].bytes(&r.all).iter().all(|&x| x == 0xab),
+            "{name}"
+        );
+        for mr in [&r.no_write, &r.no_read, &r.no_atomic, &recv_buf] {
+            assert!(sim.nodes[1].bytes(mr).iter().all(|&x| x == 0), "{name}");
+        }
+        assert!(
+            sim.nodes[0].bytes(&src).iter().all(|&x| x == 0x11),
+            "{name}"
+        );
+    }
+}
+
+/// A SEND longer than the receive buffer: rdma_rxe NAKs it as an invalid request and completes
+/// the receive with REM_INV_REQ_ERR (not LOC_LEN_ERR, digest §5.7); both QPs go to ERROR.
+#[test]
+fn send_longer_than_the_receive_buffer() {
+    let mut sim = Sim::new(32, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    for id in [10, 11] {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(id, &dst, (id - 10) * 2048, 1000))
+            .unwrap();
+    }
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 1500)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::RemInvReqErr)]);
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+        [(10, WcStatus::RemInvReqErr), (11, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(state(&sim, a), QpState::Error);
+    assert_eq!(state(&sim, b), QpState::Error);
+}
+
+/// Local protection errors (an unknown lkey for a SEND, a READ into a region without
+/// LOCAL_WRITE) complete the WQE with LOC_PROT_ERR without sending it, after the WQEs ahead of
+/// it complete; the QP goes to ERROR and the peer is unaffected.
+#[test]
+fn local_protection_errors_send_nothing() {
+    for read in [false, true] {
+        let mut sim = Sim::new(33, 2, LinkConfig::default());
+        let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+        let src = sim.nodes[0].alloc(4096, RW);
+        let read_only = sim.nodes[0].alloc(4096, Access::REMOTE_READ);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(10, &dst, 0, 1024))
+            .unwrap();
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(1, write_op(&dst, 2048), vec![sge(&src, 0, 100)]),
+            )
+            .unwrap();
+        let bad = if read {
+            SendWr::new(2, read_op(&dst, 0), vec![sge(&read_only, 0, 100)])
+        } else {
+            let mut bad_sge = sge(&src, 0, 100);
+            bad_sge.lkey ^= 0x100;
+            SendWr::new(2, SendOp::Send, vec![bad_sge])
+        };
+        sim.nodes[0].post_send(a.qpn, bad).unwrap();
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(3, SendOp::Send, vec![sge(&src, 0, 10)]))
+            .unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 3);
+        settle(&mut sim);
+        assert_eq!(
+            ids_and_status(&sc),
+            [
+                (1, WcStatus::Success),
+                (2, WcStatus::LocProtErr),
+                (3, WcStatus::WrFlushErr)
+            ],
+            "read {read}"
+        );
+        assert_eq!(
+            counters(&sim, 0).tx_requests,
+            1,
+            "only the good WRITE went out"
+        );
+        assert_eq!(state(&sim, a), QpState::Error);
+        assert_eq!(state(&sim, b), QpState::Rts);
+        assert_eq!(cq_len(&sim, 1, b.recv_cq), 0);
+    }
+}
+
+/// Zero-length WRITE and READ do not look at the R_Key or the address (C9-88, digest §5.8);
+/// a zero-length SEND still consumes a receive.
+#[test]
+fn zero_length_operations_ignore_the_rkey() {
+    let mut sim = Sim::new(34, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let dst = sim.nodes[1].alloc(4096, RW);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(10, &dst, 0, 64))
+        .unwrap();
+    let nowhere = |id, op: fn(u64, u32) -> SendOp| SendWr::new(id, op(0xdead_0000, 0x1234), vec![]);
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            nowhere(1, |remote_addr, rkey| SendOp::RdmaWrite {
+                remote_addr,
+                rkey,
+            }),
+        )
+        .unwrap();
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            nowhere(2, |remote_addr, rkey| SendOp::RdmaRead {
+                remote_addr,
+                rkey,
+            }),
+        )
+        .unwrap();
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(3, SendOp::Send, vec![]))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 3);
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sc),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert!(sc.iter().all(|w| w.byte_len == 0));
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(ids_and_status(&rc), [(10, WcStatus::Success)]);
+    assert_eq!(rc[0].byte_len, 0);
+    assert_eq!(state(&sim, b), QpState::Rts);
+}
+
+// ----- 4. Duplicates replayed from the responder-resource cache -----
+
+/// Losing the FIRST response of a 4-packet READ: the completer drops the out-of-order rest, the
+/// timer fires, the READ is re-requested with its original PSN, and the responder replays it
+/// from memory (a duplicate found in its resource ring).
+#[test]
+fn lost_read_response_first_is_replayed() {
+    let mut sim = Sim::new(41, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let local = sim.nodes[0].alloc(8192, RW);
+    let remote = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(4000, 41);
+    sim.nodes[1].bytes_mut(&remote)[100..4100].copy_from_slice(&data);
+    let dropped = drop_matching(&mut sim, 1, 1, |op, _| {
+        op == Opcode::RC_RDMA_READ_RESPONSE_FIRST
+    });
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, read_op(&remote, 100), vec![sge(&local, 0, 4000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(sc[0].opcode, WcOpcode::RdmaRead);
+    assert_eq!(&sim.nodes[0].bytes(&local)[..4000], &data[..]);
+    assert_eq!(dropped.get(), 1);
+    let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+    assert_eq!(c0.timeouts, 1);
+    assert_eq!(c0.retransmissions, 1);
+    assert_eq!(c1.duplicates, 1);
+    // Four responses, then all four again.
+    assert_eq!(c1.tx_responses, 8);
+}
+
+/// Losing a MIDDLE response: the retried READ asks only for the rest (PSN, VA and length moved
+/// past what arrived) and the replay continues with MIDDLE…LAST, not FIRST (digest §4.6, §5.3).
+#[test]
+fn lost_read_response_middle_resumes_where_the_data_stopped() {
+    let mut sim = Sim::new(42, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let local = sim.nodes[0].alloc(8192, RW);
+    let remote = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(4000, 42);
+    sim.nodes[1].bytes_mut(&remote)[..4000].copy_from_slice(&data);
+    let p = o.psn.0;
+    let dropped = drop_matching(&mut sim, 1, 1, move |op, psn| {
+        op == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE && psn == p + 1
+    });
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, read_op(&remote, 0), vec![sge(&local, 0, 4000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(&sim.nodes[0].bytes(&local)[..4000], &data[..]);
+    assert_eq!(dropped.get(), 1);
+    assert_eq!(counters(&sim, 1).duplicates, 1);
+
+    let trace = sim.trace.take().unwrap();
+    let requests: Vec<_> = trace
+        .iter()
+        .filter(|(from, _)| *from == 0)
+        .map(|(_, pkt)| RoceFrame::parse_ip(pkt).unwrap().headers.transport)
+        .collect();
+    assert_eq!(requests.len(), 2, "the READ and one retry");
+    let retry = &requests[1];
+    assert_eq!(retry.bth.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_eq!(retry.bth.psn, p + 1);
+    let reth = retry.reth.unwrap();
+    assert_eq!((reth.va, reth.dma_len), (remote.va + 1024, 4000 - 1024));
+    let replay: Vec<_> = trace
+        .iter()
+        .filter(|(from, _)| *from == 1)
+        .map(|(_, pkt)| bth_of(pkt))
+        .skip(4)
+        .collect();
+    assert_eq!(
+        replay,
+        [
+            (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, p + 1),
+            (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, p + 2),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, p + 3),
+        ]
+    );
+}
+
+/// A lost READ response noticed through the ACK of a later SEND (an ACK beyond a pending READ's
+/// last PSN, digest §4.8): the retry starts at once, without waiting for the timer. The SEND is
+/// resent too and must be re-ACKed, not delivered twice.
+#[test]
+fn lost_read_response_detected_by_a_later_ack() {
+    let mut sim = Sim::new(43, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let local = sim.nodes[0].alloc(8192, RW);
+    let remote = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(500, 43);
+    sim.nodes[1].bytes_mut(&remote)[..500].copy_from_slice(&data);
+    sim.nodes[0].bytes_mut(&local)[4096..4196].copy_from_slice(&pattern(100, 1));
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(9, &remote, 4096, 1024))
+        .unwrap();
+    let dropped = drop_matching(&mut sim, 1, 1, |op, _| {
+        op == Opcode::RC_RDMA_READ_RESPONSE_ONLY
+    });
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, read_op(&remote, 0), vec![sge(&local, 0, 500)]),
+        )
+        .unwrap();
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(2, SendOp::Send, vec![sge(&local, 4096, 100)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 2);
+    settle(&mut sim);
+    assert_eq!(dropped.get(), 1);
+    assert_eq!(
+        ids_and_status(&sc),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(&sim.nodes[0].bytes(&local)[..500], &data[..]);
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(
+        ids_and_status(&rc),
+        [(9, WcStatus::Success)],
+        "delivered once"
+    );
+    let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+    assert_eq!(c0.timeouts, 0, "the ACK, not the timer, started the retry");
+    assert_eq!(c0.retransmissions, 1);
+    assert_eq!(c1.duplicates, 2, "the READ and the SEND came twice");
+}
+
+/// A lost atomic ACK: the atomic is resent with its PSN and the responder replays the stored
+/// original value instead of executing it again, so it takes effect exactly once. With
+/// CMP_SWAP a re-execution would be visible: the compare would now fail and return the new
+/// value.
+#[test]
+fn lost_atomic_ack_is_replayed_not_reexecuted() {
+    let mut sim = Sim::new(44, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let local = sim.nodes[0].alloc(4096, RW);
+    let remote = sim.nodes[1].alloc(4096, RW);
+    sim.nodes[1].bytes_mut(&remote)[64..72].copy_from_slice(&40u64.to_ne_bytes());
+    // The first ACK of each atomic is lost; the replay gets through.
+    let mut seen = HashSet::new();
+    let dropped = drop_matching(&mut sim, 1, 2, move |op, psn| {
+        op == Opcode::RC_ATOMIC_ACKNOWLEDGE && seen.insert(psn)
+    });
+
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(
+                1,
+                SendOp::FetchAdd {
+                    remote_addr: remote.va + 64,
+                    rkey: remote.rkey,
+                    add: 2,
+                },
+                vec![sge(&local, 0, 8)],
+            ),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(u64_at(sim.nodes[0].bytes(&local), 0), 40);
+    assert_eq!(u64_at(sim.nodes[1].bytes(&remote), 64), 42, "added once");
+    assert_eq!(counters(&sim, 1).duplicates, 1);
+
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(
+                2,
+                SendOp::CompareSwap {
+                    remote_addr: remote.va + 64,
+                    rkey: remote.rkey,
+                    compare: 42,
+                    swap: 7,
+                },
+                vec![sge(&local, 8, 8)],
+            ),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(2, WcStatus::Success)]);
+    assert_eq!(dropped.get(), 2);
+    assert_eq!(
+        u64_at(sim.nodes[0].bytes(&local), 8),
+        42,
+        "the stored original"
+    );
+    assert_eq!(u64_at(sim.nodes[1].bytes(&remote), 64), 7);
+    let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+    assert_eq!(c1.duplicates, 2);
+    assert_eq!(c0.timeouts, 2);
+}
+
+// ----- 5. PSN wrap -----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Write,
+    Read,
+}
+
+/// A 5-packet SEND, WRITE or READ whose PSNs run 0xFFFFFE, 0xFFFFFF, 0, 1, 2; with `lose`, the
+/// packets at 0xFFFFFF and 0 (requests, or READ responses) are lost the first time, so the
+/// go-back-N restart point lies just before the wrap and the resent packets cross it.
+fn wrap_case(kind: Kind, lose: bool) {
+    let mut sim = Sim::new(51, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        psn: (0xFF_FFFE, 0xFF_FFFD),
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let local = sim.nodes[0].alloc(8192, RW);
+    let remote = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(5000, 51);
+    let dropped = lose.then(|| {
+        let from = if kind == Kind::Read { 1 } else { 0 };
+        drop_matching(&mut sim, from, 2, |_, psn| psn == 0xFF_FFFF || psn == 0)
+    });
+    let what = format!("{kind:?}, lose {lose}");
+    match kind {
+        Kind::Send | Kind::Write => {
+            sim.nodes[0].bytes_mut(&local)[..5000].copy_from_slice(&data);
+            let op = if kind == Kind::Send {
+                sim.nodes[1]
+                    .post_recv(b.qpn, recv_wr(3, &remote, 0, 8192))
+                    .unwrap();
+                SendOp::SendWithImm { imm: 0x1234 }
+            } else {
+                write_op(&remote, 0)
+            };
+            sim.nodes[0]
+                .post_send(a.qpn, SendWr::new(1, op, vec![sge(&local, 0, 5000)]))
+                .unwrap();
+        }
+        Kind::Read => {
+            sim.nodes[1].bytes_mut(&remote)[..5000].copy_from_slice(&data);
+            sim.nodes[0]
+                .post_send(
+                    a.qpn,
+                    SendWr::new(1, read_op(&remote, 0), vec![sge(&local, 0, 5000)]),
+                )
+                .unwrap();
+        }
+    }
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)], "{what}");
+    let landed = match kind {
+        Kind::Read => &sim.nodes[0].bytes(&local)[..5000],
+        _ => &sim.nodes[1].bytes(&remote)[..5000],
+    };
+    assert!(landed == &data[..], "{what}: data differs");
+    if kind == Kind::Send {
+        let rc = sim.nodes[1].poll(b.recv_cq);
+        assert_eq!(ids_and_status(&rc), [(3, WcStatus::Success)], "{what}");
+        assert_eq!((rc[0].byte_len, rc[0].imm), (5000, 0x1234), "{what}");
+    }
+    // Five PSNs consumed across the wrap, on both ends.
+    assert_eq!(
+        sim.nodes[0].dev.query_qp(a.qpn).unwrap().sq_psn,
+        3,
+        "{what}"
+    );
+    assert_eq!(
+        sim.nodes[1].dev.query_qp(b.qpn).unwrap().rq_psn,
+        3,
+        "{what}"
+    );
+    if let Some(d) = dropped {
+        assert_eq!(d.get(), 2, "{what}");
+        assert!(counters(&sim, 0).retransmissions >= 1, "{what}");
+    }
+}
+
+#[test]
+fn psn_wrap_in_the_middle_of_a_message() {
+    for kind in [Kind::Send, Kind::Write, Kind::Read] {
+        for lose in [false, true] {
+            wrap_case(kind, lose);
+        }
+    }
+}
+
+/// Twenty mixed 3-packet operations starting 16 PSNs before the wrap, on a link that loses,
+/// duplicates, reorders and corrupts: retries cross the wrap many times; every WQE completes in
+/// order, every byte lands, every SEND is delivered exactly once.
+#[test]
+fn psn_wrap_with_retries_on_a_lossy_link() {
+    for seed in [52, 53, 54] {
+        let mut sim = Sim::new(seed, 2, LinkConfig::lossy(0.05, 0.02, 0.05, 0.01));
+        let o = ConnectOptions {
+            psn: (0xFF_FFF0, 0xFF_FFF8),
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        const N: usize = 20;
+        const LEN: usize = 3000;
+        let local = sim.nodes[0].alloc(N * 4096, RW);
+        let remote = sim.nodes[1].alloc(N * 4096, RW);
+        let kinds = [Kind::Send, Kind::Write, Kind::Read];
+        let mut expect_local = vec![0u8; N * 4096];
+        let mut expect_remote = vec![0u8; N * 4096];
+        for i in 0..N {
+            let off = (i * 4096) as u64;
+            let data = pattern(LEN, i as u8);
+            let kind = kinds[i % 3];
+            let op = match kind {
+                Kind::Send => {
+                    sim.nodes[1]
+                        .post_recv(b.qpn, recv_wr(100 + i as u64, &remote, off, 4096))
+                        .unwrap();
+                    SendOp::Send
+                }
+                Kind::Write => write_op(&remote, off),
+                Kind::Read => read_op(&remote, off),
+            };
+            let at = i * 4096..i * 4096 + LEN;
+            if kind == Kind::Read {
+                sim.nodes[1].bytes_mut(&remote)[at.clone()].copy_from_slice(&data);
+                expect_remote[at.clone()].copy_from_slice(&data);
+                expect_local[at].copy_from_slice(&data);
+            } else {
+                sim.nodes[0].bytes_mut(&local)[at.clone()].copy_from_slice(&data);
+                expect_local[at.clone()].copy_from_slice(&data);
+                expect_remote[at].copy_from_slice(&data);
+            }
+            sim.nodes[0]
+                .post_send(
+                    a.qpn,
+                    SendWr::new(i as u64, op, vec![sge(&local, off, LEN as u32)]),
+                )
+                .unwrap();
+        }
+        let sc = wait_cq(&mut sim, 0, a.send_cq, N);
+        settle(&mut sim);
+        let want: Vec<_> = (0..N as u64).map(|i| (i, WcStatus::Success)).collect();
+        assert_eq!(ids_and_status(&sc), want, "seed {seed}");
+        let rc = sim.nodes[1].poll(b.recv_cq);
+        let want: Vec<_> = (0..N as u64)
+            .filter(|i| i % 3 == 0)
+            .map(|i| (100 + i, WcStatus::Success))
+            .collect();
+        assert_eq!(ids_and_status(&rc), want, "seed {seed}");
+        assert!(
+            sim.nodes[0].bytes(&local) == &expect_local[..],
+            "seed {seed}"
+        );
+        assert!(
+            sim.nodes[1].bytes(&remote) == &expect_remote[..],
+            "seed {seed}"
+        );
+        // 20 × 3 PSNs from 0xFFFFF0: 0xFFFFF0 + 60 = 0x2C after the wrap.
+        assert_eq!(sim.nodes[0].dev.query_qp(a.qpn).unwrap().sq_psn, 0x2C);
+        assert!(
+            sim.stats.lost > 0 && counters(&sim, 0).retransmissions > 0,
+            "seed {seed}: the link must actually have lost something"
+        );
+    }
+}
+
+// ----- 6. UD -----
+
+const QKEY: u32 = 0x1111_1111; // what `bring_up` gives UD QPs
+
+/// Two UD QPs (node 0 → node 1) and an address handle on node 0 for node 1.
+fn ud_pair(sim: &mut Sim) -> (QpEnd, QpEnd, AhId) {
+    let o = ConnectOptions {
+        ty: QpType::Ud,
+        ..ConnectOptions::default()
+    };
+    let a = create_qp(sim, 0, &o);
+    let b = create_qp(sim, 1, &o);
+    bring_up(sim, a, b, &o, 0x10, 0);
+    bring_up(sim, b, a, &o, 0x20, 0);
+    let dgid = sim.nodes[1].ip;
+    let pd = sim.nodes[0].pd;
+    let ah = sim.nodes[0]
+        .dev
+        .create_ah(
+            pd,
+            AddressVector {
+                dgid,
+                sgid_index: 0,
+                traffic_class: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            },
+        )
+        .unwrap();
+    (a, b, ah)
+}
+
+fn ud_send(wr_id: u64, ah: AhId, to: QpEnd, qkey: u32, sg: Sge) -> SendWr {
+    let mut wr = SendWr::new(wr_id, SendOp::Send, vec![sg]);
+    wr.ud = Some(UdDest {
+        ah,
+        remote_qpn: to.qpn,
+        remote_qkey: qkey,
+    });
+    wr
+}
+
+/// UD on IPv4: a datagram with the wrong Q_Key is dropped and counted, leaving the receive
+/// WQE for the next one; the right Q_Key delivers it behind the 40-byte GRH area, which for
+/// IPv4 is 20 zero bytes and the IPv4 header as received (digest §9.1).
+#[test]
+fn ud_qkey_check_and_ipv4_grh_area() {
+    let mut sim = Sim::new(61, 2, LinkConfig::default());
+    let (a, b, ah) = ud_pair(&mut sim);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(600, 61);
+    sim.nodes[0].bytes_mut(&src)[..600].copy_from_slice(&data);
+    // Not zero, so that the GRH's zero bytes are seen to be written.
+    sim.nodes[1].bytes_mut(&dst).fill(0xee);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(5, &dst, 0, 40 + 1024))
+        .unwrap();
+
+    sim.nodes[0]
+        .post_send(a.qpn, ud_send(1, ah, b, 0x2222_2222, sge(&src, 0, 600)))
+        .unwrap();
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(1, WcStatus::Success)],
+        "UD completes once sent, delivered or not"
+    );
+    assert_eq!(counters(&sim, 1).qkey_violations, 1);
+    assert_eq!(cq_len(&sim, 1, b.recv_cq), 0);
+    assert!(sim.nodes[1].bytes(&dst).iter().all(|&x| x == 0xee));
+
+    sim.nodes[0]
+        .post_send(a.qpn, ud_send(2, ah, b, QKEY, sge(&src, 0, 600)))
+        .unwrap();
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(2, WcStatus::Success)]
+    );
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(ids_and_status(&rc), [(5, WcStatus::Success)]);
+    let wc = rc[0];
+    assert_eq!(wc.opcode, WcOpcode::Recv);
+    assert_eq!(wc.byte_len, 600 + 40);
+    assert!(wc.flags.contains(WcFlags::GRH));
+    assert!(!wc.flags.contains(WcFlags::WITH_IMM));
+    assert_eq!((wc.src_qp, wc.qp_num), (a.qpn, b.qpn));
+    assert_eq!(counters(&sim, 1).qkey_violations, 1);
+
+    let buf = sim.nodes[1].bytes(&dst);
+    assert_eq!(&buf[..20], &[0u8; 20]);
+    let ip = &buf[20..40];
+    assert_eq!(ip[0], 0x45, "IPv4, 20-byte header");
+    // Total length: IPv4 20 + UDP 8 + BTH 12 + DETH 8 + payload + ICRC 4.
+    let total = u16::from_be_bytes([ip[2], ip[3]]);
+    assert_eq!(usize::from(total), 20 + 8 + 12 + 8 + 600 + 4);
+    assert_eq!(ip[8], 64, "TTL");
+    assert_eq!(ip[9], 17, "UDP");
+    assert_eq!(&ip[12..16], &[10, 0, 0, 1]);
+    assert_eq!(&ip[16..20], &[10, 0, 0, 2]);
+    // The header as received, checksum included: it sums to 0xFFFF.
+    let mut sum: u32 = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    assert_eq!(sum, 0xffff, "IPv4 header checksum");
+    assert_eq!(&buf[40..640], &data[..]);
+    assert!(
+        buf[640..].iter().all(|&x| x == 0xee),
+        "nothing past the data"
+    );
+}
+
+/// UD on IPv6: the GRH area is the IPv6 header as received.
+#[test]
+fn ud_ipv6_grh_area_is_the_ipv6_header() {
+    let mut sim = Sim::with_addresses(62, vec![node_ipv6(0), node_ipv6(1)], LinkConfig::default());
+    let (a, b, ah) = ud_pair(&mut sim);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    let data = pattern(1000, 62);
+    sim.nodes[0].bytes_mut(&src)[..1000].copy_from_slice(&data);
+    sim.nodes[1].bytes_mut(&dst).fill(0xee);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(6, &dst, 0, 2048))
+        .unwrap();
+    let mut wr = ud_send(1, ah, b, QKEY, sge(&src, 0, 1000));
+    wr.op = SendOp::SendWithImm { imm: 0xfeed };
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(1, WcStatus::Success)]
+    );
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(ids_and_status(&rc), [(6, WcStatus::Success)]);
+    let wc = rc[0];
+    assert_eq!(wc.byte_len, 1000 + 40);
+    assert!(wc.flags.contains(WcFlags::GRH) && wc.flags.contains(WcFlags::WITH_IMM));
+    assert_eq!((wc.imm, wc.src_qp), (0xfeed, a.qpn));
+    let buf = sim.nodes[1].bytes(&dst);
+    let ip = &buf[..40];
+    assert_eq!(ip[0] >> 4, 6, "IPv6");
+    // Payload length: UDP 8 + BTH 12 + DETH 8 + ImmDt 4 + payload + ICRC 4.
+    let payload_len = u16::from_be_bytes([ip[4], ip[5]]);
+    assert_eq!(usize::from(payload_len), 8 + 12 + 8 + 4 + 1000 + 4);
+    assert_eq!(ip[6], 17, "next header UDP");
+    assert_eq!(ip[7], 64, "hop limit");
+    let (xroce_core::wire::IpAddress::V6(s), xroce_core::wire::IpAddress::V6(d)) =
+        (sim.nodes[0].ip, sim.nodes[1].ip)
+    else {
+        panic!("IPv6 nodes expected");
+    };
+    assert_eq!(&ip[8..24], &s.0);
+    assert_eq!(&ip[24..40], &d.0);
+    assert_eq!(&buf[40..1040], &data[..]);
+}
+
+/// UD limits: a datagram larger than the receive buffer (with its 40 GRH bytes) is dropped and
+/// the WQE kept; a send larger than the port MTU completes successfully without a packet.
+#[test]
+fn ud_too_long_for_the_buffer_or_the_mtu() {
+    let mut sim = Sim::new(63, 2, LinkConfig::default());
+    let (a, b, ah) = ud_pair(&mut sim);
+    let src = sim.nodes[0].alloc(8192, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    // 100 + 40 > 120: too long.
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(7, &dst, 0, 120))
+        .unwrap();
+    sim.nodes[0]
+        .post_send(a.qpn, ud_send(1, ah, b, QKEY, sge(&src, 0, 100)))
+        .unwrap();
+    settle(&mut sim);
+    assert_eq!(counters(&sim, 1).ud_too_long, 1);
+    assert_eq!(cq_len(&sim, 1, b.recv_cq), 0);
+    // The WQE is still there for a datagram that fits.
+    sim.nodes[0]
+        .post_send(a.qpn, ud_send(2, ah, b, QKEY, sge(&src, 0, 80)))
+        .unwrap();
+    settle(&mut sim);
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(ids_and_status(&rc), [(7, WcStatus::Success)]);
+    assert_eq!(rc[0].byte_len, 120);
+
+    // Port MTU 4096 in the simulator: 4097 bytes are never sent (digest §9.1).
+    let sent = counters(&sim, 0).tx_requests;
+    sim.nodes[0]
+        .post_send(a.qpn, ud_send(3, ah, b, QKEY, sge(&src, 0, 4097)))
+        .unwrap();
+    settle(&mut sim);
+    let sc = sim.nodes[0].poll(a.send_cq);
+    assert_eq!(
+        ids_and_status(&sc),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(counters(&sim, 0).tx_requests, sent);
+}
+
+// ----- 7. UC gap -----
+
+/// UC: losing one packet of a multi-packet SEND (its FIRST, a MIDDLE or its LAST) loses that
+/// message, counted once (no receive completion); the receive WQE it was landing in takes the
+/// next message intact, and the sender, which gets no acknowledgements on UC, completes both.
+#[test]
+fn uc_gap_loses_one_message_and_the_next_arrives_intact() {
+    // FIRST: four packets of the message follow the gap; MIDDLE (the first one): three do;
+    // LAST: the gap is only seen when the next message starts.
+    for lose in [
+        Opcode::UC_SEND_FIRST,
+        Opcode::UC_SEND_MIDDLE,
+        Opcode::UC_SEND_LAST,
+    ] {
+        let mut sim = Sim::new(71, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            ty: QpType::Uc,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(16384, RW);
+        let dst = sim.nodes[1].alloc(16384, RW);
+        let lost = pattern(5000, 1);
+        let next = pattern(2000, 2);
+        let third = pattern(300, 3);
+        sim.nodes[0].bytes_mut(&src)[..5000].copy_from_slice(&lost);
+        sim.nodes[0].bytes_mut(&src)[8192..10192].copy_from_slice(&next);
+        sim.nodes[0].bytes_mut(&src)[12288..12588].copy_from_slice(&third);
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(10, &dst, 0, 8192))
+            .unwrap();
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(11, &dst, 8192, 8192))
+            .unwrap();
+        // The first packet with that opcode belongs to the 5-packet message.
+        let dropped = drop_matching(&mut sim, 0, 1, move |op, _| op == lose);
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 5000)]),
+            )
+            .unwrap();
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(2, SendOp::Send, vec![sge(&src, 8192, 2000)]),
+            )
+            .unwrap();
+        settle(&mut sim);
+        let what = format!("losing {lose:?}");
+        assert_eq!(dropped.get(), 1, "{what}");
+        assert_eq!(
+            ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+            [(1, WcStatus::Success), (2, WcStatus::Success)],
+            "{what}"
+        );
+        let rc = sim.nodes[1].poll(b.recv_cq);
+        assert_eq!(ids_and_status(&rc), [(10, WcStatus::Success)], "{what}");
+        assert_eq!(rc[0].byte_len, 2000, "{what}");
+        assert_eq!(&sim.nodes[1].bytes(&dst)[..2000], &next[..], "{what}");
+        assert_eq!(
+            counters(&sim, 1).uc_messages_dropped,
+            1,
+            "{what}: one message lost"
+        );
+        assert_eq!(state(&sim, b), QpState::Rts, "{what}: a UC gap is no error");
+
+        // The second WQE is untouched and takes the following message.
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(3, SendOp::Send, vec![sge(&src, 12288, 300)]),
+            )
+            .unwrap();
+        settle(&mut sim);
+        let rc = sim.nodes[1].poll(b.recv_cq);
+        assert_eq!(ids_and_status(&rc), [(11, WcStatus::Success)], "{what}");
+        assert_eq!(rc[0].byte_len, 300, "{what}");
+        assert_eq!(&sim.nodes[1].bytes(&dst)[8192..8492], &third[..], "{what}");
+        assert_eq!(counters(&sim, 1).uc_messages_dropped, 1, "{what}");
+    }
+}
+
+// ----- 8. CQ overflow -----
+
+/// A send CQ of two entries given three completions: the third is an overrun, reported once as
+/// CQ_ERR (with QP_FATAL for the QP that could not complete), the QP goes to ERROR, and the
+/// two stored completions are intact.
+#[test]
+fn send_cq_overflow_raises_cq_error_and_keeps_what_it_stored() {
+    let mut sim = Sim::new(81, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        cqe: 2,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    for id in 1..=4u64 {
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(id, write_op(&dst, id * 100), vec![sge(&src, 0, 100)]),
+            )
+            .unwrap();
+    }
+    settle(&mut sim);
+    assert_eq!(
+        events(&mut sim, 0),
+        [
+            Event::Async(AsyncEvent::CqError(a.send_cq)),
+            Event::Async(AsyncEvent::QpFatal(a.qpn))
+        ]
+    );
+    assert_eq!(events(&mut sim, 1), []);
+    let cq = sim.nodes[0].dev.cq(a.send_cq).unwrap();
+    assert!(cq.overflowed());
+    assert_eq!(cq.len(), 2);
+    let sc = sim.nodes[0].poll(a.send_cq);
+    assert_eq!(
+        ids_and_status(&sc),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert!(sc
+        .iter()
+        .all(|w| w.opcode == WcOpcode::RdmaWrite && w.byte_len == 100 && w.qp_num == a.qpn));
+    assert!(counters(&sim, 0).cq_overflows >= 1);
+    assert_eq!(state(&sim, a), QpState::Error);
+    assert_eq!(state(&sim, b), QpState::Rts);
+}
+
+/// A receive CQ overrun on the responder: the responder QP goes to ERROR (digest §5.12) and,
+/// as in rdma_rxe, does not acknowledge the SEND whose completion was lost, so the sender never
+/// believes it was received; it fails that SEND after its retries instead.
+#[test]
+fn recv_cq_overflow_moves_the_responder_to_error_without_acking() {
+    let mut sim = Sim::new(82, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        retry_cnt: 2,
+        ..ConnectOptions::default()
+    };
+    let a = create_qp_with(&mut sim, 0, &o, 64, 64, None);
+    let b = create_qp_with(&mut sim, 1, &o, 64, 1, None);
+    bring_up(&mut sim, a, b, &o, o.psn.0, o.psn.1);
+    bring_up(&mut sim, b, a, &o, o.psn.1, o.psn.0);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    for id in [10, 11, 12] {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(id, &dst, (id - 10) * 1024, 1024))
+            .unwrap();
+    }
+    for id in 1..=3u64 {
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(id, SendOp::Send, vec![sge(&src, 0, 64)]))
+            .unwrap();
+    }
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 3);
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sc),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::RetryExcErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(
+        events(&mut sim, 1),
+        [
+            Event::Async(AsyncEvent::CqError(b.recv_cq)),
+            Event::Async(AsyncEvent::QpFatal(b.qpn))
+        ]
+    );
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+        [(10, WcStatus::Success)]
+    );
+    assert_eq!(state(&sim, b), QpState::Error);
+    assert_eq!(state(&sim, a), QpState::Error);
+}
+
+// ----- 9. SRQ, fence, signalling, verbs errors -----
+
+/// Two QPs drawing from one SRQ: each message takes the oldest SRQ WQE whichever QP it arrives
+/// on; the armed limit fires once when the count drops below it, then disarms. A QP on an SRQ
+/// refuses post_recv, and going to ERROR raises LAST_WQE_REACHED without flushing the SRQ.
+#[test]
+fn srq_feeds_two_qps_and_raises_its_limit_event_once() {
+    let mut sim = Sim::new(91, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let pd = sim.nodes[1].pd;
+    let srq = sim.nodes[1].dev.create_srq(pd, 16, 2).unwrap();
+    let a1 = create_qp_with(&mut sim, 0, &o, 64, 64, None);
+    let a2 = create_qp_with(&mut sim, 0, &o, 64, 64, None);
+    let b1 = create_qp_with(&mut sim, 1, &o, 64, 64, Some(srq));
+    let b2 = create_qp_with(&mut sim, 1, &o, 64, 64, Some(srq));
+    for (x, y) in [(a1, b1), (a2, b2)] {
+        bring_up(&mut sim, x, y, &o, o.psn.0, o.psn.1);
+        bring_up(&mut sim, y, x, &o, o.psn.1, o.psn.0);
+    }
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    for i in 0..4u64 {
+        sim.nodes[1]
+            .dev
+            .post_srq_recv(srq, recv_wr(100 + i, &dst, i * 1024, 1024))
+            .unwrap();
+    }
+    sim.nodes[1].dev.modify_srq_limit(srq, 3).unwrap();
+    assert!(matches!(
+        sim.nodes[1].post_recv(b1.qpn, recv_wr(1, &dst, 0, 8)),
+        Err(VerbsError::Invalid(_))
+    ));
+    assert!(matches!(
+        sim.nodes[1].dev.destroy_srq(srq),
+        Err(VerbsError::Busy(_))
+    ));
+
+    let msgs = [(a1, b1, 0u64), (a2, b2, 1), (a1, b1, 2)];
+    for (i, &(from, to, n)) in msgs.iter().enumerate() {
+        let data = pattern(200, n as u8);
+        sim.nodes[0].bytes_mut(&src)[..200].copy_from_slice(&data);
+        sim.nodes[0]
+            .post_send(
+                from.qpn,
+                SendWr::new(n, SendOp::Send, vec![sge(&src, 0, 200)]),
+            )
+            .unwrap();
+        settle(&mut sim);
+        let rc = sim.nodes[1].poll(to.recv_cq);
+        assert_eq!(
+            ids_and_status(&rc),
+            [(100 + n, WcStatus::Success)],
+            "msg {i}"
+        );
+        assert_eq!(rc[0].qp_num, to.qpn);
+        let off = (n * 1024) as usize;
+        assert_eq!(&sim.nodes[1].bytes(&dst)[off..off + 200], &data[..]);
+    }
+    // 4 posted, 3 taken: the second take left 2 < 3.
+    assert_eq!(
+        events(&mut sim, 1),
+        [Event::Async(AsyncEvent::SrqLimitReached(srq))]
+    );
+    let s = sim.nodes[1].dev.srq(srq).unwrap();
+    assert_eq!(
+        (s.len(), s.limit()),
+        (1, 0),
+        "the limit disarms after firing"
+    );
+
+    // b1 to ERROR: LAST_WQE_REACHED, and the SRQ's WQE stays for b2.
+    let attr = QpAttr {
+        state: QpState::Error,
+        ..QpAttr::default()
+    };
+    sim.nodes[1]
+        .dev
+        .modify_qp(b1.qpn, &attr, AttrMask::STATE)
+        .unwrap();
+    assert_eq!(
+        events(&mut sim, 1),
+        [Event::Async(AsyncEvent::QpLastWqeReached(b1.qpn))]
+    );
+    assert_eq!(sim.nodes[1].dev.srq(srq).unwrap().len(), 1);
+    assert_eq!(cq_len(&sim, 1, b1.recv_cq), 0, "SRQ WQEs are not flushed");
+    sim.nodes[0]
+        .post_send(a2.qpn, SendWr::new(3, SendOp::Send, vec![sge(&src, 0, 10)]))
+        .unwrap();
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b2.recv_cq)),
+        [(103, WcStatus::Success)]
+    );
+}
+
+/// Position in the trace of the first packet from `from` with opcode `op`.
+fn first_index(trace: &[(usize, Vec<u8>)], from: usize, op: Opcode) -> usize {
+    trace
+        .iter()
+        .position(|(n, p)| *n == from && bth_of(p).0 == op)
+        .unwrap_or_else(|| panic!("no {op:?} from node {from} in the trace"))
+}
+
+/// A fenced WR waits until every earlier READ has completed: its packet goes out only after the
+/// READ's last response. Without the fence it goes out right behind the READ request.
+#[test]
+fn fence_holds_a_wr_until_earlier_reads_complete() {
+    for fence in [false, true] {
+        let mut sim = Sim::new(92, 2, LinkConfig::default());
+        let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+        let local = sim.nodes[0].alloc(8192, RW);
+        let remote = sim.nodes[1].alloc(8192, RW);
+        sim.trace = Some(Vec::new());
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(1, read_op(&remote, 0), vec![sge(&local, 0, 4000)]),
+            )
+            .unwrap();
+        let mut wr = SendWr::new(2, write_op(&remote, 4096), vec![sge(&local, 4096, 100)]);
+        if fence {
+            wr.flags = SendFlags::SIGNALED | SendFlags::FENCE;
+        }
+        sim.nodes[0].post_send(a.qpn, wr).unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 2);
+        settle(&mut sim);
+        assert_eq!(
+            ids_and_status(&sc),
+            [(1, WcStatus::Success), (2, WcStatus::Success)]
+        );
+        let trace = sim.trace.take().unwrap();
+        let write = first_index(&trace, 0, Opcode::RC_RDMA_WRITE_ONLY);
+        let first_resp = first_index(&trace, 1, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+        let last_resp = first_index(&trace, 1, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+        if fence {
+            assert!(
+                write > last_resp,
+                "fenced WRITE went out before the READ completed"
+            );
+        } else {
+            assert!(write < first_resp, "an unfenced WRITE need not wait");
+        }
+    }
+}
+
+/// Unsignalled WRs complete silently when they succeed, but an error always produces a
+/// completion; `sq_sig_all` signals everything.
+#[test]
+fn unsignalled_wrs_complete_silently_but_errors_always_report() {
+    for sig_all in [false, true] {
+        let mut sim = Sim::new(93, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            sq_sig_all: sig_all,
+            ..ConnectOptions::default()
+        };
+        let (a, _b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        let mut quiet = SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 100)]);
+        quiet.flags = SendFlags::NONE;
+        sim.nodes[0].post_send(a.qpn, quiet.clone()).unwrap();
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(2, write_op(&dst, 200), vec![sge(&src, 0, 100)]),
+            )
+            .unwrap();
+        let mut bad = quiet;
+        bad.wr_id = 3;
+        bad.op = SendOp::RdmaWrite {
+            remote_addr: dst.va,
+            rkey: dst.rkey ^ 1,
+        };
+        sim.nodes[0].post_send(a.qpn, bad).unwrap();
+        settle(&mut sim);
+        let sc = sim.nodes[0].poll(a.send_cq);
+        let want: &[(u64, WcStatus)] = if sig_all {
+            &[
+                (1, WcStatus::Success),
+                (2, WcStatus::Success),
+                (3, WcStatus::RemAccessErr),
+            ]
+        } else {
+            &[(2, WcStatus::Success), (3, WcStatus::RemAccessErr)]
+        };
+        assert_eq!(ids_and_status(&sc), want, "sq_sig_all {sig_all}");
+    }
+}
+
+/// The initiator depth (`max_rd_atomic`) bounds READs in flight: with 1, the second READ's
+/// request waits for the first READ's last response; with 2 both go out at once.
+#[test]
+fn initiator_depth_limits_reads_in_flight() {
+    for depth in [1u8, 2] {
+        let mut sim = Sim::new(96, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            max_rd_atomic: depth,
+            ..ConnectOptions::default()
+        };
+        let (a, _b) = connect(&mut sim, 0, 1, &o);
+        let local = sim.nodes[0].alloc(8192, RW);
+        let remote = sim.nodes[1].alloc(8192, RW);
+        let data = pattern(4000, 96);
+        sim.nodes[1].bytes_mut(&remote)[..4000].copy_from_slice(&data);
+        sim.trace = Some(Vec::new());
+        for id in 0..2u64 {
+            sim.nodes[0]
+                .post_send(
+                    a.qpn,
+                    SendWr::new(
+                        id,
+                        read_op(&remote, id * 2000),
+                        vec![sge(&local, id * 2000, 2000)],
+                    ),
+                )
+                .unwrap();
+        }
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 2);
+        settle(&mut sim);
+        assert_eq!(
+            ids_and_status(&sc),
+            [(0, WcStatus::Success), (1, WcStatus::Success)]
+        );
+        assert_eq!(&sim.nodes[0].bytes(&local)[..4000], &data[..]);
+        let trace = sim.trace.take().unwrap();
+        let reads: Vec<usize> = trace
+            .iter()
+            .enumerate()
+            .filter(|(_, (n, p))| *n == 0 && bth_of(p).0 == Opcode::RC_RDMA_READ_REQUEST)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(reads.len(), 2);
+        let first_last = first_index(&trace, 1, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+        if depth == 1 {
+            assert!(reads[1] > first_last, "depth 1: the second READ waited");
+        } else {
+            assert!(reads[1] < first_last, "depth 2: no wait");
+        }
+    }
+}
+
+/// SQD: WQEs already started complete, new ones are held, SQ_DRAINED is raised once the
+/// started ones are done, leaving SQD is refused while draining, and back in RTS the held WQEs
+/// go.
+#[test]
+fn sqd_drains_started_work_and_holds_the_rest() {
+    let mut sim = Sim::new(97, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 3000)]),
+        )
+        .unwrap();
+    sim.transmit_all(); // WQE 1 is on the wire
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(2, write_op(&dst, 4096), vec![sge(&src, 0, 100)]),
+        )
+        .unwrap();
+    let sqd = QpAttr {
+        state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..QpAttr::default()
+    };
+    let dev = &mut sim.nodes[0].dev;
+    dev.modify_qp(a.qpn, &sqd, AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY)
+        .unwrap();
+    let rts = QpAttr {
+        state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    assert!(
+        dev.modify_qp(a.qpn, &rts, AttrMask::STATE).is_err(),
+        "SQD → RTS while draining"
+    );
+    assert_eq!(events(&mut sim, 0), []);
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(1, WcStatus::Success)]
+    );
+    assert_eq!(
+        events(&mut sim, 0),
+        [Event::Async(AsyncEvent::SqDrained(a.qpn))]
+    );
+    assert_eq!(counters(&sim, 0).tx_requests, 3, "WQE 2 held back");
+    assert_eq!(state(&sim, a), QpState::Sqd);
+    sim.nodes[0]
+        .dev
+        .modify_qp(a.qpn, &rts, AttrMask::STATE)
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(2, WcStatus::Success)]);
+}
+
+/// post_send before RTS is refused, and nothing refused is sent later.
+#[test]
+fn post_send_before_rts_is_refused() {
+    let mut sim = Sim::new(94, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let a = create_qp(&mut sim, 0, &o);
+    let b = create_qp(&mut sim, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let wr = || SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 10)]);
+    let refused = |r: Result<(), VerbsError>| matches!(r, Err(VerbsError::Invalid(_)));
+    assert!(refused(sim.nodes[0].post_send(a.qpn, wr())), "RESET");
+    assert!(
+        refused(sim.nodes[0].post_recv(a.qpn, recv_wr(1, &src, 0, 10))),
+        "post_recv in RESET"
+    );
+    let init = QpAttr {
+        state: QpState::Init,
+        port_num: 1,
+        access: RW,
+        ..QpAttr::default()
+    };
+    let init_mask =
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+    sim.nodes[0].dev.modify_qp(a.qpn, &init, init_mask).unwrap();
+    assert!(refused(sim.nodes[0].post_send(a.qpn, wr())), "INIT");
+    // Receives may be posted from INIT on.
+    sim.nodes[0]
+        .post_recv(a.qpn, recv_wr(1, &src, 0, 10))
+        .unwrap();
+    // bring_up goes INIT again: from RESET only, so reset first.
+    let reset = QpAttr::default();
+    sim.nodes[0]
+        .dev
+        .modify_qp(a.qpn, &reset, AttrMask::STATE)
+        .unwrap();
+    bring_up(&mut sim, a, b, &o, o.psn.0, o.psn.1);
+    settle(&mut sim);
+    assert_eq!(counters(&sim, 0).tx_requests, 0, "refused WRs stay refused");
+    assert_eq!(cq_len(&sim, 0, a.send_cq), 0);
+}
+
+/// modify_qp with a bad value or mask is refused as a whole: the QP keeps its state and every
+/// attribute, including the valid ones the same call carried.
+#[test]
+fn modify_qp_with_bad_attributes_leaves_the_qp_unchanged() {
+    let mut sim = Sim::new(95, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let a = create_qp(&mut sim, 0, &o);
+    let peer_ip = sim.nodes[1].ip;
+    let dev = &mut sim.nodes[0].dev;
+    let check_refused =
+        |dev: &mut xroce_core::transport::Device, attr: &QpAttr, mask: AttrMask, what: &str| {
+            let before = dev.query_qp(a.qpn).unwrap();
+            let r = dev.modify_qp(a.qpn, attr, mask);
+            assert!(r.is_err(), "{what}: accepted");
+            assert_eq!(r.unwrap_err().errno(), 22, "{what}: EINVAL");
+            assert_eq!(dev.query_qp(a.qpn).unwrap(), before, "{what}: QP changed");
+        };
+    let init_mask =
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+    let mut attr = QpAttr {
+        state: QpState::Init,
+        port_num: 2,
+        access: RW,
+        ..QpAttr::default()
+    };
+    check_refused(dev, &attr, init_mask, "port 2");
+    attr.port_num = 1;
+    dev.modify_qp(a.qpn, &attr, init_mask).unwrap();
+
+    attr.state = QpState::Rtr;
+    attr.path_mtu = PathMtu::Mtu1024;
+    attr.dest_qpn = 0x42;
+    attr.rq_psn = 0x77;
+    attr.max_dest_rd_atomic = 4;
+    attr.min_rnr_timer = 12;
+    attr.av = Some(AddressVector {
+        dgid: peer_ip,
+        sgid_index: 0,
+        traffic_class: 0,
+        hop_limit: 64,
+        flow_label: 0,
+    });
+    let rtr_mask = AttrMask::STATE
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    check_refused(dev, &attr, rtr_mask.without(AttrMask::AV), "RTR without AV");
+    let mut bad_av = attr;
+    bad_av.av = bad_av.av.map(|av| AddressVector {
+        sgid_index: 3,
+        ..av
+    });
+    check_refused(dev, &bad_av, rtr_mask, "sgid_index naming no GID");
+    dev.modify_qp(a.qpn, &attr, rtr_mask).unwrap();
+
+    attr.state = QpState::Rts;
+    attr.sq_psn = 0x1234;
+    attr.timeout = 32;
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;
+    attr.max_rd_atomic = 4;
+    attr.min_rnr_timer = 20; // valid, but part of a refused call
+    let rts_mask = AttrMask::STATE
+        | AttrMask::SQ_PSN
+        | AttrMask::TIMEOUT
+        | AttrMask::RETRY_CNT
+        | AttrMask::RNR_RETRY
+        | AttrMask::MAX_QP_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    check_refused(dev, &attr, rts_mask, "timeout 32");
+    attr.timeout = 14;
+    attr.retry_cnt = 8;
+    check_refused(dev, &attr, rts_mask, "retry_cnt 8");
+    attr.retry_cnt = 7;
+    attr.max_rd_atomic = 129;
+    check_refused(dev, &attr, rts_mask, "max_rd_atomic 129");
+    attr.max_rd_atomic = 4;
+    dev.modify_qp(a.qpn, &attr, rts_mask).unwrap();
+    let now = dev.query_qp(a.qpn).unwrap();
+    assert_eq!(
+        (now.state, now.timeout, now.min_rnr_timer, now.sq_psn),
+        (QpState::Rts, 14, 20, 0x1234)
+    );
+
+    // RTS → RTS may not carry TIMEOUT; a wrong CUR_STATE is refused too.
+    check_refused(
+        dev,
+        &attr,
+        AttrMask::STATE | AttrMask::TIMEOUT,
+        "TIMEOUT in RTS → RTS",
+    );
+    let mut cur = attr;
+    cur.cur_state = QpState::Rtr;
+    check_refused(
+        dev,
+        &cur,
+        AttrMask::STATE | AttrMask::CUR_STATE,
+        "wrong cur_state",
+    );
+    // Out of ERROR only RESET is legal.
+    let err = QpAttr {
+        state: QpState::Error,
+        ..attr
+    };
+    dev.modify_qp(a.qpn, &err, AttrMask::STATE).unwrap();
+    check_refused(dev, &attr, AttrMask::STATE, "ERROR → RTS");
+}
