@@ -8,9 +8,9 @@ use std::collections::BinaryHeap;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use xroce_core::transport::{
-    Access, AddressVector, AttrMask, CqId, Device, DeviceConfig, MemoryRegion, Nanos, PathMtu,
-    PdId, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendWr, SrqId, VecMemory, VerbsError,
-    WorkCompletion,
+    Access, AddressVector, AhId, AttrMask, CqId, Device, DeviceConfig, MemoryRegion, Nanos,
+    PathMtu, PdId, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendWr, SrqId, VecMemory,
+    VerbsError, WorkCompletion,
 };
 use xroce_core::wire::{IpAddress, Ipv4Address, Ipv6Address};
 
@@ -535,4 +535,32 @@ pub fn connect(sim: &mut Sim, a: usize, b: usize, o: &ConnectOptions) -> (QpEnd,
     bring_up(sim, ea, eb, o, o.psn.0, o.psn.1);
     bring_up(sim, eb, ea, o, o.psn.1, o.psn.0);
     (ea, eb)
+}
+
+/// Two UD QPs in RTS, on nodes `a` and `b`, and an address handle on `a` for `b`.
+pub fn ud_pair(sim: &mut Sim, a: usize, b: usize) -> (QpEnd, QpEnd, AhId) {
+    let o = ConnectOptions {
+        ty: QpType::Ud,
+        ..ConnectOptions::default()
+    };
+    let qa = create_qp(sim, a, &o);
+    let qb = create_qp(sim, b, &o);
+    bring_up(sim, qa, qb, &o, 0x10, 0);
+    bring_up(sim, qb, qa, &o, 0x20, 0);
+    let dgid = sim.nodes[b].ip;
+    let pd = sim.nodes[a].pd;
+    let ah = sim.nodes[a]
+        .dev
+        .create_ah(
+            pd,
+            AddressVector {
+                dgid,
+                sgid_index: 0,
+                traffic_class: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            },
+        )
+        .expect("create_ah");
+    (qa, qb, ah)
 }

@@ -1345,30 +1345,7 @@ const QKEY: u32 = 0x1111_1111; // what `bring_up` gives UD QPs
 
 /// Two UD QPs (node 0 → node 1) and an address handle on node 0 for node 1.
 fn ud_pair(sim: &mut Sim) -> (QpEnd, QpEnd, AhId) {
-    let o = ConnectOptions {
-        ty: QpType::Ud,
-        ..ConnectOptions::default()
-    };
-    let a = create_qp(sim, 0, &o);
-    let b = create_qp(sim, 1, &o);
-    bring_up(sim, a, b, &o, 0x10, 0);
-    bring_up(sim, b, a, &o, 0x20, 0);
-    let dgid = sim.nodes[1].ip;
-    let pd = sim.nodes[0].pd;
-    let ah = sim.nodes[0]
-        .dev
-        .create_ah(
-            pd,
-            AddressVector {
-                dgid,
-                sgid_index: 0,
-                traffic_class: 0,
-                hop_limit: 64,
-                flow_label: 0,
-            },
-        )
-        .unwrap();
-    (a, b, ah)
+    xroce_tests::sim::ud_pair(sim, 0, 1)
 }
 
 fn ud_send(wr_id: u64, ah: AhId, to: QpEnd, qkey: u32, sg: Sge) -> SendWr {
