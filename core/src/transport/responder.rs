@@ -249,7 +249,7 @@ impl Qp {
         }
         if d < 0 {
             sh.counters.duplicates += 1;
-            self.rc_duplicate(sh, frame, info);
+            self.rc_duplicate(frame, info);
             return;
         }
         self.resp.sent_psn_nak = false;
@@ -398,7 +398,7 @@ impl Qp {
     }
 
     /// A request whose PSN is behind the expected one.
-    fn rc_duplicate(&mut self, sh: &mut Shared, frame: &RoceFrame<'_>, info: &OpcodeInfo) {
+    fn rc_duplicate(&mut self, frame: &RoceFrame<'_>, info: &OpcodeInfo) {
         let t = &frame.headers.transport;
         let p = t.bth.psn;
         match info.operation {
@@ -443,7 +443,6 @@ impl Qp {
                     msn,
                     started: false,
                 }));
-                let _ = sh;
             }
             Operation::CompareSwap | Operation::FetchAdd => {
                 let orig = self.resp.resources.iter().flatten().find_map(|r| match *r {
@@ -688,7 +687,7 @@ impl Qp {
             // packet after its lost start shows up; not again for every packet dropped after.
             let losing =
                 self.resp.cur.is_some() || (!self.resp.uc_dropping && !pos.starts_message());
-            self.uc_abandon(sh);
+            self.uc_abandon();
             if losing {
                 sh.counters.uc_messages_dropped += 1;
             }
@@ -733,13 +732,13 @@ impl Qp {
 
     /// UC: drop the rest of this message (class D).
     fn uc_drop(&mut self, sh: &mut Shared) {
-        self.uc_abandon(sh);
+        self.uc_abandon();
         self.resp.uc_dropping = true;
         sh.counters.uc_messages_dropped += 1;
     }
 
     /// UC: forget the message in progress; its receive WQE is kept for the next message.
-    fn uc_abandon(&mut self, _sh: &mut Shared) {
+    fn uc_abandon(&mut self) {
         self.resp.cur = None;
         self.resp.uc_dropping = false;
         if let Some(r) = self.resp.recv.as_mut() {
