@@ -1,0 +1,16 @@
+//! xroce on a real network.
+//!
+//! - [`xdp`]: builds in the XDP steering program, loads and pins it on an interface, and gives
+//!   access to its maps (the XSKMAP engines bind into, the counters, the test-only drop knob).
+//! - [`netlink`]: what the kernel knows about addressing: interfaces, their addresses (the GID
+//!   table), routes and neighbours.
+//! - [`afxdp`]: AF_XDP sockets over a UMEM in ordinary pages.
+//! - [`port`]: the small frame I/O trait the engine drives (AF_XDP here; DPDK and the simulator
+//!   elsewhere).
+//! - [`engine`]: the progress loop joining a port, the kernel's addressing and the transport.
+
+pub mod afxdp;
+pub mod engine;
+pub mod netlink;
+pub mod port;
+pub mod xdp;
