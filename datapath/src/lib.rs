@@ -12,5 +12,6 @@
 pub mod afxdp;
 pub mod engine;
 pub mod netlink;
+pub mod netns;
 pub mod port;
 pub mod xdp;

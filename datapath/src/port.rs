@@ -1,1 +1,44 @@
-//! (in progress)
+//! The frame I/O an engine drives: whole Ethernet frames in and out.
+//!
+//! AF_XDP implements it here; the DPDK backend and test doubles implement the same trait, so the
+//! engine does not know which one it drives.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::afxdp::XskSocket;
+
+pub trait Port: Send {
+    /// Hands up to `max` received frames to `deliver`; returns how many.
+    fn recv(&mut self, max: usize, deliver: &mut dyn FnMut(&[u8])) -> usize;
+    /// Queues a frame; `false` when there is no room until the next `flush`.
+    fn send(&mut self, frame: &[u8]) -> bool;
+    /// Makes queued frames go out.
+    fn flush(&mut self) -> io::Result<()>;
+    /// Frames are queued that the device has not sent yet.
+    fn tx_pending(&self) -> bool;
+    /// A descriptor that becomes readable when frames arrive, for sleeping in `poll()`.
+    fn wait_fd(&self) -> Option<RawFd>;
+}
+
+impl Port for XskSocket {
+    fn recv(&mut self, max: usize, deliver: &mut dyn FnMut(&[u8])) -> usize {
+        XskSocket::recv(self, max, deliver)
+    }
+
+    fn send(&mut self, frame: &[u8]) -> bool {
+        XskSocket::send(self, frame)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        XskSocket::flush(self)
+    }
+
+    fn tx_pending(&self) -> bool {
+        XskSocket::tx_pending(self)
+    }
+
+    fn wait_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
+    }
+}

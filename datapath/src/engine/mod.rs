@@ -1,1 +1,441 @@
-//! (in progress)
+//! The engine: one transport [`Device`] on one interface queue, driven by a progress thread.
+//!
+//! The progress thread moves frames between the port (an AF_XDP socket) and the transport, runs
+//! the transport's timers, and follows the kernel's addresses and neighbours. Applications call
+//! the verbs through [`Engine`], which takes the device lock, and wake the thread when they gave
+//! it work. The thread busy-polls while anything happened in the last
+//! [`EngineConfig::spin`], and otherwise sleeps in `poll()` on the socket, a wake-up eventfd and
+//! the address watcher, with the transport's next timer as the timeout: an idle engine costs
+//! nothing (urdma's progress thread burned a core forever).
+
+mod addressing;
+mod memory;
+mod progress;
+
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use xroce_core::transport::qp::QpAttr;
+use xroce_core::transport::qp_state::{AttrMask, PathMtu};
+use xroce_core::transport::verbs::{RecvWr, SendWr, VerbsError, WorkCompletion};
+use xroce_core::transport::{AddressVector, CqId, Device, DeviceConfig};
+use xroce_core::wire::IpAddress;
+
+pub use addressing::{AddressingError, Neighbours};
+pub use memory::ProcessMemory;
+
+use crate::afxdp::{BindMode, XskConfig, XskError, XskSocket};
+use crate::port::Port;
+
+/// What to run an engine on.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The netdev (in the caller's network namespace).
+    pub iface: String,
+    /// The receive queue to bind (the XDP program redirects per queue).
+    pub queue: u32,
+    pub bind_mode: BindMode,
+    /// How long the progress thread keeps busy-polling after the last bit of work before it
+    /// sleeps in `poll()`.
+    pub spin: Duration,
+    /// Longest a verb call may wait for the kernel to resolve a neighbour (modify_qp to RTR,
+    /// create_ah) before failing.
+    pub resolve_timeout: Duration,
+}
+
+impl EngineConfig {
+    pub fn new(iface: impl Into<String>) -> Self {
+        Self {
+            iface: iface.into(),
+            queue: 0,
+            bind_mode: BindMode::Auto,
+            spin: Duration::from_micros(200),
+            resolve_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Addressing(#[from] AddressingError),
+    #[error(transparent)]
+    Xdp(#[from] crate::xdp::XdpError),
+    #[error(transparent)]
+    Socket(#[from] XskError),
+    #[error("cannot create the engine's wake-up eventfd: {0}")]
+    EventFd(std::io::Error),
+    #[error("cannot start the progress thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Engine-level counters (the transport's own are in [`Device::counters`]).
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    pub rx_frames: AtomicU64,
+    pub rx_not_roce: AtomicU64,
+    pub tx_frames: AtomicU64,
+    pub tx_loopback: AtomicU64,
+    /// Packets dropped because the destination's MAC was not known yet (resolution started;
+    /// the transport's retransmission recovers).
+    pub tx_no_neighbour: AtomicU64,
+    /// Packets dropped because the route to the destination leaves by another interface.
+    pub tx_wrong_interface: AtomicU64,
+    pub wakeups: AtomicU64,
+}
+
+/// State shared by the application side and the progress thread.
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    /// Written by the application after it queued work, when the thread may be asleep.
+    pub(crate) wake: OwnedFd,
+    pub(crate) kick: AtomicBool,
+    pub(crate) sleeping: AtomicBool,
+    pub(crate) stop: AtomicBool,
+    /// Signalled after progress made completions (for `wait_cq`).
+    pub(crate) progressed: Condvar,
+    pub(crate) counters: EngineCounters,
+    pub(crate) epoch: Instant,
+    pub(crate) config: EngineConfig,
+}
+
+/// What the lock protects.
+pub(crate) struct State {
+    pub(crate) dev: Device,
+    pub(crate) mem: ProcessMemory,
+    pub(crate) neighbours: Neighbours,
+    /// Set by the thread when it exits with an error, reported to the application.
+    pub(crate) failed: Option<String>,
+}
+
+impl Shared {
+    pub(crate) fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Makes sure the progress thread looks at new work soon.
+    pub(crate) fn wake(&self) {
+        self.kick.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.counters.wakeups.fetch_add(1, Ordering::Relaxed);
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+            unsafe {
+                libc::write(
+                    self.wake.as_raw_fd(),
+                    (&one as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+        }
+    }
+}
+
+/// A running engine. Dropping it stops the progress thread and unbinds the socket (RoCE frames
+/// then go to the kernel again).
+pub struct Engine {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    ifindex: u32,
+    queue: u32,
+    zero_copy: bool,
+}
+
+impl Engine {
+    /// Binds an AF_XDP socket to `config.iface` queue `config.queue`, enters it into the XDP
+    /// program's socket map, builds the GID table from the interface's addresses, and starts the
+    /// progress thread. The XDP program must be loaded (`cargo xtask xdp load --iface IF`).
+    pub fn start(config: EngineConfig) -> Result<Engine, EngineError> {
+        let mut neighbours = Neighbours::open(&config.iface)?;
+        let ifindex = neighbours.ifindex();
+        let gids = neighbours.gid_table()?;
+        let mtu = neighbours.mtu();
+        let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
+        let socket = XskSocket::open(
+            ifindex,
+            XskConfig {
+                queue: config.queue,
+                mode: config.bind_mode,
+                ..XskConfig::default()
+            },
+        )?;
+        xsks.set(config.queue, socket.as_raw_fd())?;
+        let zero_copy = socket.is_zero_copy();
+        let watcher = neighbours.watch()?;
+
+        let mut key_seed = [0u8; 32];
+        getrandom(&mut key_seed);
+        let dev = Device::new(DeviceConfig {
+            gids: gids.into_iter().map(|g| Some(ip_address(g))).collect(),
+            port_mtu: PathMtu::for_netdev_mtu(mtu as usize),
+            key_seed,
+        });
+        // SAFETY: a fresh eventfd, owned at once.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(EngineError::EventFd(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `efd` is a valid descriptor nobody else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(efd) };
+        let queue = config.queue;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                dev,
+                mem: ProcessMemory::new(),
+                neighbours,
+                failed: None,
+            }),
+            wake,
+            kick: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            progressed: Condvar::new(),
+            counters: EngineCounters::default(),
+            epoch: Instant::now(),
+            config,
+        });
+        let thread_shared = shared.clone();
+        let port: Box<dyn Port> = Box::new(socket);
+        let thread = std::thread::Builder::new()
+            .name(format!("xroce-progress-{ifindex}-{queue}"))
+            .spawn(move || progress::run(thread_shared, port, watcher, xsks))
+            .map_err(EngineError::Thread)?;
+        Ok(Engine {
+            shared,
+            thread: Some(thread),
+            ifindex,
+            queue,
+            zero_copy,
+        })
+    }
+
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    pub fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    pub fn is_zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    pub fn counters(&self) -> &EngineCounters {
+        &self.shared.counters
+    }
+
+    /// Why the progress thread stopped, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic on the progress thread poisons the lock; the state is still consistent
+        // enough to report and tear down, so keep going.
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the device (any verb), then wakes the progress thread.
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
+        let r = f(&mut self.lock().dev);
+        self.shared.wake();
+        r
+    }
+
+    /// The GID table (index = GID index; IPv4 addresses stand for IPv4-mapped GIDs).
+    pub fn gids(&self) -> Vec<Option<IpAddress>> {
+        self.lock().dev.gids().to_vec()
+    }
+
+    /// Index of `ip` in the GID table.
+    pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {
+        let want = ip_address(ip);
+        self.gids()
+            .iter()
+            .position(|g| *g == Some(want))
+            .and_then(|i| u8::try_from(i).ok())
+    }
+
+    /// Registers `[addr, addr + len)` of this process with the device.
+    ///
+    /// # Safety
+    /// The memory must stay valid (readable, and writable if remote or local write access is
+    /// granted) until `dereg_mr`; the engine may read and write it at any time until then.
+    pub unsafe fn reg_mr(
+        &self,
+        pd: xroce_core::transport::memory::PdId,
+        addr: *mut u8,
+        len: usize,
+        access: xroce_core::transport::memory::Access,
+    ) -> Result<
+        (
+            xroce_core::transport::memory::MrId,
+            xroce_core::transport::memory::MemoryRegion,
+        ),
+        VerbsError,
+    > {
+        let mut st = self.lock();
+        let r = st.dev.reg_mr(pd, addr as u64, len as u64, access)?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { st.mem.add(addr as u64, len as u64) };
+        Ok(r)
+    }
+
+    pub fn dereg_mr(&self, mr: xroce_core::transport::memory::MrId) -> Result<(), VerbsError> {
+        let mut st = self.lock();
+        let region = st.dev.dereg_mr(mr)?;
+        st.mem.remove(region.va, region.len);
+        Ok(())
+    }
+
+    /// `ibv_modify_qp`. A transition that sets an address vector first makes sure the kernel
+    /// has resolved the next hop's MAC (waiting up to `resolve_timeout`), so the first packets
+    /// are not dropped for want of it.
+    pub fn modify_qp(&self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbError> {
+        if mask.contains(AttrMask::AV) {
+            if let Some(av) = &attr.av {
+                self.resolve(av)?;
+            }
+        }
+        self.with_device(|d| d.modify_qp(qpn, attr, mask))
+            .map_err(VerbError::Verbs)
+    }
+
+    /// Resolves the MAC for an address vector's destination (blocking, bounded).
+    pub fn resolve(&self, av: &AddressVector) -> Result<(), VerbError> {
+        let timeout = self.shared.config.resolve_timeout;
+        let probe = self.lock().neighbours.prepare(av.dgid);
+        let found = probe.wait(timeout).map_err(VerbError::Addressing)?;
+        self.lock().neighbours.learn(av.dgid, found);
+        Ok(())
+    }
+
+    /// `ibv_create_ah`, resolving the destination's next hop first (bounded by
+    /// `resolve_timeout`).
+    pub fn create_ah(
+        &self,
+        pd: xroce_core::transport::memory::PdId,
+        av: AddressVector,
+    ) -> Result<xroce_core::transport::AhId, VerbError> {
+        self.resolve(&av)?;
+        self.with_device(|d| d.create_ah(pd, av))
+            .map_err(VerbError::Verbs)
+    }
+
+    pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let r = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            st.dev.post_send(qpn, wr, &st.mem)
+        };
+        self.shared.wake();
+        r
+    }
+
+    pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
+        self.with_device(|d| d.post_recv(qpn, wr))
+    }
+
+    pub fn poll_cq(
+        &self,
+        cq: CqId,
+        max: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<usize, VerbsError> {
+        self.lock().dev.poll_cq(cq, max, out)
+    }
+
+    /// Polls `cq` until at least one completion arrives or `timeout` passes; returns how many
+    /// were appended to `out`.
+    pub fn wait_cq(
+        &self,
+        cq: CqId,
+        max: usize,
+        out: &mut Vec<WorkCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, VerbsError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            let n = st.dev.poll_cq(cq, max, out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let now = Instant::now();
+            if now >= deadline || st.failed.is_some() {
+                return Ok(0);
+            }
+            let wait = (deadline - now).min(Duration::from_millis(10));
+            st = self
+                .shared
+                .progressed
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Errors of verbs that also touch the kernel's addressing.
+#[derive(Debug, thiserror::Error)]
+pub enum VerbError {
+    #[error(transparent)]
+    Verbs(VerbsError),
+    #[error(transparent)]
+    Addressing(AddressingError),
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        self.shared.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) fn ip_address(ip: IpAddr) -> IpAddress {
+    match ip {
+        IpAddr::V4(a) => IpAddress::V4(a.into()),
+        IpAddr::V6(a) => IpAddress::V6(a.into()),
+    }
+}
+
+pub(crate) fn std_ip(ip: IpAddress) -> IpAddr {
+    match ip {
+        IpAddress::V4(a) => IpAddr::from(a.0),
+        IpAddress::V6(a) => IpAddr::from(a.0),
+    }
+}
+
+/// Fills `out` from the kernel's random source (memory keys must not be guessable).
+fn getrandom(out: &mut [u8]) {
+    let mut filled = 0;
+    while filled < out.len() {
+        let rest = &mut out[filled..];
+        // SAFETY: the kernel writes at most `rest.len()` bytes into `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n > 0 {
+            filled += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // getrandom(2) without flags only fails on ancient kernels; keys then come from
+            // the clock, which is still distinct per process.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+                ^ u128::from(std::process::id());
+            for (i, b) in rest.iter_mut().enumerate() {
+                *b = (t >> (i % 16 * 8)) as u8 ^ i as u8;
+            }
+            return;
+        }
+    }
+}

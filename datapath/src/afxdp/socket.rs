@@ -1,0 +1,566 @@
+//! One AF_XDP socket with its own UMEM, bound to one queue of one interface.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use super::ring::Ring;
+
+/// Size of a UMEM frame. Without hugepages a frame cannot span more than a page, so frames larger
+/// than this (a 4096 path MTU gives 4154-byte frames) travel as several descriptors
+/// (`XDP_USE_SG`).
+pub const FRAME_SIZE: u32 = 4096;
+
+/// How to bind the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BindMode {
+    /// Zero-copy when the driver supports it, copy mode otherwise (veth: copy).
+    #[default]
+    Auto,
+    Copy,
+    ZeroCopy,
+}
+
+/// Socket geometry and options.
+#[derive(Debug, Clone, Copy)]
+pub struct XskConfig {
+    pub queue: u32,
+    /// UMEM frames; half back the fill ring (receive), half are for transmit.
+    pub frames: u32,
+    /// Entries in each of the four rings (a power of two).
+    pub ring_size: u32,
+    pub mode: BindMode,
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        Self {
+            queue: 0,
+            frames: 4096,
+            ring_size: 2048,
+            mode: BindMode::Auto,
+        }
+    }
+}
+
+/// Why a socket could not be opened, in words a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum XskError {
+    #[error("cannot create an AF_XDP socket: {0} (needs root or CAP_NET_RAW, and a kernel with CONFIG_XDP_SOCKETS)")]
+    Create(io::Error),
+    #[error("cannot allocate {bytes} bytes of UMEM: {source}")]
+    Umem { bytes: usize, source: io::Error },
+    #[error("AF_XDP setup ({step}) failed: {source}")]
+    Setup {
+        step: &'static str,
+        source: io::Error,
+    },
+    #[error("queue {queue} of interface index {ifindex} already has an AF_XDP socket bound (is another xroce engine running on it?)")]
+    QueueBusy { ifindex: u32, queue: u32 },
+    #[error("interface index {ifindex} has no queue {queue}")]
+    NoSuchQueue { ifindex: u32, queue: u32 },
+    #[error("the driver of interface index {ifindex} does not support zero-copy AF_XDP")]
+    ZeroCopyUnsupported { ifindex: u32 },
+    #[error(
+        "cannot bind the AF_XDP socket to queue {queue} of interface index {ifindex}: {source}"
+    )]
+    Bind {
+        ifindex: u32,
+        queue: u32,
+        source: io::Error,
+    },
+}
+
+/// Kernel-side statistics of a socket (`XDP_STATISTICS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XskStats {
+    pub rx_dropped: u64,
+    pub rx_invalid_descs: u64,
+    pub tx_invalid_descs: u64,
+    pub rx_ring_full: u64,
+    pub rx_fill_ring_empty_descs: u64,
+    pub tx_ring_empty_descs: u64,
+}
+
+/// The UMEM: anonymous, ordinary pages (no hugepages), registered with the socket.
+struct Umem {
+    area: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain memory owned by the socket; moves with it to the thread that drives it.
+unsafe impl Send for Umem {}
+
+impl Umem {
+    fn new(frames: u32) -> Result<Self, XskError> {
+        let len = frames as usize * FRAME_SIZE as usize;
+        // SAFETY: anonymous private mapping; no file, no aliasing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(XskError::Umem {
+                bytes: len,
+                source: io::Error::last_os_error(),
+            });
+        }
+        let area = NonNull::new(p.cast::<u8>()).ok_or(XskError::Umem {
+            bytes: len,
+            source: io::Error::from(io::ErrorKind::OutOfMemory),
+        })?;
+        Ok(Self { area, len })
+    }
+
+    /// The bytes at UMEM address `addr`, `len` long, if they lie inside the UMEM.
+    fn slice(&self, addr: u64, len: u32) -> Option<&[u8]> {
+        let end = addr.checked_add(u64::from(len))?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: in bounds (checked above); the kernel finished writing this frame before it
+        // published the descriptor, and we do not hand the frame back until the slice is gone.
+        Some(unsafe {
+            std::slice::from_raw_parts(self.area.as_ptr().add(addr as usize), len as usize)
+        })
+    }
+
+    fn slice_mut(&mut self, addr: u64, len: u32) -> Option<&mut [u8]> {
+        let end = addr.checked_add(u64::from(len))?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: in bounds; the frame is ours (on the free list), the kernel does not touch it.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.area.as_ptr().add(addr as usize), len as usize)
+        })
+    }
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the area `new` mapped; the socket (which the kernel pins the
+        // pages for) is closed before this runs — see field order in `XskSocket`.
+        unsafe {
+            libc::munmap(self.area.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// An AF_XDP socket bound to (interface, queue), with a private UMEM.
+///
+/// Receive: half the frames sit in the fill ring; each received frame is handed to the caller
+/// and its frame goes straight back to the fill ring. Transmit: frames come from a free list and
+/// return to it through the completion ring.
+pub struct XskSocket {
+    // Field order matters for Drop: rings are unmapped and the socket closed before the UMEM.
+    rx: Ring<libc::xdp_desc>,
+    tx: Ring<libc::xdp_desc>,
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+    fd: OwnedFd,
+    umem: Umem,
+    free_tx: Vec<u64>,
+    /// Reassembly buffer for multi-descriptor frames.
+    scratch: Vec<u8>,
+    zero_copy: bool,
+    ifindex: u32,
+    queue: u32,
+}
+
+fn setsockopt<T>(
+    fd: RawFd,
+    name: libc::c_int,
+    value: &T,
+    step: &'static str,
+) -> Result<(), XskError> {
+    // SAFETY: `value` is a valid T for the duration of the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_XDP,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(XskError::Setup {
+            step,
+            source: io::Error::last_os_error(),
+        })
+    }
+}
+
+fn getsockopt<T: Default>(fd: RawFd, name: libc::c_int, step: &'static str) -> Result<T, XskError> {
+    let mut value = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `value`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_XDP,
+            name,
+            (&mut value as *mut T).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(XskError::Setup {
+            step,
+            source: io::Error::last_os_error(),
+        })
+    }
+}
+
+impl XskSocket {
+    /// Opens a socket on queue `config.queue` of interface `ifindex`.
+    ///
+    /// In `Auto` mode zero-copy is tried first and copy mode used when the driver refuses it.
+    /// Multi-buffer (`XDP_USE_SG`) is always requested so frames larger than a UMEM frame work.
+    pub fn open(ifindex: u32, config: XskConfig) -> Result<Self, XskError> {
+        assert!(config.ring_size.is_power_of_two() && config.frames >= 2 * config.ring_size);
+        match config.mode {
+            BindMode::Copy => Self::open_with(ifindex, config, libc::XDP_COPY),
+            BindMode::ZeroCopy => Self::open_with(ifindex, config, libc::XDP_ZEROCOPY),
+            BindMode::Auto => match Self::open_with(ifindex, config, libc::XDP_ZEROCOPY) {
+                Err(XskError::ZeroCopyUnsupported { .. }) => {
+                    Self::open_with(ifindex, config, libc::XDP_COPY)
+                }
+                other => other,
+            },
+        }
+    }
+
+    fn open_with(ifindex: u32, config: XskConfig, copy_flag: u16) -> Result<Self, XskError> {
+        // SAFETY: plain socket(2); the fd is owned right away.
+        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(XskError::Create(io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh fd nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let umem = Umem::new(config.frames)?;
+        let reg = libc::xdp_umem_reg {
+            addr: umem.area.as_ptr() as u64,
+            len: umem.len as u64,
+            chunk_size: FRAME_SIZE,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        let s = fd.as_raw_fd();
+        setsockopt(s, libc::XDP_UMEM_REG, &reg, "register UMEM")?;
+        let n = config.ring_size;
+        setsockopt(s, libc::XDP_UMEM_FILL_RING, &(n * 2), "fill ring size")?;
+        setsockopt(
+            s,
+            libc::XDP_UMEM_COMPLETION_RING,
+            &n,
+            "completion ring size",
+        )?;
+        setsockopt(s, libc::XDP_RX_RING, &n, "RX ring size")?;
+        setsockopt(s, libc::XDP_TX_RING, &n, "TX ring size")?;
+        let off: MmapOffsets = getsockopt(s, libc::XDP_MMAP_OFFSETS, "ring offsets")?;
+        let off = off.0;
+        let map_err = |step| move |source| XskError::Setup { step, source };
+        let rx = Ring::map(s, n, libc::XDP_PGOFF_RX_RING as u64, &off.rx)
+            .map_err(map_err("map RX ring"))?;
+        let tx = Ring::map(s, n, libc::XDP_PGOFF_TX_RING as u64, &off.tx)
+            .map_err(map_err("map TX ring"))?;
+        let fill = Ring::map(s, n * 2, libc::XDP_UMEM_PGOFF_FILL_RING, &off.fr)
+            .map_err(map_err("map fill ring"))?;
+        let comp = Ring::map(s, n, libc::XDP_UMEM_PGOFF_COMPLETION_RING, &off.cr)
+            .map_err(map_err("map completion ring"))?;
+
+        let mut sock = Self {
+            rx,
+            tx,
+            fill,
+            comp,
+            fd,
+            umem,
+            free_tx: Vec::new(),
+            scratch: Vec::with_capacity(16 * 1024),
+            zero_copy: false,
+            ifindex,
+            queue: config.queue,
+        };
+        // First half of the UMEM receives, second half transmits.
+        let rx_frames = config.frames / 2;
+        let fill_n = rx_frames.min(sock.fill.free());
+        for i in 0..fill_n {
+            sock.fill.push(u64::from(i) * u64::from(FRAME_SIZE));
+        }
+        sock.fill.submit();
+        sock.free_tx = (rx_frames..config.frames)
+            .rev()
+            .map(|i| u64::from(i) * u64::from(FRAME_SIZE))
+            .collect();
+
+        let addr = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: copy_flag | libc::XDP_USE_NEED_WAKEUP | libc::XDP_USE_SG,
+            sxdp_ifindex: ifindex,
+            sxdp_queue_id: config.queue,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `addr` is a valid sockaddr_xdp and its size is passed.
+        let rc = unsafe {
+            libc::bind(
+                s,
+                (&addr as *const libc::sockaddr_xdp).cast(),
+                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            let queue = config.queue;
+            return Err(match e.raw_os_error() {
+                Some(libc::EBUSY) => XskError::QueueBusy { ifindex, queue },
+                Some(libc::EOPNOTSUPP) if copy_flag == libc::XDP_ZEROCOPY => {
+                    XskError::ZeroCopyUnsupported { ifindex }
+                }
+                Some(libc::EINVAL) if copy_flag == libc::XDP_ZEROCOPY => {
+                    XskError::ZeroCopyUnsupported { ifindex }
+                }
+                Some(libc::EINVAL) => XskError::NoSuchQueue { ifindex, queue },
+                _ => XskError::Bind {
+                    ifindex,
+                    queue,
+                    source: e,
+                },
+            });
+        }
+        let opts: XdpOptions = getsockopt(s, libc::XDP_OPTIONS, "query options")?;
+        sock.zero_copy = opts.0 & libc::XDP_OPTIONS_ZEROCOPY != 0;
+        Ok(sock)
+    }
+
+    pub fn is_zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    pub fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// Receives up to `max` frames, calling `deliver` with each whole frame (descriptors of a
+    /// multi-buffer frame are joined). Frames go back to the fill ring at once. Returns the
+    /// number of frames delivered.
+    pub fn recv(&mut self, max: usize, deliver: &mut dyn FnMut(&[u8])) -> usize {
+        let avail = self.rx.available();
+        if avail == 0 {
+            self.wake_fill_if_needed();
+            return 0;
+        }
+        let mut used = 0u32;
+        let mut frames = 0usize;
+        while used < avail && frames < max {
+            // Find the extent of the next frame: descriptors up to and including one without
+            // XDP_PKT_CONTD. The kernel publishes whole frames, but stay safe if it did not.
+            let mut end = used;
+            loop {
+                if end >= avail {
+                    break;
+                }
+                let d = self.rx.peek(end);
+                end += 1;
+                if d.options & libc::XDP_PKT_CONTD == 0 {
+                    break;
+                }
+            }
+            let last = self.rx.peek(end - 1);
+            if last.options & libc::XDP_PKT_CONTD != 0 {
+                break; // incomplete frame: leave it for the next call
+            }
+            if end - used == 1 {
+                if let Some(bytes) = self.umem.slice(last.addr, last.len) {
+                    deliver(bytes);
+                }
+            } else {
+                self.scratch.clear();
+                let mut ok = true;
+                for i in used..end {
+                    let d = self.rx.peek(i);
+                    match self.umem.slice(d.addr, d.len) {
+                        Some(b) => self.scratch.extend_from_slice(b),
+                        None => ok = false,
+                    }
+                }
+                if ok {
+                    deliver(&self.scratch);
+                }
+            }
+            frames += 1;
+            used = end;
+        }
+        // Hand the frames back: the fill ring has room for every RX frame, so this never fails.
+        for i in 0..used {
+            let d = self.rx.peek(i);
+            self.fill.push(d.addr & !(u64::from(FRAME_SIZE) - 1));
+        }
+        self.fill.submit();
+        self.rx.release(used);
+        self.wake_fill_if_needed();
+        frames
+    }
+
+    fn wake_fill_if_needed(&self) {
+        if self.fill.needs_wakeup() {
+            // SAFETY: a zero-length, non-blocking recvfrom only prods the driver.
+            unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+            }
+        }
+    }
+
+    /// Takes back TX frames the kernel has finished with.
+    fn reap_completions(&mut self) {
+        let n = self.comp.available();
+        for i in 0..n {
+            let addr = self.comp.peek(i);
+            self.free_tx.push(addr & !(u64::from(FRAME_SIZE) - 1));
+        }
+        if n > 0 {
+            self.comp.release(n);
+        }
+    }
+
+    /// Queues one frame for transmission (copied into UMEM frames, several descriptors when it
+    /// is larger than one). Returns `false` when there is no room now (the caller retries after
+    /// `flush`). Call `flush` to make the kernel send.
+    pub fn send(&mut self, frame: &[u8]) -> bool {
+        let pieces = frame.len().div_ceil(FRAME_SIZE as usize).max(1) as u32;
+        if self.free_tx.len() < pieces as usize {
+            self.reap_completions();
+        }
+        if self.free_tx.len() < pieces as usize || self.tx.free() < pieces {
+            return false;
+        }
+        let chunks = frame.chunks(FRAME_SIZE as usize);
+        let count = chunks.len();
+        for (i, chunk) in chunks.enumerate() {
+            let Some(addr) = self.free_tx.pop() else {
+                return false; // unreachable: counted above
+            };
+            if let Some(dst) = self.umem.slice_mut(addr, chunk.len() as u32) {
+                dst.copy_from_slice(chunk);
+            }
+            self.tx.push(libc::xdp_desc {
+                addr,
+                len: chunk.len() as u32,
+                options: if i + 1 < count {
+                    libc::XDP_PKT_CONTD
+                } else {
+                    0
+                },
+            });
+        }
+        true
+    }
+
+    /// Publishes queued frames and kicks the kernel when it needs it (always in copy mode).
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.tx.submit();
+        self.reap_completions();
+        if self.tx.outstanding() == 0 || !self.tx.needs_wakeup() {
+            return Ok(());
+        }
+        // SAFETY: a zero-length, non-blocking sendto only tells the kernel to walk the TX ring.
+        let rc = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                // The kernel is busy or out of buffers: the frames stay queued, try again.
+                Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
+                _ => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether frames are still queued for the kernel to send (the engine keeps polling then).
+    pub fn tx_pending(&self) -> bool {
+        self.tx.outstanding() != 0
+    }
+
+    pub fn stats(&self) -> io::Result<XskStats> {
+        let s: XdpStatistics = getsockopt(self.fd.as_raw_fd(), libc::XDP_STATISTICS, "statistics")
+            .map_err(|e| match e {
+                XskError::Setup { source, .. } => source,
+                other => io::Error::other(other.to_string()),
+            })?;
+        let s = s.0;
+        Ok(XskStats {
+            rx_dropped: s.rx_dropped,
+            rx_invalid_descs: s.rx_invalid_descs,
+            tx_invalid_descs: s.tx_invalid_descs,
+            rx_ring_full: s.rx_ring_full,
+            rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs,
+            tx_ring_empty_descs: s.tx_ring_empty_descs,
+        })
+    }
+}
+
+impl AsRawFd for XskSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+// libc's XDP structs do not implement Default; these wrappers give zeroed values for getsockopt.
+
+#[repr(transparent)]
+struct MmapOffsets(libc::xdp_mmap_offsets);
+
+impl Default for MmapOffsets {
+    fn default() -> Self {
+        // SAFETY: a plain-integer C struct; all zeros is a valid value.
+        Self(unsafe { std::mem::zeroed() })
+    }
+}
+
+#[repr(transparent)]
+struct XdpStatistics(libc::xdp_statistics);
+
+impl Default for XdpStatistics {
+    fn default() -> Self {
+        // SAFETY: a plain-integer C struct; all zeros is a valid value.
+        Self(unsafe { std::mem::zeroed() })
+    }
+}
+
+#[repr(transparent)]
+#[derive(Default)]
+struct XdpOptions(u32);

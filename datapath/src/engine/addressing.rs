@@ -1,0 +1,275 @@
+//! The engine's view of the kernel's addressing: its interface, the GID table, and a cache of
+//! next-hop MACs kept in step with the kernel's neighbour table.
+//!
+//! The kernel stays the authority (it answers ARP/ND, owns routes and addresses); the engine
+//! only reads. On the fast path a cache hit costs a hash lookup; a miss asks the kernel once,
+//! starts resolution when the kernel does not know the neighbour either, and drops the packet
+//! (the transport's retransmission sends it again, as a NIC does while ARP resolves).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use xroce_core::transport::qp_state::PathMtu;
+use xroce_core::transport::Device;
+use xroce_core::wire::IpAddress;
+
+pub use crate::netlink::AddressWatcher;
+use crate::netlink::{self, Change, Interface, Netlink, NetlinkError};
+
+use super::{ip_address, std_ip};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AddressingError {
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error("{dst} is reached through interface index {oif}, not through {iface} (index {ifindex}) where this engine runs")]
+    OtherInterface {
+        dst: IpAddr,
+        oif: u32,
+        iface: String,
+        ifindex: u32,
+    },
+}
+
+/// Where a packet to some destination goes next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextHop {
+    Mac([u8; 6]),
+    /// Resolution is under way; drop for now.
+    Pending,
+    /// The route leaves by another interface.
+    OtherInterface,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Entry {
+    Known([u8; 6]),
+    Pending { next_try: Instant },
+    OtherInterface { next_try: Instant },
+}
+
+/// How often a missing neighbour is asked for again.
+const RETRY: Duration = Duration::from_millis(100);
+
+pub struct Neighbours {
+    iface: Interface,
+    cache: HashMap<IpAddress, Entry>,
+    /// Opened with the engine, so it talks to the engine's network namespace whatever thread
+    /// uses it.
+    netlink: Netlink,
+}
+
+/// A resolution the caller waits for without holding the engine lock.
+pub struct Probe {
+    ifindex: u32,
+    dst: IpAddr,
+}
+
+impl Probe {
+    pub fn wait(self, timeout: Duration) -> Result<[u8; 6], AddressingError> {
+        let route = netlink::route_get(self.dst)?;
+        if route.oif != self.ifindex {
+            let iface = netlink::interface_by_index(self.ifindex)
+                .map(|i| i.name)
+                .unwrap_or_default();
+            return Err(AddressingError::OtherInterface {
+                dst: self.dst,
+                oif: route.oif,
+                iface,
+                ifindex: self.ifindex,
+            });
+        }
+        Ok(netlink::resolve(
+            self.ifindex,
+            self.dst,
+            route.gateway,
+            timeout,
+        )?)
+    }
+}
+
+impl Neighbours {
+    pub fn open(iface: &str) -> Result<Self, AddressingError> {
+        let mut netlink = Netlink::open()?;
+        Ok(Self {
+            iface: netlink.interface_by_name(iface)?,
+            cache: HashMap::new(),
+            netlink,
+        })
+    }
+
+    pub fn ifindex(&self) -> u32 {
+        self.iface.index
+    }
+
+    pub fn mtu(&self) -> u32 {
+        self.iface.mtu
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        self.iface.mac
+    }
+
+    pub fn gid_table(&mut self) -> Result<Vec<IpAddr>, AddressingError> {
+        Ok(self.netlink.gid_table(&self.iface)?)
+    }
+
+    pub fn watch(&self) -> Result<AddressWatcher, AddressingError> {
+        Ok(AddressWatcher::new()?)
+    }
+
+    pub fn prepare(&self, dst: IpAddress) -> Probe {
+        Probe {
+            ifindex: self.iface.index,
+            dst: std_ip(dst),
+        }
+    }
+
+    pub fn learn(&mut self, dst: IpAddress, mac: [u8; 6]) {
+        self.cache.insert(dst, Entry::Known(mac));
+    }
+
+    /// The next hop for `dst`, asking the kernel (without waiting) on a miss.
+    pub fn lookup(&mut self, dst: IpAddress) -> NextHop {
+        let now = Instant::now();
+        match self.cache.get(&dst) {
+            Some(Entry::Known(mac)) => return NextHop::Mac(*mac),
+            Some(Entry::Pending { next_try }) if now < *next_try => return NextHop::Pending,
+            Some(Entry::OtherInterface { next_try }) if now < *next_try => {
+                return NextHop::OtherInterface
+            }
+            _ => {}
+        }
+        let next_try = now + RETRY;
+        let ip = std_ip(dst);
+        let entry = match self.netlink.route_get(ip) {
+            Ok(route) if route.oif != self.iface.index => Entry::OtherInterface { next_try },
+            Ok(route) => {
+                let hop = route.gateway.unwrap_or(ip);
+                match self.netlink.neighbour(self.iface.index, hop) {
+                    Ok(Some(mac)) => Entry::Known(mac),
+                    _ => {
+                        let _ = self.netlink.solicit(self.iface.index, hop);
+                        Entry::Pending { next_try }
+                    }
+                }
+            }
+            Err(_) => Entry::Pending { next_try },
+        };
+        self.cache.insert(dst, entry);
+        match entry {
+            Entry::Known(mac) => NextHop::Mac(mac),
+            Entry::Pending { .. } => NextHop::Pending,
+            Entry::OtherInterface { .. } => NextHop::OtherInterface,
+        }
+    }
+
+    /// Follows a change the kernel announced.
+    pub fn apply(&mut self, dev: &mut Device, change: Change) {
+        match change {
+            Change::Addresses(ifindex) if ifindex == self.iface.index => self.refresh_gids(dev),
+            Change::Link(ifindex) if ifindex == self.iface.index => self.refresh_link(dev),
+            Change::Resync => {
+                // Notifications were lost: read everything again.
+                self.refresh_link(dev);
+                self.refresh_gids(dev);
+                self.cache.clear();
+            }
+            Change::Neighbour(ifindex, ip, mac) if ifindex == self.iface.index => {
+                // Any cached destination whose next hop this is must be looked up again; the
+                // common case (on-link peer) is the address itself.
+                let key = ip_address(ip);
+                match mac {
+                    Some(mac) => {
+                        self.cache.insert(key, Entry::Known(mac));
+                    }
+                    None => {
+                        self.cache.remove(&key);
+                    }
+                }
+                self.cache
+                    .retain(|_, e| !matches!(e, Entry::Pending { .. }));
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Neighbours {
+    fn refresh_gids(&mut self, dev: &mut Device) {
+        if let Ok(now) = self.netlink.gid_table(&self.iface) {
+            let gids = merge_gids(dev.gids(), &now);
+            dev.set_gids(gids);
+        }
+    }
+
+    fn refresh_link(&mut self, dev: &mut Device) {
+        let Ok(iface) = self.netlink.interface_by_index(self.iface.index) else {
+            return;
+        };
+        if iface.mtu != self.iface.mtu {
+            dev.set_port_mtu(PathMtu::for_netdev_mtu(iface.mtu as usize));
+        }
+        let mac_changed = iface.mac != self.iface.mac;
+        self.iface = iface;
+        if mac_changed {
+            // The default GID derives from the MAC.
+            self.refresh_gids(dev);
+        }
+    }
+}
+
+/// The new GID table, keeping every address that stays at the index it had (GID indices are
+/// what applications exchange), emptying the slots of addresses that went away, and putting new
+/// addresses into the first empty slots.
+pub(crate) fn merge_gids(old: &[Option<IpAddress>], now: &[IpAddr]) -> Vec<Option<IpAddress>> {
+    let now: Vec<IpAddress> = now.iter().map(|a| ip_address(*a)).collect();
+    let mut out: Vec<Option<IpAddress>> =
+        old.iter().map(|g| g.filter(|a| now.contains(a))).collect();
+    for a in now {
+        if out.contains(&Some(a)) {
+            continue;
+        }
+        match out.iter().position(Option::is_none) {
+            Some(i) => out[i] = Some(a),
+            None => out.push(Some(a)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_indices_stay_put_across_address_changes() {
+        let a: IpAddr = "fe80::1".parse().unwrap();
+        let b: IpAddr = "10.0.0.1".parse().unwrap();
+        let c: IpAddr = "fd00::1".parse().unwrap();
+        let d: IpAddr = "10.0.0.2".parse().unwrap();
+        let t0 = merge_gids(&[], &[a, b, c]);
+        assert_eq!(
+            t0,
+            vec![
+                Some(ip_address(a)),
+                Some(ip_address(b)),
+                Some(ip_address(c))
+            ]
+        );
+        // b goes away: c keeps index 2.
+        let t1 = merge_gids(&t0, &[a, c]);
+        assert_eq!(t1, vec![Some(ip_address(a)), None, Some(ip_address(c))]);
+        // d arrives: it takes the empty slot.
+        let t2 = merge_gids(&t1, &[a, c, d]);
+        assert_eq!(
+            t2,
+            vec![
+                Some(ip_address(a)),
+                Some(ip_address(d)),
+                Some(ip_address(c))
+            ]
+        );
+    }
+}

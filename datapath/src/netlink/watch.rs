@@ -1,0 +1,246 @@
+//! Following the kernel's changes: a netlink socket subscribed to link, address and neighbour
+//! notifications, for the engine's `poll()` set.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+
+use netlink_packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::neighbour::NeighbourMessage;
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::Socket;
+
+use super::neighbour::{dst_from, mac_from, usable};
+use super::socket::{align4, open_socket, recv_datagram};
+use super::NetlinkError;
+
+/// `RTMGRP_LINK`: interfaces appearing, changing (flags, MTU, MAC), disappearing.
+pub(crate) const RTMGRP_LINK: u32 = 0x1;
+/// `RTMGRP_NEIGH`: neighbour entries changing state.
+pub(crate) const RTMGRP_NEIGH: u32 = 0x4;
+/// `RTMGRP_IPV4_IFADDR`.
+pub(crate) const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+/// `RTMGRP_IPV6_IFADDR`.
+pub(crate) const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+
+/// Socket receive buffer asked for (the kernel caps it at `net.core.rmem_max`). Notifications
+/// that do not fit are lost; [`Change::Resync`] reports it.
+const WATCH_RCVBUF: usize = 1 << 20;
+/// Datagrams read by one [`AddressWatcher::drain`], so that a storm cannot hold the caller;
+/// what is left keeps the descriptor readable.
+const DRAIN_MAX: usize = 256;
+
+/// Something about addressing changed. Each names what to read again; none carries the whole
+/// new state (read it with [`gid_table`](super::gid_table), [`interface_by_index`](super::interface_by_index)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Change {
+    /// Interface `ifindex` appeared, changed (up/down, carrier, MTU, MAC, name) or went away.
+    Link(u32),
+    /// An address of interface `ifindex` was added, removed or changed flags (e.g. finished
+    /// duplicate address detection): its GID table may differ.
+    Addresses(u32),
+    /// The neighbour entry for the IP on interface `ifindex` changed: `Some(mac)` when it is in
+    /// a usable state, `None` when it is gone, INCOMPLETE or FAILED.
+    Neighbour(u32, IpAddr, Option<[u8; 6]>),
+    /// Notifications were lost (socket buffer overrun, or one could not be decoded): re-read
+    /// everything of interest.
+    Resync,
+}
+
+/// A non-blocking netlink socket subscribed to link, IPv4/IPv6 address and neighbour
+/// notifications of the network namespace it was created in.
+pub struct AddressWatcher {
+    sock: Socket,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for AddressWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddressWatcher")
+            .field("fd", &self.sock.as_raw_fd())
+            .finish()
+    }
+}
+
+impl AddressWatcher {
+    /// Subscribes to `RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR` and
+    /// `RTMGRP_NEIGH`.
+    pub fn new() -> Result<AddressWatcher, NetlinkError> {
+        AddressWatcher::with_groups(
+            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_NEIGH,
+        )
+    }
+
+    pub(crate) fn with_groups(groups: u32) -> Result<AddressWatcher, NetlinkError> {
+        let sock = open_socket(groups)?;
+        if let Err(e) = sock.set_rx_buf_sz(WATCH_RCVBUF) {
+            log::debug!("netlink watcher: cannot enlarge the receive buffer: {e}");
+        }
+        Ok(AddressWatcher {
+            sock,
+            buf: Vec::new(),
+        })
+    }
+
+    /// The descriptor to include in a `poll()` set (readable when changes are pending).
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// The changes announced since the last call, oldest first, without blocking. Repeated
+    /// `Link` and `Addresses` changes of one interface are reported once; for a neighbour only
+    /// its latest state is reported (at the place of its first change).
+    pub fn drain(&mut self) -> Vec<Change> {
+        let mut out = Vec::new();
+        for _ in 0..DRAIN_MAX {
+            match recv_datagram(&self.sock, &mut self.buf) {
+                Ok(()) => parse_datagram(&self.buf, &mut out),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    log::debug!("netlink watcher: notifications lost (socket buffer overrun)");
+                    push(&mut out, Change::Resync);
+                }
+                Err(e) => {
+                    // A datagram too large for the buffer (consumed, so lost) or a socket
+                    // error: the caller must re-read; a persistent error must not spin.
+                    log::warn!("netlink watcher: {e}");
+                    push(&mut out, Change::Resync);
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+impl AsRawFd for AddressWatcher {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+impl AsFd for AddressWatcher {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
+fn parse_datagram(buf: &[u8], out: &mut Vec<Change>) {
+    let mut off = 0;
+    while off < buf.len() {
+        let rest = &buf[off..];
+        let Ok(nb) = NetlinkBuffer::new_checked(rest) else {
+            push(out, Change::Resync);
+            return;
+        };
+        let len = nb.length() as usize;
+        off += align4(len).max(16);
+        let bytes = rest.get(..len).unwrap_or(rest);
+        match NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes) {
+            Ok(m) => {
+                if let NetlinkPayload::InnerMessage(inner) = m.payload {
+                    if let Some(c) = change_from(inner) {
+                        push(out, c);
+                    }
+                }
+            }
+            Err(e) => {
+                log::warn!(
+                    "netlink watcher: undecodable notification (type {}): {e}",
+                    nb.message_type()
+                );
+                push(out, Change::Resync);
+            }
+        }
+    }
+}
+
+fn change_from(msg: RouteNetlinkMessage) -> Option<Change> {
+    match msg {
+        RouteNetlinkMessage::NewLink(l) | RouteNetlinkMessage::DelLink(l) => {
+            Some(Change::Link(l.header.index))
+        }
+        RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
+            Some(Change::Addresses(a.header.index))
+        }
+        RouteNetlinkMessage::NewNeighbour(n) => neighbour_change(&n, true),
+        RouteNetlinkMessage::DelNeighbour(n) => neighbour_change(&n, false),
+        _ => None,
+    }
+}
+
+fn neighbour_change(n: &NeighbourMessage, new: bool) -> Option<Change> {
+    // Bridge FDB entries arrive on the same group; they have no IP destination.
+    let ip = dst_from(&n.attributes)?;
+    let mac = mac_from(&n.attributes).filter(|_| new && usable(u16::from(n.header.state)));
+    Some(Change::Neighbour(n.header.ifindex, ip, mac))
+}
+
+/// Appends `c`, folding it into an earlier change about the same thing.
+fn push(out: &mut Vec<Change>, c: Change) {
+    match c {
+        Change::Neighbour(i, ip, _) => {
+            if let Some(slot) = out
+                .iter_mut()
+                .find(|e| matches!(e, Change::Neighbour(j, a, _) if *j == i && *a == ip))
+            {
+                *slot = c;
+                return;
+            }
+        }
+        _ => {
+            if out.contains(&c) {
+                return;
+            }
+        }
+    }
+    out.push(c);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_are_folded() {
+        let ip: IpAddr = "10.0.0.2".parse().expect("ip");
+        let mut out = Vec::new();
+        push(&mut out, Change::Addresses(3));
+        push(&mut out, Change::Neighbour(3, ip, None));
+        push(&mut out, Change::Link(3));
+        push(&mut out, Change::Addresses(3));
+        push(&mut out, Change::Addresses(4));
+        push(&mut out, Change::Neighbour(3, ip, Some([2, 0, 0, 0, 0, 2])));
+        push(&mut out, Change::Neighbour(4, ip, None));
+        assert_eq!(
+            out,
+            vec![
+                Change::Addresses(3),
+                Change::Neighbour(3, ip, Some([2, 0, 0, 0, 0, 2])),
+                Change::Link(3),
+                Change::Addresses(4),
+                Change::Neighbour(4, ip, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn garbage_datagrams_ask_for_a_resync_and_never_panic() {
+        let mut out = Vec::new();
+        parse_datagram(&[1, 2, 3], &mut out);
+        assert_eq!(out, vec![Change::Resync]);
+        let mut out = Vec::new();
+        // A header claiming 20 bytes of type RTM_NEWADDR with a truncated body.
+        let mut d = Vec::new();
+        d.extend_from_slice(&20u32.to_ne_bytes());
+        d.extend_from_slice(&20u16.to_ne_bytes());
+        d.extend_from_slice(&0u16.to_ne_bytes());
+        d.extend_from_slice(&0u32.to_ne_bytes());
+        d.extend_from_slice(&0u32.to_ne_bytes());
+        d.extend_from_slice(&[0; 4]);
+        parse_datagram(&d, &mut out);
+        assert_eq!(out, vec![Change::Resync]);
+    }
+}

@@ -1,0 +1,354 @@
+//! Test fixture: two network namespaces joined by a veth pair.
+//!
+//! ```no_run
+//! use xroce_datapath::netns::NetnsPair;
+//!
+//! let pair = NetnsPair::new("mytest", 1500)?;          // needs root
+//! let peer = pair.ipv4(1);
+//! // Code on a thread inside namespace 0:
+//! let sent = pair.run_in(0, move || {
+//!     let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+//!     socket.send_to(b"hello", (peer, 4791)).unwrap()
+//! });
+//! // A command inside namespace 1 (bounded in time):
+//! let out = pair.exec(1, "ip -d link show")?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! - Namespaces get unique names `<prefix>-<pid>-<n>-0` and `...-1`, so tests may run in
+//!   parallel threads and processes. The veth ends are `xr0` (in namespace 0) and `xr1` (in
+//!   namespace 1), with `10.X.Y.1/24` and `10.X.Y.2/24` (X from the process id, Y from a
+//!   counter; the namespaces are isolated, so the addresses cannot clash with the host's), and
+//!   optionally `fd00:7872:X:Y::1/64` and `::2/64` (without duplicate address detection, so
+//!   they work at once). Both ends and `lo` are up, with the requested MTU. Each end has one
+//!   receive and one transmit queue, so every frame arrives on queue 0 (veth would otherwise
+//!   spread flows over one queue per CPU).
+//! - [`NetnsPair::run_in`] runs a closure on a fresh thread that has entered a namespace with
+//!   `setns(CLONE_NEWNET)`; sockets it opens and [`crate::xdp`] calls it makes act in that
+//!   namespace. [`NetnsPair::exec`] runs a shell command there with `ip netns exec`.
+//! - Every command is bounded in time ([`COMMAND_TIMEOUT`] unless given). Dropping the pair
+//!   kills (by process group id) the background commands it started, unloads xroce's XDP
+//!   program from both ends if it is loaded (so no pins are left in bpffs), and deletes both
+//!   namespaces, which deletes the veth pair.
+//!
+//! Uses `ip` from iproute2 and needs root.
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Default bound on each command the fixture runs.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+
+static PAIRS: AtomicU32 = AtomicU32::new(0);
+
+/// Two network namespaces joined by a veth pair (see the module documentation). Sides are
+/// `0` and `1`.
+#[derive(Debug)]
+pub struct NetnsPair {
+    ns: [String; 2],
+    ifaces: [String; 2],
+    ipv4: [Ipv4Addr; 2],
+    ipv6: Option<[Ipv6Addr; 2]>,
+    mtu: u32,
+    created: [bool; 2],
+    children: Mutex<Vec<Child>>,
+}
+
+impl NetnsPair {
+    /// Creates the namespaces, the veth pair with `mtu`, and IPv4 addresses.
+    pub fn new(prefix: &str, mtu: u32) -> io::Result<NetnsPair> {
+        NetnsPair::create(prefix, mtu, false)
+    }
+
+    /// Like [`NetnsPair::new`], with IPv6 addresses as well.
+    pub fn with_ipv6(prefix: &str, mtu: u32) -> io::Result<NetnsPair> {
+        NetnsPair::create(prefix, mtu, true)
+    }
+
+    fn create(prefix: &str, mtu: u32, ipv6: bool) -> io::Result<NetnsPair> {
+        let pid = std::process::id();
+        let n = PAIRS.fetch_add(1, Ordering::Relaxed);
+        let x = 100 + (pid % 100) as u8;
+        let y = (n % 256) as u8;
+        let mut pair = NetnsPair {
+            ns: [0, 1].map(|side| format!("{prefix}-{pid}-{n}-{side}")),
+            ifaces: ["xr0".to_string(), "xr1".to_string()],
+            ipv4: [Ipv4Addr::new(10, x, y, 1), Ipv4Addr::new(10, x, y, 2)],
+            ipv6: ipv6.then(|| {
+                [1, 2].map(|h| Ipv6Addr::new(0xfd00, 0x7872, x.into(), y.into(), 0, 0, 0, h))
+            }),
+            mtu,
+            created: [false; 2],
+            children: Mutex::new(Vec::new()),
+        };
+        // On any error below, dropping `pair` deletes what was created.
+        for side in 0..2 {
+            ip(&["netns", "add", &pair.ns[side]])?;
+            pair.created[side] = true;
+        }
+        let mtu_text = mtu.to_string();
+        ip(&[
+            "-n",
+            &pair.ns[0],
+            "link",
+            "add",
+            &pair.ifaces[0],
+            "mtu",
+            &mtu_text,
+            "numtxqueues",
+            "1",
+            "numrxqueues",
+            "1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &pair.ifaces[1],
+            "mtu",
+            &mtu_text,
+            "numtxqueues",
+            "1",
+            "numrxqueues",
+            "1",
+            "netns",
+            &pair.ns[1],
+        ])?;
+        for side in 0..2 {
+            let ns = pair.ns[side].as_str();
+            let dev = pair.ifaces[side].as_str();
+            let v4 = format!("{}/24", pair.ipv4[side]);
+            ip(&["-n", ns, "addr", "add", &v4, "dev", dev])?;
+            if let Some(v6) = pair.ipv6 {
+                let v6 = format!("{}/64", v6[side]);
+                ip(&["-n", ns, "-6", "addr", "add", &v6, "dev", dev, "nodad"])?;
+            }
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+        }
+        Ok(pair)
+    }
+
+    /// The name of namespace `side` (for `ip netns exec`, `ip -n`).
+    pub fn ns_name(&self, side: usize) -> &str {
+        &self.ns[side]
+    }
+
+    /// The veth end in namespace `side` (`xr0` or `xr1`).
+    pub fn iface(&self, side: usize) -> &str {
+        &self.ifaces[side]
+    }
+
+    /// The IPv4 address of side `side`'s veth end.
+    pub fn ipv4(&self, side: usize) -> Ipv4Addr {
+        self.ipv4[side]
+    }
+
+    /// The IPv6 address of side `side`'s veth end, if the pair has IPv6.
+    pub fn ipv6(&self, side: usize) -> Option<Ipv6Addr> {
+        self.ipv6.map(|a| a[side])
+    }
+
+    /// The MTU of both veth ends.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// Runs `f` on a new thread inside namespace `side` and returns its result. A panic in `f`
+    /// is passed on to the caller. Panics if the namespace cannot be entered.
+    pub fn run_in<R: Send, F: FnOnce() -> R + Send>(&self, side: usize, f: F) -> R {
+        let ns = self.ns[side].as_str();
+        std::thread::scope(|s| {
+            let handle = std::thread::Builder::new()
+                .name(format!("in-{ns}"))
+                .spawn_scoped(s, move || {
+                    if let Err(e) = enter(ns) {
+                        panic!("cannot enter network namespace {ns}: {e}");
+                    }
+                    f()
+                })
+                .unwrap_or_else(|e| panic!("cannot start a thread for namespace {ns}: {e}"));
+            match handle.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
+    /// Starts `f` on a new thread inside namespace `side`; join the handle for its result (an
+    /// `Err` if it panicked, including when the namespace could not be entered).
+    pub fn spawn_in<R, F>(&self, side: usize, f: F) -> JoinHandle<R>
+    where
+        R: Send + 'static,
+        F: FnOnce() -> R + Send + 'static,
+    {
+        let ns = self.ns[side].clone();
+        std::thread::Builder::new()
+            .name(format!("in-{ns}"))
+            .spawn(move || {
+                if let Err(e) = enter(&ns) {
+                    panic!("cannot enter network namespace {ns}: {e}");
+                }
+                f()
+            })
+            .unwrap_or_else(|e| {
+                panic!("cannot start a thread for namespace {}: {e}", self.ns[side])
+            })
+    }
+
+    /// Runs `sh -c command` inside namespace `side` (`ip netns exec`), bounded by
+    /// [`COMMAND_TIMEOUT`]. The exit status is in the output; only failing to run it, or
+    /// the timeout, is an error.
+    pub fn exec(&self, side: usize, command: &str) -> io::Result<Output> {
+        self.exec_with_timeout(side, command, COMMAND_TIMEOUT)
+    }
+
+    /// [`NetnsPair::exec`] with another bound.
+    pub fn exec_with_timeout(
+        &self,
+        side: usize,
+        command: &str,
+        timeout: Duration,
+    ) -> io::Result<Output> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns[side], "sh", "-c", command]);
+        run_bounded(cmd, timeout)
+    }
+
+    /// A `Command` that runs `program` inside namespace `side` (`ip netns exec NS program`);
+    /// add arguments and environment, then run it with [`run_bounded`].
+    pub fn command(&self, side: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns[side]]).arg(program);
+        cmd
+    }
+
+    /// Starts `sh -c command` inside namespace `side` in the background (output discarded)
+    /// and returns its process id. It is killed when the pair is dropped.
+    pub fn spawn(&self, side: usize, command: &str) -> io::Result<u32> {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns[side], "sh", "-c", command])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let pid = child.id();
+        self.children
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(child);
+        Ok(pid)
+    }
+
+    /// Runs `f` inside namespace `side` without panicking if it cannot be entered.
+    fn try_run_in<R: Send, F: FnOnce() -> R + Send>(&self, side: usize, f: F) -> io::Result<R> {
+        let ns = self.ns[side].as_str();
+        std::thread::scope(|s| {
+            let handle = s.spawn(move || enter(ns).map(|()| f()));
+            handle
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("panicked")))
+        })
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        let children = std::mem::take(
+            &mut *self
+                .children
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for mut child in children {
+            kill_group(child.id());
+            let _ = child.wait();
+        }
+        if self.created == [true; 2] {
+            for side in 0..2 {
+                let iface = self.ifaces[side].clone();
+                let _ = self.try_run_in(side, move || crate::xdp::unload(&iface));
+            }
+        }
+        for side in 0..2 {
+            if self.created[side] {
+                if let Err(e) = ip(&["netns", "del", &self.ns[side]]) {
+                    eprintln!("netns fixture: deleting namespace {}: {e}", self.ns[side]);
+                }
+            }
+        }
+    }
+}
+
+/// Moves the calling thread into the named network namespace (`/run/netns/NAME`).
+pub fn enter(ns_name: &str) -> io::Result<()> {
+    let file = std::fs::File::open(format!("/run/netns/{ns_name}"))?;
+    // SAFETY: `file` is an open nsfs file of a network namespace; setns with CLONE_NEWNET
+    // changes only the calling thread's network namespace.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Runs `ip ARGS`, bounded by [`COMMAND_TIMEOUT`]; a non-zero exit is an error with its stderr.
+fn ip(args: &[&str]) -> io::Result<()> {
+    let mut cmd = Command::new("ip");
+    cmd.args(args);
+    let out = run_bounded(cmd, COMMAND_TIMEOUT)?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "`ip {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs a command in its own process group, collecting its output; after `timeout` the group is
+/// killed and the result is a `TimedOut` error. (stdin is /dev/null.)
+pub fn run_bounded(mut cmd: Command, timeout: Duration) -> io::Result<Output> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let child = cmd.spawn().map_err(|e| {
+        io::Error::new(e.kind(), format!("cannot run {:?}: {e}", cmd.get_program()))
+    })?;
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(result) => result,
+        Err(_) => {
+            kill_group(pid);
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{cmd:?} did not finish within {} s", timeout.as_secs_f64()),
+            ))
+        }
+    }
+}
+
+/// SIGKILL to the process group led by `pid` (our child, started with `process_group(0)` and
+/// not yet reaped, so the id is still its own).
+fn kill_group(pid: u32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill has no memory effects; the target is a process group we created.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+}

@@ -1,0 +1,695 @@
+//! End-to-end over a real veth pair between two network namespaces: an XDP program and an
+//! engine on each side, RC/UC/UD traffic through AF_XDP sockets, every byte checked.
+//!
+//! Needs root (creates namespaces, loads XDP). Without root these tests fail unless
+//! `XROCE_SKIP_ROOT_TESTS=1` says to skip them.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
+use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
+use xroce_core::transport::qp_state::{AttrMask, PathMtu, QpState};
+use xroce_core::transport::verbs::{
+    RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
+};
+use xroce_core::transport::QpType;
+use xroce_core::transport::{AddressVector, CqId};
+use xroce_core::wire::IpAddress;
+use xroce_datapath::engine::{Engine, EngineConfig};
+use xroce_datapath::netns::NetnsPair;
+use xroce_datapath::xdp;
+
+const MIB: usize = 1 << 20;
+/// Longest any single wait for a completion may take before the test fails.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn root_or_skip() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("XROCE_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+        eprintln!("skipped: not root and XROCE_SKIP_ROOT_TESTS=1");
+        return false;
+    }
+    panic!("these tests need root (network namespaces, XDP); set XROCE_SKIP_ROOT_TESTS=1 to skip");
+}
+
+/// Deterministic contents: byte `i` of stream `seed`.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Page-aligned memory registered with an engine.
+struct Buffer {
+    bytes: Vec<u8>,
+    mr: MemoryRegion,
+}
+
+impl Buffer {
+    fn new(engine: &Engine, pd: PdId, len: usize) -> Buffer {
+        let mut bytes = vec![0u8; len];
+        let access = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        // SAFETY: `bytes` is never reallocated and outlives the registration: `Buffer` derefs
+        // the region before dropping the vector (see Drop ordering in the tests: engines are
+        // dropped after buffers are no longer used by remote peers).
+        let (_, mr) =
+            unsafe { engine.reg_mr(pd, bytes.as_mut_ptr(), len, access) }.expect("reg_mr");
+        Buffer { bytes, mr }
+    }
+
+    fn addr(&self, off: usize) -> u64 {
+        self.mr.va + off as u64
+    }
+
+    fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr(off),
+            length: len as u32,
+            lkey: self.mr.lkey,
+        }
+    }
+
+    /// Reads the bytes (the engine may write them concurrently; callers only read what is done).
+    fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        // Volatile-free copy is fine: completions (taken under the engine lock) order the writes.
+        self.bytes[off..off + len].to_vec()
+    }
+
+    fn write(&mut self, off: usize, data: &[u8]) {
+        self.bytes[off..off + data.len()].copy_from_slice(data);
+    }
+}
+
+/// What one side tells the other to connect.
+#[derive(Debug, Clone, Copy)]
+struct Endpoint {
+    qpn: u32,
+    psn: u32,
+    ip: IpAddress,
+    va: u64,
+    rkey: u32,
+}
+
+struct Qp {
+    qpn: u32,
+    send_cq: CqId,
+    recv_cq: CqId,
+    ty: QpType,
+}
+
+fn create_qp(engine: &Engine, pd: PdId, ty: QpType) -> Qp {
+    engine.with_device(|d| {
+        let send_cq = d.create_cq(8192).expect("create_cq");
+        let recv_cq = d.create_cq(8192).expect("create_cq");
+        let qpn = d
+            .create_qp(QpInit {
+                ty,
+                pd,
+                send_cq,
+                recv_cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 1024,
+                    max_recv_wr: 4096,
+                    max_send_sge: 4,
+                    max_recv_sge: 4,
+                    max_inline_data: 128,
+                },
+                sq_sig_all: false,
+            })
+            .expect("create_qp");
+        Qp {
+            qpn,
+            send_cq,
+            recv_cq,
+            ty,
+        }
+    })
+}
+
+fn qp_access() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+}
+
+/// RESET → INIT (receives may be posted from here on).
+fn to_init(engine: &Engine, qp: &Qp) {
+    let a = QpAttr {
+        state: QpState::Init,
+        port_num: 1,
+        access: qp_access(),
+        qkey: 0x1111_1111,
+        ..QpAttr::default()
+    };
+    let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
+    let mask = match qp.ty {
+        QpType::Ud => m | AttrMask::QKEY,
+        _ => m | AttrMask::ACCESS_FLAGS,
+    };
+    engine.modify_qp(qp.qpn, &a, mask).expect("to INIT");
+}
+
+/// INIT → RTR → RTS, connected to `remote`.
+fn bring_up(
+    engine: &Engine,
+    qp: &Qp,
+    local_ip: IpAddress,
+    remote: &Endpoint,
+    sq_psn: u32,
+    mtu: PathMtu,
+) {
+    let sgid_index = engine
+        .gids()
+        .iter()
+        .position(|g| *g == Some(local_ip))
+        .expect("local address in GID table") as u8;
+    let m = AttrMask::STATE;
+    let mut a = QpAttr {
+        access: qp_access(),
+        qkey: 0x1111_1111,
+        ..QpAttr::default()
+    };
+    a.state = QpState::Rtr;
+    a.path_mtu = mtu;
+    a.dest_qpn = remote.qpn;
+    a.rq_psn = remote.psn;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 1;
+    a.av = Some(AddressVector {
+        dgid: remote.ip,
+        sgid_index,
+        traffic_class: 0,
+        hop_limit: 64,
+        flow_label: 0,
+    });
+    let rtr = match qp.ty {
+        QpType::Rc => {
+            m | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+                | AttrMask::MAX_DEST_RD_ATOMIC
+                | AttrMask::MIN_RNR_TIMER
+        }
+        QpType::Uc => m | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
+        QpType::Ud => m,
+    };
+    engine.modify_qp(qp.qpn, &a, rtr).expect("to RTR");
+    a.state = QpState::Rts;
+    a.sq_psn = sq_psn;
+    // 4.096 µs × 2^12 ≈ 17 ms: well above a veth round trip, short enough to recover drops fast.
+    a.timeout = 12;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    let rts = match qp.ty {
+        QpType::Rc => {
+            m | AttrMask::SQ_PSN
+                | AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC
+        }
+        _ => m | AttrMask::SQ_PSN,
+    };
+    engine.modify_qp(qp.qpn, &a, rts).expect("to RTS");
+}
+
+/// Waits for exactly `n` completions on `cq`, all successful, and returns them.
+fn expect_completions(engine: &Engine, cq: CqId, n: usize, what: &str) -> Vec<WorkCompletion> {
+    let mut out = Vec::with_capacity(n);
+    let deadline = Instant::now() + WAIT;
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{what}: {} of {n} completions after {WAIT:?}; engine counters {:?}, failure {:?}",
+            out.len(),
+            engine.with_device(|d| d.counters()),
+            engine.failure()
+        );
+        engine
+            .wait_cq(
+                cq,
+                n - out.len(),
+                &mut out,
+                left.min(Duration::from_millis(500)),
+            )
+            .expect("poll_cq");
+    }
+    for wc in &out {
+        assert_eq!(wc.status, WcStatus::Success, "{what}: {wc:?}");
+    }
+    out
+}
+
+/// Posts `count` send WRs built by `make`, keeping at most `window` outstanding, each signalled.
+fn stream(
+    engine: &Engine,
+    qp: &Qp,
+    count: usize,
+    window: usize,
+    what: &str,
+    make: impl Fn(usize) -> SendWr,
+) {
+    let mut posted = 0;
+    let mut done = 0;
+    let mut wcs = Vec::new();
+    let deadline = Instant::now() + WAIT * 2;
+    while done < count {
+        while posted < count && posted - done < window {
+            engine.post_send(qp.qpn, make(posted)).expect("post_send");
+            posted += 1;
+        }
+        wcs.clear();
+        engine
+            .wait_cq(qp.send_cq, 64, &mut wcs, Duration::from_millis(200))
+            .expect("poll_cq");
+        for wc in &wcs {
+            assert_eq!(wc.status, WcStatus::Success, "{what}: {wc:?}");
+            assert_eq!(wc.wr_id as usize, done, "{what}: completions in order");
+            done += 1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {done} of {count} done after {:?}; counters {:?}",
+            WAIT * 2,
+            engine.with_device(|d| d.counters())
+        );
+    }
+}
+
+struct Setup {
+    pair: NetnsPair,
+}
+
+impl Setup {
+    fn new(mtu: u32) -> Setup {
+        let pair = NetnsPair::new("xreng", mtu).expect("namespaces");
+        for side in 0..2 {
+            let iface = pair.iface(side).to_string();
+            pair.run_in(side, move || {
+                xdp::load(&xdp::LoadOptions::new(&iface)).expect("load XDP program");
+            });
+        }
+        Setup { pair }
+    }
+}
+
+/// The RC workload: WRITE, READ, SEND and both atomics from side 0 to side 1; at least 100 MiB
+/// in total, every byte compared.
+fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
+    let setup = Setup::new(mtu);
+    if drop_one_in != 0 {
+        for side in 0..2 {
+            let iface = setup.pair.iface(side).to_string();
+            setup.pair.run_in(side, move || {
+                xdp::set_drop_one_in(&iface, drop_one_in).expect("drop knob");
+            });
+        }
+    }
+    const WRITE: usize = 40 * MIB;
+    const READ: usize = 32 * MIB;
+    const SEND: usize = 32 * MIB;
+    const MSG: usize = 64 * 1024;
+    const ATOMICS: usize = 500;
+
+    let (to_server, from_client) = mpsc::channel::<Endpoint>();
+    let (to_client, from_server) = mpsc::channel::<Endpoint>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (verified_tx, verified_rx) = mpsc::channel::<()>();
+
+    let server_iface = setup.pair.iface(1).to_string();
+    let server_ip = setup.pair.ipv4(1);
+    let server = setup.pair.spawn_in(1, move || {
+        let engine = Engine::start(EngineConfig::new(&server_iface)).expect("engine");
+        let pd = engine.with_device(|d| d.alloc_pd());
+        // [0, WRITE): WRITE target; [WRITE, +READ): READ source; then SEND target; then the
+        // atomic counter.
+        let mut buf = Buffer::new(&engine, pd, WRITE + READ + SEND + 64);
+        buf.write(WRITE, &pattern(2, READ));
+        let qp = create_qp(&engine, pd, QpType::Rc);
+        to_init(&engine, &qp);
+        for i in 0..SEND / MSG {
+            engine
+                .post_recv(
+                    qp.qpn,
+                    RecvWr {
+                        wr_id: i as u64,
+                        sg_list: vec![buf.sge(WRITE + READ + i * MSG, MSG)],
+                    },
+                )
+                .expect("post_recv");
+        }
+        let me = Endpoint {
+            qpn: qp.qpn,
+            psn: 0x10_0000,
+            ip: IpAddress::V4(server_ip.into()),
+            va: buf.addr(0),
+            rkey: buf.mr.rkey,
+        };
+        to_client.send(me).expect("send endpoint");
+        let client = from_client.recv_timeout(WAIT).expect("client endpoint");
+        bring_up(&engine, &qp, me.ip, &client, me.psn, path_mtu);
+        // The client's SENDs land in posted receives, in order.
+        let recvs = expect_completions(&engine, qp.recv_cq, SEND / MSG, "SEND receives");
+        for (i, wc) in recvs.iter().enumerate() {
+            assert_eq!(wc.wr_id, i as u64);
+            assert_eq!(wc.opcode, WcOpcode::Recv);
+            assert_eq!(wc.byte_len as usize, MSG);
+        }
+        done_rx.recv_timeout(WAIT * 4).expect("client finished");
+        assert!(
+            buf.read(0, WRITE) == pattern(1, WRITE),
+            "WRITE data differs"
+        );
+        assert!(
+            buf.read(WRITE + READ, SEND) == pattern(3, SEND),
+            "SEND data differs"
+        );
+        let counter = u64::from_le_bytes(buf.read(WRITE + READ + SEND, 8).try_into().unwrap());
+        assert_eq!(counter, (ATOMICS as u64) * 3 + 1000, "atomic counter");
+        verified_tx.send(()).expect("verified");
+        let counters = engine.with_device(|d| d.counters());
+        drop(buf);
+        drop(engine);
+        counters
+    });
+
+    let client_iface = setup.pair.iface(0).to_string();
+    let client_ip = setup.pair.ipv4(0);
+    let client = setup.pair.spawn_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&client_iface)).expect("engine");
+        let pd = engine.with_device(|d| d.alloc_pd());
+        // [0, WRITE): WRITE source (its first SEND bytes are the SEND source); [WRITE, +READ):
+        // READ target; then SEND source; then atomic results.
+        let mut buf = Buffer::new(&engine, pd, WRITE + READ + SEND + 8 * 2 * ATOMICS);
+        buf.write(0, &pattern(1, WRITE));
+        buf.write(WRITE + READ, &pattern(3, SEND));
+        let qp = create_qp(&engine, pd, QpType::Rc);
+        to_init(&engine, &qp);
+        let me = Endpoint {
+            qpn: qp.qpn,
+            psn: 0xff_fff0, // wraps early: PSN arithmetic over the wire
+            ip: IpAddress::V4(client_ip.into()),
+            va: buf.addr(0),
+            rkey: buf.mr.rkey,
+        };
+        to_server.send(me).expect("send endpoint");
+        let server = from_server.recv_timeout(WAIT).expect("server endpoint");
+        bring_up(&engine, &qp, me.ip, &server, me.psn, path_mtu);
+
+        stream(&engine, &qp, WRITE / MSG, 32, "WRITE", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::RdmaWrite {
+                    remote_addr: server.va + (i * MSG) as u64,
+                    rkey: server.rkey,
+                },
+                vec![buf.sge(i * MSG, MSG)],
+            )
+        });
+        stream(&engine, &qp, READ / MSG, 16, "READ", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::RdmaRead {
+                    remote_addr: server.va + (WRITE + i * MSG) as u64,
+                    rkey: server.rkey,
+                },
+                vec![buf.sge(WRITE + i * MSG, MSG)],
+            )
+        });
+        assert!(
+            buf.read(WRITE, READ) == pattern(2, READ),
+            "READ data differs"
+        );
+        stream(&engine, &qp, SEND / MSG, 32, "SEND", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::Send,
+                vec![buf.sge(WRITE + READ + i * MSG, MSG)],
+            )
+        });
+        // Atomics on the server's counter (starts at 0): CAS 0 -> 1000 first, then alternate
+        // fetch-and-add of 1 and 2, each result landing in its own slot.
+        let counter = server.va + (WRITE + READ + SEND) as u64;
+        let results = WRITE + READ + SEND;
+        stream(&engine, &qp, 1, 1, "CAS", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::CompareSwap {
+                    remote_addr: counter,
+                    rkey: server.rkey,
+                    compare: 0,
+                    swap: 1000,
+                },
+                vec![buf.sge(results, 8)],
+            )
+        });
+        stream(&engine, &qp, ATOMICS * 2, 8, "FETCH_ADD", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::FetchAdd {
+                    remote_addr: counter,
+                    rkey: server.rkey,
+                    add: 1 + (i as u64 % 2),
+                },
+                vec![buf.sge(results + 8 * i, 8)],
+            )
+        });
+        // Original values: 1000, 1001, 1003, 1004, 1006, ... (CAS result slot 0 was overwritten
+        // by the first FETCH_ADD, which also saw 1000).
+        let mut expect = 1000u64;
+        for i in 0..ATOMICS * 2 {
+            let got = u64::from_le_bytes(buf.read(results + 8 * i, 8).try_into().unwrap());
+            assert_eq!(got, expect, "fetch-add #{i} original value");
+            expect += 1 + (i as u64 % 2);
+        }
+        done_tx.send(()).expect("done");
+        verified_rx.recv_timeout(WAIT).expect("server verified");
+        let counters = engine.with_device(|d| d.counters());
+        drop(buf);
+        drop(engine);
+        counters
+    });
+    let client_counters = client.join().expect("client side");
+    let server_counters = server.join().expect("server side");
+    eprintln!("client counters: {client_counters:?}");
+    eprintln!("server counters: {server_counters:?}");
+    assert_eq!(client_counters.bad_icrc + server_counters.bad_icrc, 0);
+    if drop_one_in != 0 {
+        let dropped: u64 = (0..2)
+            .map(|side| {
+                let iface = setup.pair.iface(side).to_string();
+                setup.pair.run_in(side, move || {
+                    xdp::read_counters(&iface)
+                        .expect("counters")
+                        .dropped_by_knob
+                })
+            })
+            .sum();
+        eprintln!("frames dropped by the knob: {dropped}");
+        assert!(dropped > 100, "the drop knob dropped only {dropped} frames");
+        assert!(client_counters.retransmissions + server_counters.retransmissions > 0);
+    }
+}
+
+#[test]
+fn rc_write_read_send_atomics_mtu_1500() {
+    if root_or_skip() {
+        rc_suite(1500, PathMtu::Mtu1024, 0);
+    }
+}
+
+#[test]
+fn rc_write_read_send_atomics_mtu_9000_multi_buffer() {
+    if root_or_skip() {
+        rc_suite(9000, PathMtu::Mtu4096, 0);
+    }
+}
+
+#[test]
+fn rc_transfers_survive_one_percent_loss() {
+    if root_or_skip() {
+        rc_suite(1500, PathMtu::Mtu1024, 100);
+    }
+}
+
+/// UC WRITEs and SENDs, and UD datagrams, in both directions at MTU 1500.
+#[test]
+fn uc_and_ud_exchanges() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    const MSG: usize = 16 * 1024;
+    const COUNT: usize = 64;
+    const UD_MSG: usize = 1000; // fits the 1024-byte port MTU
+    const UD_COUNT: usize = 200;
+    let (tx0, rx1) = mpsc::channel::<(Endpoint, Endpoint)>();
+    let (tx1, rx0) = mpsc::channel::<(Endpoint, Endpoint)>();
+    let mut handles = Vec::new();
+    for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
+        let iface = setup.pair.iface(side).to_string();
+        let ip = IpAddress::V4(setup.pair.ipv4(side).into());
+        handles.push(setup.pair.spawn_in(side, move || {
+            let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+            let pd = engine.with_device(|d| d.alloc_pd());
+            // Layout: [0, COUNT*MSG) UC source; then UC WRITE target; then UC SEND target;
+            // then UD source; then UD receive area (GRH + payload per slot).
+            let uc_src = 0;
+            let uc_write = COUNT * MSG;
+            let uc_recv = 2 * COUNT * MSG;
+            let ud_src = 3 * COUNT * MSG;
+            let ud_recv = ud_src + UD_COUNT * UD_MSG;
+            let slot = 40 + UD_MSG;
+            let mut buf = Buffer::new(&engine, pd, ud_recv + UD_COUNT * slot);
+            buf.write(uc_src, &pattern(10 + side as u64, COUNT * MSG));
+            buf.write(ud_src, &pattern(20 + side as u64, UD_COUNT * UD_MSG));
+            let uc = create_qp(&engine, pd, QpType::Uc);
+            let ud = create_qp(&engine, pd, QpType::Ud);
+            to_init(&engine, &uc);
+            to_init(&engine, &ud);
+            for i in 0..COUNT {
+                engine
+                    .post_recv(
+                        uc.qpn,
+                        RecvWr {
+                            wr_id: i as u64,
+                            sg_list: vec![buf.sge(uc_recv + i * MSG, MSG)],
+                        },
+                    )
+                    .expect("post_recv uc");
+            }
+            for i in 0..UD_COUNT {
+                engine
+                    .post_recv(
+                        ud.qpn,
+                        RecvWr {
+                            wr_id: i as u64,
+                            sg_list: vec![buf.sge(ud_recv + i * slot, slot)],
+                        },
+                    )
+                    .expect("post_recv ud");
+            }
+            let me_uc = Endpoint {
+                qpn: uc.qpn,
+                psn: 0x500 + side as u32,
+                ip,
+                va: buf.addr(uc_write),
+                rkey: buf.mr.rkey,
+            };
+            let me_ud = Endpoint {
+                qpn: ud.qpn,
+                psn: 0,
+                ip,
+                va: 0,
+                rkey: 0,
+            };
+            tx.send((me_uc, me_ud)).expect("send endpoints");
+            let (peer_uc, peer_ud) = rx.recv_timeout(WAIT).expect("peer endpoints");
+            bring_up(&engine, &uc, ip, &peer_uc, me_uc.psn, PathMtu::Mtu1024);
+            bring_up(&engine, &ud, ip, &peer_ud, 0x77, PathMtu::Mtu1024);
+            // Both sides' receives are posted before either side learns the other's endpoint,
+            // so no message can arrive to an empty receive queue (UC and UD would drop it).
+            stream(&engine, &uc, COUNT, 16, "UC WRITE", |i| {
+                SendWr::new(
+                    i as u64,
+                    SendOp::RdmaWrite {
+                        remote_addr: peer_uc.va + (i * MSG) as u64,
+                        rkey: peer_uc.rkey,
+                    },
+                    vec![buf.sge(uc_src + i * MSG, MSG)],
+                )
+            });
+            stream(&engine, &uc, COUNT, 16, "UC SEND", |i| {
+                SendWr::new(
+                    i as u64,
+                    SendOp::SendWithImm { imm: i as u32 },
+                    vec![buf.sge(uc_src + i * MSG, MSG)],
+                )
+            });
+            let sgid_index = engine.gid_index(setup_ip(ip)).expect("own GID");
+            let ah = engine
+                .create_ah(
+                    pd,
+                    AddressVector {
+                        dgid: peer_ud.ip,
+                        sgid_index,
+                        traffic_class: 0,
+                        hop_limit: 64,
+                        flow_label: 0,
+                    },
+                )
+                .expect("create_ah");
+            stream(&engine, &ud, UD_COUNT, 16, "UD SEND", |i| {
+                let mut wr = SendWr::new(
+                    i as u64,
+                    SendOp::Send,
+                    vec![buf.sge(ud_src + i * UD_MSG, UD_MSG)],
+                );
+                wr.ud = Some(UdDest {
+                    ah,
+                    remote_qpn: peer_ud.qpn,
+                    remote_qkey: 0x1111_1111,
+                });
+                wr
+            });
+            // What the peer sent us.
+            let peer = 1 - side as u64;
+            let uc_recvs = expect_completions(&engine, uc.recv_cq, COUNT, "UC receives");
+            for (i, wc) in uc_recvs.iter().enumerate() {
+                assert_eq!(wc.wr_id, i as u64);
+                assert_eq!(wc.imm, i as u32);
+                assert_eq!(wc.byte_len as usize, MSG);
+            }
+            let peer_src = pattern(10 + peer, COUNT * MSG);
+            assert!(
+                buf.read(uc_write, COUNT * MSG) == peer_src,
+                "UC WRITE data differs"
+            );
+            assert!(
+                buf.read(uc_recv, COUNT * MSG) == peer_src,
+                "UC SEND data differs"
+            );
+            let ud_recvs = expect_completions(&engine, ud.recv_cq, UD_COUNT, "UD receives");
+            let peer_ud_src = pattern(20 + peer, UD_COUNT * UD_MSG);
+            for (i, wc) in ud_recvs.iter().enumerate() {
+                assert_eq!(wc.wr_id, i as u64, "veth does not reorder");
+                assert_eq!(wc.byte_len as usize, 40 + UD_MSG);
+                assert_eq!(wc.src_qp, peer_ud.qpn);
+                let got = buf.read(ud_recv + i * slot + 40, UD_MSG);
+                assert!(
+                    got == peer_ud_src[i * UD_MSG..(i + 1) * UD_MSG],
+                    "UD datagram {i} differs"
+                );
+            }
+            // Let the peer finish reading before this engine (and its memory) goes away.
+            std::thread::sleep(Duration::from_millis(200));
+            drop(buf);
+            drop(engine);
+        }));
+    }
+    for h in handles {
+        h.join().expect("side");
+    }
+}
+
+fn setup_ip(ip: IpAddress) -> std::net::IpAddr {
+    match ip {
+        IpAddress::V4(a) => std::net::IpAddr::from(a.0),
+        IpAddress::V6(a) => std::net::IpAddr::from(a.0),
+    }
+}
