@@ -1,4 +1,5 @@
 //! The `xroce` command's library: everything the binary does, importable by tests.
 
 pub mod capture;
+pub mod engine;
 pub mod pcap_check;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xroce_cli::pcap_check;
+use xroce_cli::{engine, pcap_check};
 
 /// xroce: RDMA over Converged Ethernet v2 in userspace, on AF_XDP.
 #[derive(Parser)]
@@ -20,6 +20,25 @@ enum Command {
     Pcap {
         #[command(subcommand)]
         command: PcapCommand,
+    },
+    /// Run an xroce engine on one queue of an interface, in the foreground, until SIGINT or
+    /// SIGTERM.
+    ///
+    /// The engine binds an AF_XDP socket to the queue and registers it with xroce's XDP
+    /// program, which must be loaded on the interface first (`cargo xtask xdp load --iface IF`).
+    /// It prints one line when ready and its counters when it stops. Only one engine can
+    /// serve a queue; a second one exits with an error saying so. When the engine exits (or is
+    /// killed) its socket goes away and RoCEv2 frames go to the kernel again.
+    Engine {
+        /// The network interface (in the current network namespace).
+        #[arg(long, value_name = "IF")]
+        iface: String,
+        /// The receive queue to serve.
+        #[arg(long, default_value_t = 0)]
+        queue: u32,
+        /// AF_XDP bind mode: zero-copy when the driver supports it (auto), or force one.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "copy", "zero-copy"])]
+        mode: String,
     },
 }
 
@@ -55,6 +74,7 @@ enum PcapCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Engine { iface, queue, mode } => engine::run(&iface, queue, &mode),
         Command::Pcap {
             command: PcapCommand::Check { quiet, files },
         } => {

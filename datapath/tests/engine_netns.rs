@@ -693,3 +693,168 @@ fn setup_ip(ip: IpAddress) -> std::net::IpAddr {
         IpAddress::V6(a) => std::net::IpAddr::from(a.0),
     }
 }
+
+/// Process CPU time (user + system) so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// A QP talking to a QP of the same engine never touches the wire; and an idle engine with
+/// connected QPs sleeps.
+#[test]
+fn loopback_and_idle_cost() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    let ip = IpAddress::V4(setup.pair.ipv4(0).into());
+    let (cpu_used, idle_for) = setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let pd = engine.with_device(|d| d.alloc_pd());
+        const LEN: usize = 4 * MIB;
+        let mut buf = Buffer::new(&engine, pd, 2 * LEN);
+        buf.write(0, &pattern(7, LEN));
+        let a = create_qp(&engine, pd, QpType::Rc);
+        let b = create_qp(&engine, pd, QpType::Rc);
+        to_init(&engine, &a);
+        to_init(&engine, &b);
+        let ea = Endpoint {
+            qpn: a.qpn,
+            psn: 1,
+            ip,
+            va: buf.addr(0),
+            rkey: buf.mr.rkey,
+        };
+        let eb = Endpoint {
+            qpn: b.qpn,
+            psn: 2,
+            ip,
+            va: buf.addr(LEN),
+            rkey: buf.mr.rkey,
+        };
+        bring_up(&engine, &a, ip, &eb, ea.psn, PathMtu::Mtu1024);
+        bring_up(&engine, &b, ip, &ea, eb.psn, PathMtu::Mtu1024);
+        let redirected_before = xdp::read_counters(&iface).expect("counters").redirected;
+        stream(&engine, &a, LEN / (64 * 1024), 16, "loopback WRITE", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::RdmaWrite {
+                    remote_addr: eb.va + (i * 64 * 1024) as u64,
+                    rkey: eb.rkey,
+                },
+                vec![buf.sge(i * 64 * 1024, 64 * 1024)],
+            )
+        });
+        assert!(
+            buf.read(LEN, LEN) == pattern(7, LEN),
+            "loopback WRITE data differs"
+        );
+        let loopback = engine
+            .counters()
+            .tx_loopback
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            loopback >= (LEN / 1024) as u64,
+            "only {loopback} packets looped back"
+        );
+        assert_eq!(
+            engine
+                .counters()
+                .tx_frames
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        assert_eq!(
+            xdp::read_counters(&iface).expect("counters").redirected,
+            redirected_before,
+            "loopback traffic reached the wire"
+        );
+        // Idle: QPs connected, nothing to do. Measure the whole process's CPU over 10 s while
+        // this thread sleeps (the engine's progress thread is the only other one running).
+        std::thread::sleep(Duration::from_millis(300));
+        let (cpu0, t0) = (cpu_time(), Instant::now());
+        std::thread::sleep(Duration::from_secs(10));
+        let used = cpu_time() - cpu0;
+        let wall = t0.elapsed();
+        drop(buf);
+        drop(engine);
+        (used, wall)
+    });
+    let share = cpu_used.as_secs_f64() / idle_for.as_secs_f64() * 100.0;
+    eprintln!("idle engine: {cpu_used:?} CPU over {idle_for:?} = {share:.3} % of a core");
+    // Reported, not a timing assertion: a progress thread that never sleeps uses ~100 %, so
+    // this bound only catches that, whatever the machine's noise.
+    assert!(share < 5.0, "an idle engine used {share:.2} % of a core");
+}
+
+/// The GID table follows the interface's addresses.
+#[test]
+fn gid_table_follows_address_changes() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    let ns = setup.pair.ns_name(0).to_string();
+    setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let before = engine.gids();
+        assert!(
+            matches!(before[0], Some(IpAddress::V6(a)) if a.0[0] == 0xfe && a.0[1] == 0x80),
+            "GID 0 is the link-local default: {before:?}"
+        );
+        let extra: std::net::Ipv6Addr = "fd00:4:4::9".parse().unwrap();
+        let out = std::process::Command::new("ip")
+            .args([
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                "fd00:4:4::9/64",
+                "dev",
+                &iface,
+                "nodad",
+            ])
+            .output()
+            .expect("ip addr add");
+        assert!(out.status.success(), "{out:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let index = loop {
+            if let Some(i) = engine.gid_index(extra.into()) {
+                break i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "new address not in the GID table: {:?}",
+                engine.gids()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Addresses already there keep their index.
+        let after = engine.gids();
+        for (i, g) in before.iter().enumerate() {
+            if g.is_some() {
+                assert_eq!(after[i], *g, "GID {i} moved");
+            }
+        }
+        let out = std::process::Command::new("ip")
+            .args(["-n", &ns, "addr", "del", "fd00:4:4::9/64", "dev", &iface])
+            .output()
+            .expect("ip addr del");
+        assert!(out.status.success(), "{out:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while engine.gids()[index as usize].is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "removed address still in the GID table"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+}

@@ -309,6 +309,9 @@ impl Engine {
     /// Resolves the MAC for an address vector's destination (blocking, bounded).
     pub fn resolve(&self, av: &AddressVector) -> Result<(), VerbError> {
         let timeout = self.shared.config.resolve_timeout;
+        if self.lock().dev.gids().contains(&Some(av.dgid)) {
+            return Ok(()); // loopback: no wire, no neighbour
+        }
         let probe = self.lock().neighbours.prepare(av.dgid);
         let found = probe.wait(timeout).map_err(VerbError::Addressing)?;
         self.lock().neighbours.learn(av.dgid, found);

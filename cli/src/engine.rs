@@ -1,0 +1,74 @@
+//! `xroce engine`: an engine in the foreground until a signal says stop.
+
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+use xroce_datapath::afxdp::BindMode;
+use xroce_datapath::engine::{Engine, EngineConfig};
+
+pub fn run(iface: &str, queue: u32, mode: &str) -> ExitCode {
+    let bind_mode = match mode {
+        "copy" => BindMode::Copy,
+        "zero-copy" => BindMode::ZeroCopy,
+        _ => BindMode::Auto,
+    };
+    // Block the stop signals before any thread exists, so every thread inherits the mask and
+    // the main thread can take them with sigwait.
+    let signals = stop_signals();
+    // SAFETY: `signals` is an initialised sigset; a null old-set pointer is allowed.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
+
+    let config = EngineConfig {
+        queue,
+        bind_mode,
+        ..EngineConfig::new(iface)
+    };
+    let engine = match Engine::start(config) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("xroce engine: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gids: Vec<String> = engine
+        .gids()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, g)| g.map(|g| format!("{i}:{g}")))
+        .collect();
+    println!(
+        "xroce engine ready on {iface} queue {queue} ({} mode); GIDs {}",
+        if engine.is_zero_copy() {
+            "zero-copy"
+        } else {
+            "copy"
+        },
+        gids.join(" ")
+    );
+    let mut sig: libc::c_int = 0;
+    // SAFETY: waits for one of the blocked signals in `signals`; writes its number to `sig`.
+    unsafe { libc::sigwait(&signals, &mut sig) };
+    let c = engine.counters();
+    let dev = engine.with_device(|d| d.counters());
+    println!(
+        "xroce engine stopping (signal {sig}): {} frames in, {} out, {} looped back; transport {:?}",
+        c.rx_frames.load(Ordering::Relaxed),
+        c.tx_frames.load(Ordering::Relaxed),
+        c.tx_loopback.load(Ordering::Relaxed),
+        dev
+    );
+    drop(engine);
+    ExitCode::SUCCESS
+}
+
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set before sigaddset reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}

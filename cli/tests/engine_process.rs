@@ -1,0 +1,220 @@
+//! `xroce engine` as a process: one engine per queue (a second gets a clear error), and
+//! killing an engine hands RoCEv2 traffic back to the kernel, after which a new engine binds.
+//!
+//! Needs root (namespaces, XDP); fails without it unless `XROCE_SKIP_ROOT_TESTS=1`.
+
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use xroce_datapath::netns::{run_bounded, NetnsPair};
+use xroce_datapath::xdp;
+
+const XROCE: &str = env!("CARGO_BIN_EXE_xroce");
+
+fn root_or_skip() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("XROCE_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+        eprintln!("skipped: not root and XROCE_SKIP_ROOT_TESTS=1");
+        return false;
+    }
+    panic!("these tests need root (network namespaces, XDP); set XROCE_SKIP_ROOT_TESTS=1 to skip");
+}
+
+/// An engine process, killed (SIGKILL) if still running when dropped.
+struct EngineProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl EngineProcess {
+    fn start(pair: &NetnsPair, side: usize) -> EngineProcess {
+        let mut child = pair
+            .command(side, XROCE)
+            .args(["engine", "--iface", pair.iface(side)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start xroce engine");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let p = EngineProcess { child, lines };
+        let line = p
+            .lines
+            .recv_timeout(Duration::from_secs(15))
+            .expect("engine printed nothing within 15 s");
+        assert!(line.contains("ready"), "unexpected first line: {line}");
+        p
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` and waits (bounded) for the process to exit; returns its status.
+    fn stop(mut self, signal: libc::c_int) -> std::process::ExitStatus {
+        // `ip netns exec` execs the program, so the child's PID is the engine's.
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.pid() as i32, signal) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "engine did not exit within 10 s of signal {signal}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `n` UDP datagrams to port 4791 of side 0 from side 1 (kernel sockets).
+fn send_roce_port_datagrams(pair: &NetnsPair, n: usize) {
+    let dst = (pair.ipv4(0), 4791);
+    let src = pair.ipv4(1);
+    pair.run_in(1, move || {
+        let s = UdpSocket::bind((src, 0)).expect("bind");
+        for _ in 0..n {
+            s.send_to(b"not really RoCE", dst).expect("send_to");
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+fn counters(pair: &NetnsPair) -> xdp::XdpCounters {
+    let iface = pair.iface(0).to_string();
+    pair.run_in(0, move || xdp::read_counters(&iface).expect("counters"))
+}
+
+fn ping(pair: &NetnsPair) -> bool {
+    let out = pair
+        .exec(1, &format!("ping -c 2 -i 0.2 -W 1 {}", pair.ipv4(0)))
+        .expect("ping");
+    out.status.success()
+}
+
+#[test]
+fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrproc", 1500).expect("namespaces");
+    let iface = pair.iface(0).to_string();
+    pair.run_in(0, move || {
+        xdp::load(&xdp::LoadOptions::new(&iface)).expect("load");
+    });
+
+    let first = EngineProcess::start(&pair, 0);
+    // RoCE-port frames now go to the engine's socket.
+    let before = counters(&pair);
+    send_roce_port_datagrams(&pair, 5);
+    let during = counters(&pair);
+    assert_eq!(
+        during.redirected - before.redirected,
+        5,
+        "{before:?} -> {during:?}"
+    );
+
+    // A second engine on the same queue: a clear error, promptly.
+    let out = run_bounded(
+        {
+            let mut c = pair.command(0, XROCE);
+            c.args(["engine", "--iface", pair.iface(0)]);
+            c
+        },
+        Duration::from_secs(15),
+    )
+    .expect("second engine ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "second engine started: {out:?}");
+    assert!(
+        stderr.contains("already has an AF_XDP socket bound") && stderr.contains("queue 0"),
+        "unclear error: {stderr}"
+    );
+
+    // Kill -9: the socket goes away with the process; RoCE-port frames reach the kernel again
+    // (counted as "no socket"), and other traffic was never affected.
+    let status = first.stop(libc::SIGKILL);
+    assert!(!status.success());
+    let before = counters(&pair);
+    send_roce_port_datagrams(&pair, 5);
+    let after = counters(&pair);
+    assert_eq!(
+        after.redirected, before.redirected,
+        "frames still redirected after the engine died"
+    );
+    assert_eq!(after.roce_no_socket - before.roce_no_socket, 5);
+    assert!(ping(&pair), "ping failed after the engine was killed");
+
+    // A new engine binds the same queue, and a clean stop exits 0.
+    let second = EngineProcess::start(&pair, 0);
+    let before = counters(&pair);
+    send_roce_port_datagrams(&pair, 3);
+    assert_eq!(counters(&pair).redirected - before.redirected, 3);
+    assert!(ping(&pair), "ping failed while an engine runs");
+    let status = second.stop(libc::SIGTERM);
+    assert!(status.success(), "engine exit after SIGTERM: {status:?}");
+}
+
+#[test]
+fn engine_without_the_xdp_program_says_what_to_do() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrnoprog", 1500).expect("namespaces");
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        pair.ns_name(0),
+        XROCE,
+        "engine",
+        "--iface",
+        pair.iface(0),
+    ]);
+    let out = run_bounded(c, Duration::from_secs(15)).expect("engine ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("xdp load"),
+        "no hint to load the program: {stderr}"
+    );
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        pair.ns_name(0),
+        XROCE,
+        "engine",
+        "--iface",
+        "nosuch0",
+    ]);
+    let out = run_bounded(c, Duration::from_secs(15)).expect("engine ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("nosuch0"),
+        "error does not name the interface: {stderr}"
+    );
+}
