@@ -541,7 +541,11 @@ fn uc_and_ud_exchanges() {
     let (tx0, rx1) = mpsc::channel::<(Endpoint, Endpoint)>();
     let (tx1, rx0) = mpsc::channel::<(Endpoint, Endpoint)>();
     let mut handles = Vec::new();
+    // UC and UD drop what arrives before the receiving QP is in RTR: both sides connect, then
+    // meet here, then send.
+    let connected = std::sync::Arc::new(std::sync::Barrier::new(2));
     for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
+        let connected = connected.clone();
         let iface = setup.pair.iface(side).to_string();
         let ip = IpAddress::V4(setup.pair.ipv4(side).into());
         handles.push(setup.pair.spawn_in(side, move || {
@@ -602,7 +606,8 @@ fn uc_and_ud_exchanges() {
             let (peer_uc, peer_ud) = rx.recv_timeout(WAIT).expect("peer endpoints");
             bring_up(&engine, &uc, ip, &peer_uc, me_uc.psn, PathMtu::Mtu1024);
             bring_up(&engine, &ud, ip, &peer_ud, 0x77, PathMtu::Mtu1024);
-            // Both sides' receives are posted before either side learns the other's endpoint,
+            connected.wait();
+            // Receives are posted before the endpoints are exchanged,
             // so no message can arrive to an empty receive queue (UC and UD would drop it).
             stream(&engine, &uc, COUNT, 16, "UC WRITE", |i| {
                 SendWr::new(
@@ -694,16 +699,6 @@ fn setup_ip(ip: IpAddress) -> std::net::IpAddr {
     }
 }
 
-/// Process CPU time (user + system) so far.
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage fills the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// A QP talking to a QP of the same engine never touches the wire; and an idle engine with
 /// connected QPs sleeps.
 #[test]
@@ -775,12 +770,15 @@ fn loopback_and_idle_cost() {
             redirected_before,
             "loopback traffic reached the wire"
         );
-        // Idle: QPs connected, nothing to do. Measure the whole process's CPU over 10 s while
-        // this thread sleeps (the engine's progress thread is the only other one running).
+        // Idle: QPs connected, nothing to do. Measure the progress thread's CPU over 10 s (the
+        // test binary runs other tests' engines in parallel, so not the whole process's).
         std::thread::sleep(Duration::from_millis(300));
-        let (cpu0, t0) = (cpu_time(), Instant::now());
+        let (cpu0, t0) = (
+            engine.progress_cpu_time().expect("thread CPU"),
+            Instant::now(),
+        );
         std::thread::sleep(Duration::from_secs(10));
-        let used = cpu_time() - cpu0;
+        let used = engine.progress_cpu_time().expect("thread CPU") - cpu0;
         let wall = t0.elapsed();
         drop(buf);
         drop(engine);

@@ -1,16 +1,25 @@
 //! `cargo xtask`: project automation. Run `cargo xtask --help` for the list.
 //!
-//! Only what works today is listed; the XDP loader, device demo and benchmarks join as their
-//! issues land.
+//! The XDP commands (`cargo xtask xdp ...`) need the loader in `xroce-datapath`, which needs
+//! clang to build; they live behind the `xdp` feature (see `Cargo.toml`), and the default build
+//! re-runs itself with that feature when one of them is asked for.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+mod packages;
+#[cfg(feature = "xdp")]
+mod xdp;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "xroce project automation")]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "xroce project automation"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Task,
@@ -18,12 +27,95 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Run everything CI runs: rustfmt check, clippy with warnings denied, and the whole test
-    /// suite. This is the README's test command and what `.ci/run` calls.
+    /// Run everything CI runs: install missing Debian packages the tests need (as root), rustfmt
+    /// check, clippy with warnings denied, and the whole test suite. This is the README's test
+    /// command and what `.ci/run` calls. The XDP and namespace tests need root; set
+    /// XROCE_SKIP_ROOT_TESTS=1 to skip them.
     Test,
     /// Show what xroce does today: decode and verify real rdma_rxe captures with
     /// `xroce pcap check` (the two-namespace RDMA demo arrives with the verbs provider).
     Demo,
+    /// Build, load, unload and inspect the XDP steering program (xdp-prog/). Loading and
+    /// unloading need root and act on the network namespace the command runs in (use
+    /// `ip netns exec NS cargo xtask xdp ...` for an interface inside a namespace).
+    Xdp(XdpArgs),
+    /// Benchmarks. `datapath`: on a veth pair between two namespaces (root), xroce RC SEND
+    /// ping-pong and RC WRITE streaming next to raw AF_XDP and kernel UDP doing the same
+    /// exchange, as ratios; writes bench/results/datapath.md.
+    Bench {
+        #[arg(value_parser = ["datapath"])]
+        what: String,
+    },
+}
+
+#[derive(Args)]
+struct XdpArgs {
+    #[command(subcommand)]
+    command: XdpCommand,
+}
+
+// Without the `xdp` feature the arguments are only passed on to the re-run, never read.
+#[cfg_attr(not(feature = "xdp"), allow(dead_code))]
+#[derive(Subcommand)]
+enum XdpCommand {
+    /// Compile both builds of the XDP program (xroce_xdp.o and xroce_xdp_frags.o, with clang)
+    /// and copy them to xdp-prog/build/.
+    Build,
+    /// Attach the program to an interface through a BPF link pinned under
+    /// /sys/fs/bpf/xroce/<netns-id>/<iface>/ (it stays attached after this command exits), and
+    /// pin its maps there for the engines. Loading it again changes nothing.
+    Load {
+        /// The interface, e.g. eth0.
+        #[arg(long, value_name = "IF")]
+        iface: String,
+        /// Attach mode: native (in the driver, the default; needed for zero-copy) or generic
+        /// (works with any driver, slower).
+        #[arg(long, value_enum, default_value_t = ModeArg::Native)]
+        mode: ModeArg,
+        /// Program build: plain (single-buffer, MTU up to 3506) or frags (multi-buffer, any
+        /// MTU). Default: chosen from the interface's MTU.
+        #[arg(long, value_enum)]
+        build: Option<BuildArg>,
+    },
+    /// Detach the program from an interface and remove its pins. Nothing loaded is not an
+    /// error.
+    Unload {
+        /// The interface.
+        #[arg(long, value_name = "IF")]
+        iface: String,
+    },
+    /// Show what is attached (build, mode, ids, counters, drop knob, AF_XDP sockets), for one
+    /// interface or for every interface of this network namespace that has an XDP program.
+    Status {
+        /// Only this interface.
+        #[arg(long, value_name = "IF")]
+        iface: Option<String>,
+    },
+    /// TEST ONLY: drop 1 in N RoCEv2 frames in the XDP program (0 turns it off).
+    SetDrop {
+        /// The interface.
+        #[arg(long, value_name = "IF")]
+        iface: String,
+        /// N: 1 drops every RoCEv2 frame, 100 about 1 %, 0 none.
+        #[arg(long, value_name = "N")]
+        one_in: u32,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    /// Driver mode.
+    Native,
+    /// Generic (skb) mode.
+    Generic,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BuildArg {
+    /// Single-buffer build (section xdp).
+    Plain,
+    /// Multi-buffer build (section xdp.frags).
+    Frags,
 }
 
 fn main() -> ExitCode {
@@ -32,14 +124,43 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Task::Test => test(&root),
         Task::Demo => demo(&root),
+        Task::Xdp(args) => run_xdp(&root, args.command),
+        Task::Bench { what } => bench(&root, &what),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("xtask: {e}");
+            eprintln!("xtask: error: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+#[cfg(feature = "xdp")]
+fn run_xdp(root: &Path, command: XdpCommand) -> Result<(), String> {
+    xdp::run(root, command)
+}
+
+/// Without the `xdp` feature: check that the loader can be built, then run this same command
+/// through `cargo run -p xtask --features xdp` and exit with its status. Not `--quiet`: the first
+/// time, that builds aya and the XDP program, and the progress should show.
+#[cfg(not(feature = "xdp"))]
+fn run_xdp(root: &Path, _command: XdpCommand) -> Result<(), String> {
+    const GUARD: &str = "XROCE_XTASK_XDP_REEXEC";
+    if std::env::var_os(GUARD).is_some() {
+        return Err("internal: re-run with --features xdp did not enable the feature".into());
+    }
+    packages::check_xdp_build_deps()?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let status = Command::new(cargo())
+        .args(["run", "--package", "xtask", "--features", "xdp", "--"])
+        .args(&args)
+        .env(GUARD, "1")
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    // The child printed its own messages.
+    std::process::exit(status.code().unwrap_or(1));
 }
 
 fn workspace_root() -> PathBuf {
@@ -76,6 +197,7 @@ fn cargo() -> String {
 }
 
 fn test(root: &Path) -> Result<(), String> {
+    packages::ensure_test_packages()?;
     let cargo = cargo();
     step(root, "format", &cargo, &["fmt", "--all", "--", "--check"])?;
     step(
@@ -86,6 +208,23 @@ fn test(root: &Path) -> Result<(), String> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    // The workspace lint builds xtask without its `xdp` feature; lint those commands too.
+    step(
+        root,
+        "lint (xtask xdp commands)",
+        &cargo,
+        &[
+            "clippy",
+            "--package",
+            "xtask",
+            "--all-targets",
+            "--features",
+            "xdp",
             "--",
             "-D",
             "warnings",
@@ -110,4 +249,68 @@ fn demo(root: &Path) -> Result<(), String> {
     let mut args = vec!["run", "--quiet", "-p", "xroce-cli", "--", "pcap", "check"];
     args.extend(files.iter().map(String::as_str));
     step(root, "xroce pcap check", &cargo, &args)
+}
+
+/// `cargo xtask bench datapath`: builds and runs the datapath benchmark (release), shows its
+/// progress, and records its table with the machine, commit and date.
+fn bench(root: &Path, what: &str) -> Result<(), String> {
+    debug_assert_eq!(what, "datapath");
+    let cargo = cargo();
+    step(
+        root,
+        "build the benchmark",
+        &cargo,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "xroce-bench",
+            "--bin",
+            "datapath",
+        ],
+    )?;
+    println!("==> run: target/release/datapath (about 30 s)");
+    let out = Command::new(root.join("target/release/datapath"))
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run the benchmark: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("the benchmark failed ({})", out.status));
+    }
+    let table = String::from_utf8_lossy(&out.stdout);
+    print!("{table}");
+    let capture = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let commit = capture("git", &["rev-parse", "--short", "HEAD"]);
+    let date = capture("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let kernel = capture("uname", &["-r"]);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let doc = format!(
+        "# Datapath benchmark\n\n`cargo xtask bench datapath` on a veth pair (MTU 9000, path MTU 4096) between two\n\
+         network namespaces, one run. Only ratios within one run mean anything.\n\n\
+         - machine: {cpus} CPUs, {cpu}, kernel {kernel}\n- commit: {commit}\n- date: {date}\n\n{table}"
+    );
+    let path = root.join("bench/results/datapath.md");
+    std::fs::write(&path, doc).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("==> wrote {}", path.display());
+    Ok(())
 }

@@ -29,7 +29,6 @@ pub use addressing::{AddressingError, Neighbours};
 pub use memory::ProcessMemory;
 
 use crate::afxdp::{BindMode, XskConfig, XskError, XskSocket};
-use crate::port::Port;
 
 /// What to run an engine on.
 #[derive(Debug, Clone)]
@@ -99,6 +98,10 @@ pub(crate) struct Shared {
     /// Signalled after progress made completions (for `wait_cq`).
     pub(crate) progressed: Condvar,
     pub(crate) counters: EngineCounters,
+    /// When an application last polled a CQ (engine nanoseconds; 0 = never).
+    pub(crate) app_polled_at: AtomicU64,
+    /// Kernel thread id of the progress thread (0 until it runs), for CPU accounting.
+    pub(crate) progress_tid: std::sync::atomic::AtomicI32,
     pub(crate) epoch: Instant,
     pub(crate) config: EngineConfig,
 }
@@ -108,6 +111,7 @@ pub(crate) struct State {
     pub(crate) dev: Device,
     pub(crate) mem: ProcessMemory,
     pub(crate) neighbours: Neighbours,
+    pub(crate) io: progress::PortState,
     /// Set by the thread when it exits with an error, reported to the application.
     pub(crate) failed: Option<String>,
 }
@@ -155,15 +159,9 @@ impl Engine {
         let gids = neighbours.gid_table()?;
         let mtu = neighbours.mtu();
         let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
-        let socket = XskSocket::open(
-            ifindex,
-            XskConfig {
-                queue: config.queue,
-                mode: config.bind_mode,
-                ..XskConfig::default()
-            },
-        )?;
+        let socket = open_socket(ifindex, &config)?;
         xsks.set(config.queue, socket.as_raw_fd())?;
+        let wait_fd = socket.as_raw_fd();
         let zero_copy = socket.is_zero_copy();
         let watcher = neighbours.watch()?;
 
@@ -187,6 +185,7 @@ impl Engine {
                 dev,
                 mem: ProcessMemory::new(),
                 neighbours,
+                io: progress::PortState::new(Box::new(socket)),
                 failed: None,
             }),
             wake,
@@ -195,14 +194,15 @@ impl Engine {
             stop: AtomicBool::new(false),
             progressed: Condvar::new(),
             counters: EngineCounters::default(),
+            app_polled_at: AtomicU64::new(0),
+            progress_tid: std::sync::atomic::AtomicI32::new(0),
             epoch: Instant::now(),
             config,
         });
         let thread_shared = shared.clone();
-        let port: Box<dyn Port> = Box::new(socket);
         let thread = std::thread::Builder::new()
             .name(format!("xroce-progress-{ifindex}-{queue}"))
-            .spawn(move || progress::run(thread_shared, port, watcher, xsks))
+            .spawn(move || progress::run(thread_shared, watcher, xsks, wait_fd))
             .map_err(EngineError::Thread)?;
         Ok(Engine {
             shared,
@@ -227,6 +227,25 @@ impl Engine {
 
     pub fn counters(&self) -> &EngineCounters {
         &self.shared.counters
+    }
+
+    /// CPU time (user + system) the progress thread has used so far, from
+    /// `/proc/self/task/TID/stat`; `None` if it cannot be read.
+    pub fn progress_cpu_time(&self) -> Option<Duration> {
+        let tid = self.shared.progress_tid.load(Ordering::Relaxed);
+        if tid == 0 {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        // Fields after the parenthesised name: state is field 3; utime, stime are 14 and 15.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let hz = u64::try_from(hz).ok().filter(|h| *h > 0)?;
+        Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
     }
 
     /// Why the progress thread stopped, if it did.
@@ -331,13 +350,15 @@ impl Engine {
     }
 
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
-        let r = {
-            let mut guard = self.lock();
-            let st = &mut *guard;
-            st.dev.post_send(qpn, wr, &st.mem)
-        };
-        self.shared.wake();
-        r
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.dev.post_send(qpn, wr, &st.mem)?;
+        // Send at once from this thread: no hand-off, no wake-up on the latency path.
+        if progress::progress_once(&self.shared, st) {
+            drop(guard);
+            self.shared.wake();
+        }
+        Ok(())
     }
 
     pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
@@ -380,6 +401,26 @@ impl Engine {
                 .wait_timeout(st, wait)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+        }
+    }
+}
+
+/// Binds the engine's socket. A socket closed a moment ago (an engine that just exited) keeps
+/// its queue until the kernel's deferred cleanup runs, so "queue busy" is retried briefly before
+/// it is reported as another engine holding the queue.
+fn open_socket(ifindex: u32, config: &EngineConfig) -> Result<XskSocket, XskError> {
+    let xsk = XskConfig {
+        queue: config.queue,
+        mode: config.bind_mode,
+        ..XskConfig::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match XskSocket::open(ifindex, xsk) {
+            Err(XskError::QueueBusy { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
         }
     }
 }

@@ -3,12 +3,12 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use xroce_core::transport::Event;
 use xroce_core::wire::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, IpAddress};
 
-use super::addressing::{AddressWatcher, NextHop};
+use super::addressing::{AddressWatcher, Neighbours, NextHop};
 use super::{Shared, State};
 use crate::port::Port;
 use crate::xdp::XsksMap;
@@ -19,115 +19,155 @@ const RX_BATCH: usize = 64;
 const TX_BATCH: usize = 64;
 /// Ethernet header without VLAN tag (xroce sends untagged).
 const ETH_HEADER: usize = 14;
+/// An application that polled within this long counts as actively polling.
+pub(crate) const APP_ACTIVE_NS: u64 = 1_000_000;
 /// Largest frame built: a 4096-byte path MTU packet with every header is 4154 bytes.
 const MAX_FRAME: usize = 9216;
 
+/// The port and its buffers, kept under the engine lock so that whichever thread holds the
+/// lock (the progress thread, or an application polling its CQ) can move frames.
+pub(crate) struct PortState {
+    pub(crate) port: Box<dyn Port>,
+    tx_buf: Vec<u8>,
+    /// Length of a frame in `tx_buf` the port had no room for; sent before anything new.
+    backlog: Option<usize>,
+    pub(crate) failed: bool,
+}
+
+impl PortState {
+    pub(crate) fn new(port: Box<dyn Port>) -> Self {
+        Self {
+            port,
+            tx_buf: vec![0u8; MAX_FRAME],
+            backlog: None,
+            failed: false,
+        }
+    }
+}
+
+/// One round of work: receive a batch, run due timers, transmit a batch, flush. Returns
+/// whether anything happened or is still in flight (so the caller keeps polling).
+pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> bool {
+    let now = shared.now();
+    let State {
+        dev,
+        mem,
+        neighbours,
+        io,
+        ..
+    } = st;
+    let mut work = false;
+
+    // Receive.
+    let n = io.port.recv(RX_BATCH, &mut |frame| {
+        shared.counters.rx_frames.fetch_add(1, Ordering::Relaxed);
+        match ip_payload(frame) {
+            Some(ip) => dev.handle_packet(now, ip, mem),
+            None => {
+                shared.counters.rx_not_roce.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    work |= n > 0;
+
+    // Timers.
+    if dev.poll_timeout().is_some_and(|t| t <= now) {
+        dev.handle_timeout(now);
+        work = true;
+    }
+
+    // Transmit.
+    if let Some(len) = io.backlog {
+        if io.port.send(&io.tx_buf[..len]) {
+            io.backlog = None;
+        }
+    }
+    let mut built = 0;
+    while io.backlog.is_none() && built < TX_BATCH {
+        let Some(tx) = dev.poll_transmit(now, mem, &mut io.tx_buf[ETH_HEADER..]) else {
+            break;
+        };
+        built += 1;
+        work = true;
+        let frame_len = ETH_HEADER + tx.len;
+        if dev.gids().contains(&Some(tx.dst)) {
+            // Loopback: a QP talking to a QP of this device never touches the wire.
+            shared.counters.tx_loopback.fetch_add(1, Ordering::Relaxed);
+            let packet = io.tx_buf[ETH_HEADER..frame_len].to_vec();
+            dev.handle_packet(now, &packet, mem);
+            continue;
+        }
+        let Some(mac) = next_hop_mac(shared, neighbours, tx.dst) else {
+            continue;
+        };
+        let eth = EthernetRepr {
+            src: EthernetAddress(neighbours.mac()),
+            dst: EthernetAddress(mac),
+            vlan: None,
+            ethertype: match tx.dst {
+                IpAddress::V4(_) => EtherType::Ipv4,
+                IpAddress::V6(_) => EtherType::Ipv6,
+            },
+        };
+        if eth.emit(&mut io.tx_buf[..ETH_HEADER]).is_err() {
+            continue;
+        }
+        shared.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
+        if !io.port.send(&io.tx_buf[..frame_len]) {
+            io.backlog = Some(frame_len);
+        }
+    }
+
+    // Completion notifications; async events are kept for the provider (issue 5).
+    while let Some(ev) = dev.poll_event() {
+        if matches!(ev, Event::CqNotify(_)) {
+            work = true;
+        }
+    }
+    if let Err(e) = io.port.flush() {
+        io.failed = true;
+        st.failed = Some(format!("the interface stopped accepting frames: {e}"));
+        return false;
+    }
+    work || io.backlog.is_some() || io.port.tx_pending()
+}
+
 pub(crate) fn run(
     shared: Arc<Shared>,
-    mut port: Box<dyn Port>,
     mut watcher: AddressWatcher,
     mut xsks: XsksMap,
+    wait_fd: RawFd,
 ) {
-    let mut tx_buf = vec![0u8; MAX_FRAME];
-    // A frame the port had no room for, sent before anything new.
-    let mut backlog: Option<usize> = None;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    shared.progress_tid.store(tid, Ordering::Relaxed);
     let mut last_work = Instant::now();
     let queue = shared.config.queue;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             break;
         }
-        let mut work = false;
-        let mut completions = false;
-        {
+        // While an application polls its CQs it drives progress itself (see `Engine::poll_cq`);
+        // this thread then stays out of its way and only checks back now and then.
+        let app_ns = shared.app_polled_at.load(Ordering::Relaxed);
+        if app_ns != 0 && shared.now().saturating_sub(app_ns) < APP_ACTIVE_NS {
+            std::thread::sleep(Duration::from_nanos(APP_ACTIVE_NS));
+            continue;
+        }
+        let work = {
             let mut guard = shared.state.lock().unwrap_or_else(|p| p.into_inner());
             let st = &mut *guard;
-            let now = shared.now();
-
-            // Receive.
-            let n = port.recv(RX_BATCH, &mut |frame| {
-                shared.counters.rx_frames.fetch_add(1, Ordering::Relaxed);
-                match ip_payload(frame) {
-                    Some(ip) => st.dev.handle_packet(now, ip, &mut st.mem),
-                    None => {
-                        shared.counters.rx_not_roce.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-            work |= n > 0;
-
-            // Timers.
-            if st.dev.poll_timeout().is_some_and(|t| t <= now) {
-                st.dev.handle_timeout(now);
-                work = true;
+            if st.io.failed {
+                break;
             }
-
-            // Transmit.
-            if let Some(len) = backlog {
-                if port.send(&tx_buf[..len]) {
-                    backlog = None;
-                }
-            }
-            let mut built = 0;
-            while backlog.is_none() && built < TX_BATCH {
-                let Some(tx) = st
-                    .dev
-                    .poll_transmit(now, &st.mem, &mut tx_buf[ETH_HEADER..])
-                else {
-                    break;
-                };
-                built += 1;
-                work = true;
-                let frame_len = ETH_HEADER + tx.len;
-                if st.dev.gids().contains(&Some(tx.dst)) {
-                    // Loopback: a QP talking to a QP of this device never touches the wire.
-                    shared.counters.tx_loopback.fetch_add(1, Ordering::Relaxed);
-                    let packet = tx_buf[ETH_HEADER..frame_len].to_vec();
-                    st.dev.handle_packet(now, &packet, &mut st.mem);
-                    continue;
-                }
-                let Some(mac) = next_hop_mac(&shared, st, tx.dst) else {
-                    continue;
-                };
-                let eth = EthernetRepr {
-                    src: EthernetAddress(st.neighbours.mac()),
-                    dst: EthernetAddress(mac),
-                    vlan: None,
-                    ethertype: match tx.dst {
-                        IpAddress::V4(_) => EtherType::Ipv4,
-                        IpAddress::V6(_) => EtherType::Ipv6,
-                    },
-                };
-                if eth.emit(&mut tx_buf[..ETH_HEADER]).is_err() {
-                    continue;
-                }
-                shared.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
-                if !port.send(&tx_buf[..frame_len]) {
-                    backlog = Some(frame_len);
-                }
-            }
-
-            // Events: completions wake waiters; address changes update the GID table.
-            while let Some(ev) = st.dev.poll_event() {
-                if matches!(ev, Event::CqNotify(_)) {
-                    completions = true;
-                }
-                // Async events are kept for the provider (issue 5); nothing to do here yet.
-            }
-            completions |= work;
+            let work = progress_once(&shared, st);
             for change in watcher.drain() {
                 st.neighbours.apply(&mut st.dev, change);
             }
-        }
-        if completions {
+            work
+        };
+        if work {
             shared.progressed.notify_all();
-        }
-        if let Err(e) = port.flush() {
-            let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
-            st.failed = Some(format!("the interface stopped accepting frames: {e}"));
-            break;
-        }
-        if work || backlog.is_some() || port.tx_pending() {
             last_work = Instant::now();
             continue;
         }
@@ -135,7 +175,7 @@ pub(crate) fn run(
             std::hint::spin_loop();
             continue;
         }
-        sleep(&shared, port.as_ref(), &watcher);
+        sleep(&shared, wait_fd, &watcher);
         last_work = Instant::now() - shared.config.spin;
     }
     // Leave the queue to the kernel: with the slot empty the XDP program passes RoCE frames on.
@@ -145,7 +185,7 @@ pub(crate) fn run(
 
 /// Sleeps until a frame arrives, the application kicks, an address changes or the next
 /// transport timer is due.
-fn sleep(shared: &Shared, port: &dyn Port, watcher: &AddressWatcher) {
+fn sleep(shared: &Shared, wait_fd: RawFd, watcher: &AddressWatcher) {
     shared.sleeping.store(true, Ordering::SeqCst);
     // Work queued between our last look and `sleeping` being visible must not be slept through.
     if shared.kick.swap(false, Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
@@ -167,7 +207,7 @@ fn sleep(shared: &Shared, port: &dyn Port, watcher: &AddressWatcher) {
     let mut fds = [
         pollfd(shared.wake.as_raw_fd()),
         pollfd(watcher.as_raw_fd()),
-        pollfd(port.wait_fd().unwrap_or(-1)),
+        pollfd(wait_fd),
     ];
     // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
@@ -196,8 +236,8 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
 
 /// The destination MAC for a packet to `dst`, or `None` (packet dropped, counted) when the
 /// route leaves by another interface or the neighbour is not resolved yet.
-fn next_hop_mac(shared: &Shared, st: &mut State, dst: IpAddress) -> Option<[u8; 6]> {
-    match st.neighbours.lookup(dst) {
+fn next_hop_mac(shared: &Shared, neighbours: &mut Neighbours, dst: IpAddress) -> Option<[u8; 6]> {
+    match neighbours.lookup(dst) {
         NextHop::Mac(mac) => Some(mac),
         NextHop::Pending => {
             shared
@@ -219,15 +259,16 @@ fn next_hop_mac(shared: &Shared, st: &mut State, dst: IpAddress) -> Option<[u8; 
 /// The IP packet inside an Ethernet frame (after up to two VLAN tags), for IPv4 and IPv6.
 fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
     let eth = EthernetFrame::new_checked(frame).ok()?;
-    match eth.ethertype() {
-        EtherType::Ipv4 | EtherType::Ipv6 => {}
-        EtherType::Vlan => {
-            // A second (inner) tag: skip it too.
-            let inner = frame.get(eth.header_len()..)?;
-            let t = u16::from_be_bytes([*inner.first()?, *inner.get(1)?]);
-            let _ = t;
-        }
-        _ => return None,
+    let mut offset = eth.header_len();
+    let mut ethertype = eth.ethertype();
+    if ethertype == EtherType::Vlan {
+        // A second (inner) tag: its TCI, then the real EtherType.
+        let t = frame.get(offset + 2..offset + 4)?;
+        ethertype = EtherType::from(u16::from_be_bytes([t[0], t[1]]));
+        offset += 4;
     }
-    frame.get(eth.header_len()..)
+    match ethertype {
+        EtherType::Ipv4 | EtherType::Ipv6 => frame.get(offset..),
+        _ => None,
+    }
 }

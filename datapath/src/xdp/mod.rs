@@ -7,7 +7,7 @@
 //!
 //! - [`load`] attaches it to an interface through a BPF link pinned in bpffs, so it stays
 //!   attached after the loading process exits, and pins its maps next to the link:
-//!   `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,xsks_map,counters,drop_config}`, where
+//!   `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config}`, where
 //!   `<netns-id>` is the inode number of the caller's network namespace (interface names repeat
 //!   across namespaces; bpffs does not). Loading what is already loaded changes nothing.
 //! - [`unload`] detaches it and removes the pins. [`status`] reports what is attached and the
@@ -226,7 +226,9 @@ pub struct LoadOptions {
     pub iface: String,
     /// Attach mode (default native).
     pub mode: XdpMode,
-    /// Forced build; `None` chooses by MTU ([`ProgramBuild::for_mtu`]).
+    /// Forced build; `None` chooses by MTU ([`ProgramBuild::for_mtu`]), and falls back to the
+    /// frags build when the driver refuses the plain one for its MTU (on veth, when the
+    /// peer's MTU is larger than ours).
     pub build: Option<ProgramBuild>,
 }
 
@@ -381,7 +383,7 @@ pub struct InterfaceStatus {
 pub fn load(opts: &LoadOptions) -> Result<LoadOutcome, XdpError> {
     let iface = opts.iface.as_str();
     query_link(iface)?;
-    require_capabilities(iface, "loading the XDP program", true)?;
+    require_capabilities(Some(iface), "loading the XDP program", true)?;
     let netns = netns_id(iface)?;
     pins::with_bpffs_create(|| {
         let _lock = pins::lock(true)?;
@@ -421,12 +423,31 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
         Some(build) => build,
         None => ProgramBuild::for_mtu(link.mtu),
     };
-    let ebpf = load_program(iface, build, None)?;
-    std::fs::create_dir_all(&dir).map_err(|e| pins::pin_io_error("create", &dir, e))?;
-    let result = attach_and_pin(opts, &link, &dir, &ebpf, build);
+    match load_and_pin(opts, &link, &dir, build) {
+        // Chosen by our MTU, but the driver's limit is lower (on veth: the peer's MTU is
+        // larger than ours). The frags build fits any MTU.
+        Err(XdpError::MtuTooLarge { .. })
+            if opts.build.is_none() && build == ProgramBuild::Plain =>
+        {
+            log::info!("{iface}: the plain build does not fit, loading the frags build");
+            load_and_pin(opts, &link, &dir, ProgramBuild::Frags)
+        }
+        result => result,
+    }
+}
+
+fn load_and_pin(
+    opts: &LoadOptions,
+    link: &rtnl::Link,
+    dir: &Path,
+    build: ProgramBuild,
+) -> Result<LoadOutcome, XdpError> {
+    let ebpf = load_program(&opts.iface, build, None)?;
+    std::fs::create_dir_all(dir).map_err(|e| pins::pin_io_error("creating", dir, e))?;
+    let result = attach_and_pin(opts, link, dir, &ebpf, build);
     if result.is_err() {
         // Dropping the link fd (if any) detached the program; remove what was pinned.
-        let _ = pins::remove_iface_dir(&dir);
+        let _ = pins::remove_iface_dir(dir);
     }
     result
 }
@@ -453,6 +474,8 @@ fn attach_and_pin(
             .map_err(|e| aya_error(iface, &format!("pinning map {name}"), &e))?;
     }
     let prog_fd = program_fd(ebpf, iface, build)?;
+    sys::obj_pin(prog_fd.as_fd(), &dir.join(pins::PROG_PIN))
+        .map_err(|e| XdpError::kernel(iface, "pinning the XDP program", e))?;
     let link_fd = sys::xdp_link_create(prog_fd.as_fd(), link.ifindex, opts.mode.flags())
         .map_err(|e| attach_error(opts, link, build, e))?;
     sys::obj_pin(link_fd.as_fd(), &dir.join(pins::LINK_PIN))
@@ -535,7 +558,7 @@ pub fn unload(iface: &str) -> Result<UnloadOutcome, XdpError> {
     check_name(iface)?;
     let link = rtnl::link_by_name(iface)
         .map_err(|e| XdpError::kernel(iface, "querying the interface (rtnetlink)", e))?;
-    if let Err(e) = require_capabilities(iface, "unloading the XDP program", true) {
+    if let Err(e) = require_capabilities(Some(iface), "unloading the XDP program", true) {
         return Err(match link {
             // Nobody could have loaded anything on an interface that does not exist.
             None => XdpError::NoSuchInterface {
@@ -586,6 +609,7 @@ pub fn status(iface: Option<&str>) -> Result<Vec<InterfaceStatus>, XdpError> {
         None => rtnl::all_links()
             .map_err(|e| XdpError::kernel("(all)", "listing the interfaces (rtnetlink)", e))?,
     };
+    require_capabilities(iface, "reading the XDP status", false)?;
     let netns = netns_id(iface.unwrap_or("(all)"))?;
     let with_pins = pins::with_bpffs_existing(|| {
         let _lock = pins::lock(false)?;
@@ -776,7 +800,9 @@ impl LiveLink {
         link: &rtnl::Link,
         dir: &Path,
     ) -> Result<Attachment, XdpError> {
-        let name = program_name(self.prog_id).unwrap_or_default();
+        let name = pinned_program_name(dir, self.prog_id)
+            .or_else(|| program_name(self.prog_id))
+            .unwrap_or_default();
         let build = ProgramBuild::from_program_name(&name).ok_or_else(|| XdpError::Kernel {
             iface: iface.to_string(),
             what: format!(
@@ -880,6 +906,14 @@ fn foreign_programs(link: &rtnl::Link, ours: u32) -> Vec<ForeignProgram> {
     .collect()
 }
 
+/// The name of the program pinned in `dir`, if it is the program `prog_id`.
+fn pinned_program_name(dir: &Path, prog_id: u32) -> Option<String> {
+    let fd = sys::obj_get(&dir.join(pins::PROG_PIN)).ok()?;
+    let info: sys::ProgInfo = sys::obj_info(fd.as_fd()).ok()?;
+    (info.id == prog_id).then(|| info.name())
+}
+
+/// A program's name by id (needs CAP_SYS_ADMIN).
 fn program_name(prog_id: u32) -> Option<String> {
     let fd = sys::prog_fd_by_id(prog_id).ok()?;
     let info: sys::ProgInfo = sys::obj_info(fd.as_fd()).ok()?;
@@ -889,7 +923,7 @@ fn program_name(prog_id: u32) -> Option<String> {
 /// Opens a map pin of xroce's program on `iface` after checking the program is attached.
 fn open_loaded_map(iface: &str, name: &str) -> Result<OwnedFd, XdpError> {
     let link = query_link(iface)?;
-    require_capabilities(iface, &format!("opening the XDP map {name}"), false)?;
+    require_capabilities(Some(iface), &format!("opening the XDP map {name}"), false)?;
     let netns = netns_id(iface)?;
     let not_loaded = || XdpError::NotLoaded {
         iface: iface.to_string(),
@@ -1162,7 +1196,11 @@ const CAP_BPF: u32 = 39;
 /// Fails early, with a clear message, when the calling thread lacks CAP_BPF (CAP_SYS_ADMIN also
 /// grants it) or, with `net_admin`, CAP_NET_ADMIN. When the capabilities cannot be read the
 /// kernel decides.
-fn require_capabilities(iface: &str, action: &str, net_admin: bool) -> Result<(), XdpError> {
+fn require_capabilities(
+    iface: Option<&str>,
+    action: &str,
+    net_admin: bool,
+) -> Result<(), XdpError> {
     let Ok(status) = std::fs::read_to_string("/proc/thread-self/status") else {
         return Ok(());
     };
@@ -1185,7 +1223,7 @@ fn require_capabilities(iface: &str, action: &str, net_admin: bool) -> Result<()
         return Ok(());
     }
     Err(XdpError::PermissionDenied {
-        iface: Some(iface.to_string()),
+        iface: iface.map(str::to_string),
         action: format!("{action} (the process lacks {})", missing.join(" and ")),
         source: io::Error::from_raw_os_error(libc::EPERM),
     })

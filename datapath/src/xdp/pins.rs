@@ -1,6 +1,6 @@
 //! Where the pins live, and getting to a bpffs that outlives this process.
 //!
-//! Layout: `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,xsks_map,counters,drop_config}`.
+//! Layout: `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config}`.
 //! `<netns-id>` is the inode number of the calling thread's network namespace: interface names
 //! repeat across namespaces while bpffs is shared by all of them.
 //!
@@ -43,8 +43,11 @@ pub(crate) const BPFFS: &str = "/sys/fs/bpf";
 pub(crate) const ROOT: &str = "/sys/fs/bpf/xroce";
 /// `BPF_FS_MAGIC`.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-/// File names of the pins in an interface's directory.
+/// File names of the pins in an interface's directory (besides the maps, pinned under their
+/// own names): the link, and the program (so its name, hence the build, can be read without
+/// CAP_SYS_ADMIN, which `BPF_PROG_GET_FD_BY_ID` needs).
 pub(crate) const LINK_PIN: &str = "link";
+pub(crate) const PROG_PIN: &str = "prog";
 
 /// Longest wait for another loader holding the lock.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -227,12 +230,12 @@ pub(crate) struct PinLock {
 /// Creates `ROOT` if needed and locks it.
 pub(crate) fn lock(create: bool) -> Result<Option<PinLock>, XdpError> {
     if create {
-        std::fs::create_dir_all(ROOT).map_err(|e| pin_io_error("create", Path::new(ROOT), e))?;
+        std::fs::create_dir_all(ROOT).map_err(|e| pin_io_error("creating", Path::new(ROOT), e))?;
     }
     let dir = match File::open(ROOT) {
         Ok(dir) => dir,
         Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
-        Err(e) => return Err(pin_io_error("open", Path::new(ROOT), e)),
+        Err(e) => return Err(pin_io_error("opening", Path::new(ROOT), e)),
     };
     let start = Instant::now();
     loop {
@@ -243,7 +246,7 @@ pub(crate) fn lock(create: bool) -> Result<Option<PinLock>, XdpError> {
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EWOULDBLOCK) && err.raw_os_error() != Some(libc::EINTR)
         {
-            return Err(pin_io_error("lock", Path::new(ROOT), err));
+            return Err(pin_io_error("locking", Path::new(ROOT), err));
         }
         if start.elapsed() > LOCK_TIMEOUT {
             return Err(XdpError::Bpffs {
@@ -266,7 +269,7 @@ pub(crate) fn pin_io_error(what: &str, path: &Path, err: io::Error) -> XdpError 
             source: err,
         },
         _ => XdpError::Bpffs {
-            detail: format!("cannot {what} {}: {err}", path.display()),
+            detail: format!("{what} {} failed: {err}", path.display()),
         },
     }
 }
@@ -277,21 +280,21 @@ pub(crate) fn remove_iface_dir(dir: &Path) -> Result<(), XdpError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(pin_io_error("read", dir, e)),
+        Err(e) => return Err(pin_io_error("reading", dir, e)),
     };
     for entry in entries {
-        let entry = entry.map_err(|e| pin_io_error("read", dir, e))?;
+        let entry = entry.map_err(|e| pin_io_error("reading", dir, e))?;
         let path = entry.path();
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(pin_io_error("remove", &path, e)),
+            Err(e) => return Err(pin_io_error("removing", &path, e)),
         }
     }
     match std::fs::remove_dir(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(pin_io_error("remove", dir, e)),
+        Err(e) => return Err(pin_io_error("removing", dir, e)),
     }
     if let Some(parent) = dir.parent() {
         // Fails while other interfaces of the namespace still have pins: that is fine.

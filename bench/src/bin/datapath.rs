@@ -1,0 +1,664 @@
+//! `cargo xtask bench datapath`: xroce over AF_XDP next to raw AF_XDP and kernel UDP, on one
+//! veth pair between two network namespaces, in one run, reported as ratios.
+//!
+//! - ping-pong: 64-byte messages bounced N times; round-trip time p50/p99.
+//!   xroce: RC SEND/RECV; raw AF_XDP: a UDP frame echoed by the peer's socket; kernel UDP:
+//!   `send_to`/`recv_from`.
+//! - streaming: 4 KiB and 64 KiB messages one way for a fixed time; delivered bytes per second.
+//!   xroce: RC WRITE with 64 outstanding; raw AF_XDP: frames of the same payload size
+//!   (path MTU 4096 → one frame per 4 KiB, two descriptors each); kernel UDP: datagrams of the
+//!   same size.
+//!
+//! Needs root. Timings are noisy; only ratios from one run mean anything.
+
+use std::net::{Ipv4Addr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
+use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
+use xroce_core::transport::verbs::{RecvWr, SendOp, SendWr, Sge, WcStatus};
+use xroce_core::transport::{AddressVector, AttrMask, CqId, PathMtu, QpState, QpType};
+use xroce_core::wire::IpAddress;
+use xroce_datapath::afxdp::{XskConfig, XskSocket};
+use xroce_datapath::engine::{Engine, EngineConfig};
+use xroce_datapath::netlink;
+use xroce_datapath::netns::NetnsPair;
+use xroce_datapath::xdp;
+
+const PINGS: usize = 20_000;
+const STREAM_FOR: Duration = Duration::from_secs(2);
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("datapath bench: needs root (namespaces, XDP)");
+        std::process::exit(1);
+    }
+    let pair = NetnsPair::new("xrbench", 9000).expect("namespaces");
+    for side in 0..2 {
+        let iface = pair.iface(side).to_string();
+        pair.run_in(side, move || {
+            xdp::load(&xdp::LoadOptions::new(&iface)).expect("load XDP");
+        });
+    }
+    // Warm ARP both ways so no method pays for resolution.
+    let _ = pair.exec(0, &format!("ping -c 1 -W 1 {}", pair.ipv4(1)));
+
+    let mut rows: Vec<(String, String, f64, String)> = Vec::new();
+    eprintln!("==> ping-pong, 64 B ({PINGS} round trips each)");
+    let udp_rtt = udp_pingpong(&pair);
+    eprintln!(
+        "    kernel UDP   p50 {:.1} µs  p99 {:.1} µs",
+        udp_rtt.0, udp_rtt.1
+    );
+    let xsk_rtt = xsk_pingpong(&pair);
+    eprintln!(
+        "    raw AF_XDP   p50 {:.1} µs  p99 {:.1} µs",
+        xsk_rtt.0, xsk_rtt.1
+    );
+    let roce_rtt = xroce_pingpong(&pair);
+    eprintln!(
+        "    xroce RC SEND p50 {:.1} µs  p99 {:.1} µs",
+        roce_rtt.0, roce_rtt.1
+    );
+    rows.push((
+        "64 B ping-pong RTT p50 (µs)".into(),
+        "kernel UDP".into(),
+        udp_rtt.0,
+        String::new(),
+    ));
+    rows.push(("".into(), "raw AF_XDP".into(), xsk_rtt.0, String::new()));
+    rows.push((
+        "".into(),
+        "xroce RC SEND".into(),
+        roce_rtt.0,
+        format!(
+            "{:.2}× raw AF_XDP, {:.2}× kernel UDP",
+            roce_rtt.0 / xsk_rtt.0,
+            roce_rtt.0 / udp_rtt.0
+        ),
+    ));
+    rows.push((
+        "64 B ping-pong RTT p99 (µs)".into(),
+        "kernel UDP".into(),
+        udp_rtt.1,
+        String::new(),
+    ));
+    rows.push(("".into(), "raw AF_XDP".into(), xsk_rtt.1, String::new()));
+    rows.push((
+        "".into(),
+        "xroce RC SEND".into(),
+        roce_rtt.1,
+        format!("{:.2}× raw AF_XDP", roce_rtt.1 / xsk_rtt.1),
+    ));
+
+    for size in [4096usize, 65536] {
+        eprintln!("==> streaming {size} B messages for {STREAM_FOR:?} each");
+        // A UDP datagram carries at most 65507 bytes: kernel UDP streams the same bytes as
+        // 4 KiB datagrams (one per 4 KiB frame, as xroce and raw AF_XDP put them on the wire).
+        let udp = udp_stream(&pair, size.min(4096));
+        eprintln!("    kernel UDP   {:.0} MB/s", udp);
+        let xsk = xsk_stream(&pair, size);
+        eprintln!("    raw AF_XDP   {:.0} MB/s", xsk);
+        let roce = xroce_write_stream(&pair, size);
+        eprintln!("    xroce WRITE  {:.0} MB/s", roce);
+        let what = format!("stream {} KiB (MB/s delivered)", size / 1024);
+        rows.push((what, "kernel UDP".into(), udp, String::new()));
+        rows.push(("".into(), "raw AF_XDP".into(), xsk, String::new()));
+        rows.push((
+            "".into(),
+            "xroce RC WRITE".into(),
+            roce,
+            format!(
+                "{:.2}× raw AF_XDP, {:.2}× kernel UDP",
+                roce / xsk,
+                roce / udp
+            ),
+        ));
+    }
+    println!("| measurement | method | value | ratio |");
+    println!("|---|---|---:|---|");
+    for (what, method, value, ratio) in rows {
+        println!("| {what} | {method} | {value:.1} | {ratio} |");
+    }
+}
+
+fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let p = |q: f64| v[((v.len() as f64 - 1.0) * q) as usize];
+    (p(0.5), p(0.99))
+}
+
+// ---------------------------------------------------------------- kernel UDP
+
+fn udp_pingpong(pair: &NetnsPair) -> (f64, f64) {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let echo = pair.spawn_in(1, move || {
+        let s = UdpSocket::bind((b, 7001)).expect("bind");
+        s.set_read_timeout(Some(Duration::from_millis(100))).ok();
+        let mut buf = [0u8; 2048];
+        while !stop2.load(Ordering::Relaxed) {
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(&buf[..n], from);
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let rtts = pair.run_in(0, move || {
+        let s = UdpSocket::bind((a, 0)).expect("bind");
+        s.connect((b, 7001)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok();
+        let msg = [7u8; 64];
+        let mut buf = [0u8; 2048];
+        let mut rtts = Vec::with_capacity(PINGS);
+        for _ in 0..PINGS {
+            let t = Instant::now();
+            s.send(&msg).expect("send");
+            s.recv(&mut buf).expect("echo");
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        rtts
+    });
+    stop.store(true, Ordering::Relaxed);
+    echo.join().expect("echo");
+    percentiles(rtts)
+}
+
+fn udp_stream(pair: &NetnsPair, size: usize) -> f64 {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let received = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (r2, s2) = (received.clone(), stop.clone());
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let sink = pair.spawn_in(1, move || {
+        let s = UdpSocket::bind((b, 7002)).expect("bind");
+        s.set_read_timeout(Some(Duration::from_millis(100))).ok();
+        ready_tx.send(()).ok();
+        let mut buf = vec![0u8; 70_000];
+        while !s2.load(Ordering::Relaxed) {
+            if let Ok(n) = s.recv(&mut buf) {
+                r2.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    });
+    ready_rx.recv().ok();
+    let elapsed = pair.run_in(0, move || {
+        let s = UdpSocket::bind((a, 0)).expect("bind");
+        s.connect((b, 7002)).expect("connect");
+        let msg = vec![1u8; size];
+        let t = Instant::now();
+        while t.elapsed() < STREAM_FOR {
+            let _ = s.send(&msg);
+        }
+        t.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    sink.join().expect("sink");
+    received.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+// ---------------------------------------------------------------- raw AF_XDP
+
+/// Ethernet + IPv4 + UDP (to port 4791, so the XDP program redirects it) around `payload` bytes.
+fn udp_frame(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    payload: usize,
+) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 8 + payload];
+    f[0..6].copy_from_slice(&dst_mac);
+    f[6..12].copy_from_slice(&src_mac);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip_len = (20 + 8 + payload) as u16;
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let mut sum = 0u32;
+    for c in ip.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let udp = &mut f[34..42];
+    udp[0..2].copy_from_slice(&4791u16.to_be_bytes());
+    udp[2..4].copy_from_slice(&4791u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+    f
+}
+
+struct RawEnd {
+    sock: XskSocket,
+    _map: xdp::XsksMap,
+    mac: [u8; 6],
+    peer_mac: [u8; 6],
+}
+
+fn raw_end(iface: &str, peer: Ipv4Addr) -> RawEnd {
+    let i = netlink::interface_by_name(iface).expect("interface");
+    let peer_mac =
+        netlink::resolve(i.index, peer.into(), None, Duration::from_secs(3)).expect("peer MAC");
+    let sock = XskSocket::open(i.index, XskConfig::default()).expect("AF_XDP socket");
+    let mut map = xdp::XsksMap::open(iface).expect("xsks_map");
+    use std::os::fd::AsRawFd;
+    map.set(0, sock.as_raw_fd()).expect("register socket");
+    RawEnd {
+        sock,
+        _map: map,
+        mac: i.mac,
+        peer_mac,
+    }
+}
+
+fn xsk_pingpong(pair: &NetnsPair) -> (f64, f64) {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let echo = pair.spawn_in(1, move || {
+        let mut end = raw_end(&ib, a);
+        let reply = udp_frame(end.mac, end.peer_mac, b, a, 64);
+        ready_tx.send(()).ok();
+        while !stop2.load(Ordering::Relaxed) {
+            let mut got = 0;
+            end.sock.recv(64, &mut |_| got += 1);
+            for _ in 0..got {
+                while !end.sock.send(&reply) {
+                    let _ = end.sock.flush();
+                }
+            }
+            if got > 0 {
+                let _ = end.sock.flush();
+            }
+        }
+    });
+    ready_rx.recv().ok();
+    let rtts = pair.run_in(0, move || {
+        let mut end = raw_end(&ia, b);
+        let ping = udp_frame(end.mac, end.peer_mac, a, b, 64);
+        let mut rtts = Vec::with_capacity(PINGS);
+        for _ in 0..PINGS {
+            let t = Instant::now();
+            while !end.sock.send(&ping) {
+                let _ = end.sock.flush();
+            }
+            let _ = end.sock.flush();
+            let mut got = 0;
+            while got == 0 {
+                end.sock.recv(1, &mut |_| got += 1);
+                assert!(t.elapsed() < Duration::from_secs(2), "raw AF_XDP echo lost");
+            }
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        rtts
+    });
+    stop.store(true, Ordering::Relaxed);
+    echo.join().expect("echo");
+    percentiles(rtts)
+}
+
+fn xsk_stream(pair: &NetnsPair, size: usize) -> f64 {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
+    let received = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (r2, s2) = (received.clone(), stop.clone());
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let sink = pair.spawn_in(1, move || {
+        let mut end = raw_end(&ib, a);
+        ready_tx.send(()).ok();
+        while !s2.load(Ordering::Relaxed) {
+            end.sock.recv(64, &mut |f| {
+                r2.fetch_add(f.len().saturating_sub(42) as u64, Ordering::Relaxed);
+            });
+        }
+    });
+    ready_rx.recv().ok();
+    // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096).
+    let frame_payload = size.min(4096);
+    let elapsed = pair.run_in(0, move || {
+        let mut end = raw_end(&ia, b);
+        let frame = udp_frame(end.mac, end.peer_mac, a, b, frame_payload);
+        let t = Instant::now();
+        while t.elapsed() < STREAM_FOR {
+            for _ in 0..32 {
+                if !end.sock.send(&frame) {
+                    break;
+                }
+            }
+            let _ = end.sock.flush();
+        }
+        t.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    sink.join().expect("sink");
+    received.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+// ---------------------------------------------------------------- xroce
+
+struct Side {
+    engine: Engine,
+    _mem: Vec<u8>,
+    mr: MemoryRegion,
+    qpn: u32,
+    send_cq: CqId,
+    recv_cq: CqId,
+}
+
+#[derive(Clone, Copy)]
+struct Peer {
+    qpn: u32,
+    ip: Ipv4Addr,
+    va: u64,
+    rkey: u32,
+}
+
+fn xroce_side(iface: &str, ip: Ipv4Addr, len: usize) -> Side {
+    let engine = Engine::start(EngineConfig::new(iface)).expect("engine");
+    let pd: PdId = engine.with_device(|d| d.alloc_pd());
+    let mut mem = vec![0u8; len];
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    // SAFETY: `mem` lives in `Side` with the engine and is never reallocated; the engine is
+    // dropped first (field order).
+    let (_, mr) = unsafe { engine.reg_mr(pd, mem.as_mut_ptr(), len, access) }.expect("reg_mr");
+    let (qpn, send_cq, recv_cq) = engine.with_device(|d| {
+        let send_cq = d.create_cq(4096).expect("cq");
+        let recv_cq = d.create_cq(4096).expect("cq");
+        let qpn = d
+            .create_qp(QpInit {
+                ty: QpType::Rc,
+                pd,
+                send_cq,
+                recv_cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 256,
+                    max_recv_wr: 256,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 64,
+                },
+                sq_sig_all: false,
+            })
+            .expect("qp");
+        (qpn, send_cq, recv_cq)
+    });
+    let a = QpAttr {
+        state: QpState::Init,
+        port_num: 1,
+        access,
+        ..QpAttr::default()
+    };
+    engine
+        .modify_qp(
+            qpn,
+            &a,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        )
+        .expect("INIT");
+    let _ = ip;
+    Side {
+        engine,
+        _mem: mem,
+        mr,
+        qpn,
+        send_cq,
+        recv_cq,
+    }
+}
+
+fn connect(side: &Side, me: Ipv4Addr, peer: Peer) {
+    let me = IpAddress::V4(me.into());
+    let sgid_index = side
+        .engine
+        .gids()
+        .iter()
+        .position(|g| *g == Some(me))
+        .expect("own GID") as u8;
+    let mut a = QpAttr {
+        state: QpState::Rtr,
+        path_mtu: PathMtu::Mtu4096,
+        dest_qpn: peer.qpn,
+        rq_psn: 0,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 1,
+        av: Some(AddressVector {
+            dgid: IpAddress::V4(peer.ip.into()),
+            sgid_index,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        }),
+        ..QpAttr::default()
+    };
+    side.engine
+        .modify_qp(
+            side.qpn,
+            &a,
+            AttrMask::STATE
+                | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+                | AttrMask::MAX_DEST_RD_ATOMIC
+                | AttrMask::MIN_RNR_TIMER,
+        )
+        .expect("RTR");
+    a.state = QpState::Rts;
+    a.sq_psn = 0;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    side.engine
+        .modify_qp(
+            side.qpn,
+            &a,
+            AttrMask::STATE
+                | AttrMask::SQ_PSN
+                | AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .expect("RTS");
+}
+
+fn sge(side: &Side, off: usize, len: usize) -> Sge {
+    Sge {
+        addr: side.mr.va + off as u64,
+        length: len as u32,
+        lkey: side.mr.lkey,
+    }
+}
+
+/// Runs `server` in namespace 1 and `client` in namespace 0, each with a connected RC QP.
+fn xroce_pair<R: Send + 'static>(
+    pair: &NetnsPair,
+    len: usize,
+    server: impl FnOnce(&Side, Peer) + Send + 'static,
+    client: impl FnOnce(&Side, Peer) -> R + Send + 'static,
+) -> R {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let (ia, ib) = (pair.iface(0).to_string(), pair.iface(1).to_string());
+    let (to_client, from_server) = mpsc::channel::<Peer>();
+    let (to_server, from_client) = mpsc::channel::<Peer>();
+    let s = pair.spawn_in(1, move || {
+        let side = xroce_side(&ib, b, len);
+        to_client
+            .send(Peer {
+                qpn: side.qpn,
+                ip: b,
+                va: side.mr.va,
+                rkey: side.mr.rkey,
+            })
+            .ok();
+        let peer = from_client.recv().expect("client");
+        connect(&side, b, peer);
+        server(&side, peer);
+    });
+    let r = pair.run_in(0, move || {
+        let side = xroce_side(&ia, a, len);
+        to_server
+            .send(Peer {
+                qpn: side.qpn,
+                ip: a,
+                va: side.mr.va,
+                rkey: side.mr.rkey,
+            })
+            .ok();
+        let peer = from_server.recv().expect("server");
+        connect(&side, a, peer);
+        client(&side, peer)
+    });
+    s.join().expect("server side");
+    r
+}
+
+fn wait_one(side: &Side, cq: CqId) {
+    let mut wcs = Vec::with_capacity(1);
+    let t = Instant::now();
+    loop {
+        if side.engine.poll_cq(cq, 1, &mut wcs).expect("poll") > 0 {
+            assert_eq!(wcs[0].status, WcStatus::Success, "{:?}", wcs[0]);
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "completion lost");
+        std::hint::spin_loop();
+    }
+}
+
+fn xroce_pingpong(pair: &NetnsPair) -> (f64, f64) {
+    let rtts = xroce_pair(
+        pair,
+        4096,
+        |side, _| {
+            side.engine
+                .post_recv(
+                    side.qpn,
+                    RecvWr {
+                        wr_id: 0,
+                        sg_list: vec![sge(side, 0, 64)],
+                    },
+                )
+                .expect("recv");
+            for _ in 0..PINGS {
+                wait_one(side, side.recv_cq);
+                side.engine
+                    .post_recv(
+                        side.qpn,
+                        RecvWr {
+                            wr_id: 0,
+                            sg_list: vec![sge(side, 0, 64)],
+                        },
+                    )
+                    .expect("recv");
+                side.engine
+                    .post_send(
+                        side.qpn,
+                        SendWr::new(0, SendOp::Send, vec![sge(side, 64, 64)]),
+                    )
+                    .expect("send");
+                wait_one(side, side.send_cq);
+            }
+        },
+        |side, _| {
+            let mut rtts = Vec::with_capacity(PINGS);
+            for _ in 0..PINGS {
+                side.engine
+                    .post_recv(
+                        side.qpn,
+                        RecvWr {
+                            wr_id: 0,
+                            sg_list: vec![sge(side, 0, 64)],
+                        },
+                    )
+                    .expect("recv");
+                let t = Instant::now();
+                side.engine
+                    .post_send(
+                        side.qpn,
+                        SendWr::new(0, SendOp::Send, vec![sge(side, 64, 64)]),
+                    )
+                    .expect("send");
+                wait_one(side, side.recv_cq);
+                rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                wait_one(side, side.send_cq);
+            }
+            if std::env::var_os("XROCE_BENCH_DEBUG").is_some() {
+                eprintln!(
+                    "client counters {:?} wakeups {}",
+                    side.engine.with_device(|d| d.counters()),
+                    side.engine.counters().wakeups.load(Ordering::Relaxed)
+                );
+            }
+            rtts
+        },
+    );
+    percentiles(rtts)
+}
+
+fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {
+    const WINDOW: usize = 64;
+    let len = size * WINDOW;
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    xroce_pair(
+        pair,
+        len,
+        move |_, _| {
+            done_rx.recv().ok();
+        },
+        move |side, peer| {
+            let mut posted = 0usize;
+            let mut completed = 0usize;
+            let mut wcs = Vec::with_capacity(WINDOW);
+            let t = Instant::now();
+            while t.elapsed() < STREAM_FOR || completed < posted {
+                while posted - completed < WINDOW && t.elapsed() < STREAM_FOR {
+                    let slot = posted % WINDOW;
+                    side.engine
+                        .post_send(
+                            side.qpn,
+                            SendWr::new(
+                                posted as u64,
+                                SendOp::RdmaWrite {
+                                    remote_addr: peer.va + (slot * size) as u64,
+                                    rkey: peer.rkey,
+                                },
+                                vec![sge(side, slot * size, size)],
+                            ),
+                        )
+                        .expect("post WRITE");
+                    posted += 1;
+                }
+                wcs.clear();
+                completed += side
+                    .engine
+                    .poll_cq(side.send_cq, WINDOW, &mut wcs)
+                    .expect("poll");
+                for wc in &wcs {
+                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                }
+            }
+            let elapsed = t.elapsed();
+            done_tx.send(()).ok();
+            (completed * size) as f64 / elapsed.as_secs_f64() / 1e6
+        },
+    )
+}

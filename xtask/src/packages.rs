@@ -1,0 +1,202 @@
+//! The Debian packages the build and the tests need, and installing the missing ones.
+//!
+//! CI runs `cargo xtask test` as root on a fresh Debian machine: this xtask must build without
+//! them (it does: the loader is behind the `xdp` feature) and then install them.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+struct Package {
+    /// Debian package name.
+    name: &'static str,
+    /// Other packages that satisfy the need as well (e.g. a versioned clang).
+    alternatives: &'static [&'static str],
+    /// Tests cannot run without it.
+    required: bool,
+    /// What it is for, printed when it is missing.
+    why: &'static str,
+}
+
+const TEST_PACKAGES: &[Package] = &[
+    Package {
+        name: "clang",
+        alternatives: &["clang-14", "clang-15", "clang-16", "clang-19"],
+        required: true,
+        why: "compiles the XDP program (xdp-prog/build.sh)",
+    },
+    Package {
+        name: "libbpf-dev",
+        alternatives: &[],
+        required: true,
+        why: "bpf/bpf_helpers.h for the XDP program",
+    },
+    Package {
+        name: "linux-libc-dev",
+        alternatives: &[],
+        required: true,
+        why: "linux/bpf.h and asm/types.h for the XDP program",
+    },
+    Package {
+        name: "iproute2",
+        alternatives: &[],
+        required: true,
+        why: "`ip`: network namespaces and veth pairs in the tests",
+    },
+    Package {
+        name: "iputils-ping",
+        alternatives: &[],
+        required: true,
+        why: "`ping` in the namespace tests",
+    },
+    Package {
+        name: "bpftool",
+        alternatives: &[],
+        required: false,
+        why: "inspecting programs and maps by hand (optional)",
+    },
+];
+
+const APT_OPTIONS: &[&str] = &["install", "-y", "--no-install-recommends"];
+
+/// Makes sure the packages of [`TEST_PACKAGES`] are installed: installs the missing ones with
+/// apt-get when running as root, otherwise prints the command and fails if a required one is
+/// missing.
+pub fn ensure_test_packages() -> Result<(), String> {
+    if !have_command("dpkg-query") {
+        println!(
+            "==> packages: no dpkg-query (not Debian/Ubuntu?); make sure these are installed: {}",
+            TEST_PACKAGES
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return Ok(());
+    }
+    let missing: Vec<&Package> = TEST_PACKAGES.iter().filter(|p| !satisfied(p)).collect();
+    if missing.is_empty() {
+        println!("==> packages: all installed");
+        return Ok(());
+    }
+    for p in &missing {
+        println!("==> packages: {} is missing ({})", p.name, p.why);
+    }
+    let names: Vec<&str> = missing.iter().map(|p| p.name).collect();
+    let any_required = missing.iter().any(|p| p.required);
+    if !is_root() || !have_command("apt-get") {
+        let why = if is_root() {
+            "apt-get is not available"
+        } else {
+            "not root"
+        };
+        println!(
+            "==> packages: cannot install them here ({why}); as root, run:\n\n    apt-get update && apt-get {} {}\n",
+            APT_OPTIONS.join(" "),
+            names.join(" ")
+        );
+        return if any_required {
+            Err("required packages are missing (see above)".into())
+        } else {
+            Ok(())
+        };
+    }
+
+    apt(&["update"])?;
+    let required: Vec<&str> = missing
+        .iter()
+        .filter(|p| p.required)
+        .map(|p| p.name)
+        .collect();
+    if !required.is_empty() {
+        let mut args = APT_OPTIONS.to_vec();
+        args.extend(&required);
+        apt(&args)?;
+    }
+    for optional in missing.iter().filter(|p| !p.required) {
+        let mut args = APT_OPTIONS.to_vec();
+        args.push(optional.name);
+        if let Err(e) = apt(&args) {
+            println!(
+                "==> packages: optional {} not installed ({e}); continuing",
+                optional.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Before building the XDP loader: clang and the libbpf headers, or the command that installs
+/// them.
+#[cfg_attr(feature = "xdp", allow(dead_code))]
+pub fn check_xdp_build_deps() -> Result<(), String> {
+    let clang = have_command("clang") || have_command("clang-14");
+    let headers = Path::new("/usr/include/bpf/bpf_helpers.h").is_file();
+    if clang && headers {
+        return Ok(());
+    }
+    let mut what = Vec::new();
+    if !clang {
+        what.push("clang");
+    }
+    if !headers {
+        what.push("the libbpf headers (bpf/bpf_helpers.h)");
+    }
+    Err(format!(
+        "building the XDP program needs {}; install them as root with:\n\n    apt-get install -y \
+         --no-install-recommends clang libbpf-dev linux-libc-dev\n",
+        what.join(" and ")
+    ))
+}
+
+fn satisfied(p: &Package) -> bool {
+    std::iter::once(p.name)
+        .chain(p.alternatives.iter().copied())
+        .any(installed)
+}
+
+/// `dpkg-query` says the package is installed ("ii").
+fn installed(name: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${db:Status-Abbrev}", name])
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"ii"))
+}
+
+fn have_command(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
+}
+
+/// Effective uid 0, from /proc (xtask has no libc dependency).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().nth(1))
+            == Some("0")
+    })
+}
+
+fn apt(args: &[&str]) -> Result<(), String> {
+    println!("==> packages: apt-get {}", args.join(" "));
+    let start = Instant::now();
+    let status = Command::new("apt-get")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run apt-get: {e}"))?;
+    println!(
+        "==> packages: apt-get {}: {} in {:.1} s",
+        args.first().copied().unwrap_or(""),
+        if status.success() { "ok" } else { "FAILED" },
+        start.elapsed().as_secs_f64()
+    );
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("apt-get {} failed ({status})", args.join(" ")))
+    }
+}
