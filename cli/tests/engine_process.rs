@@ -5,26 +5,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use xroce_datapath::netns::root_or_skip;
 
 use xroce_datapath::netns::{run_bounded, NetnsPair};
 use xroce_datapath::xdp;
 
 const XROCE: &str = env!("CARGO_BIN_EXE_xroce");
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("XROCE_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipped: not root and XROCE_SKIP_ROOT_TESTS=1");
-        return false;
-    }
-    panic!("these tests need root (network namespaces, XDP); set XROCE_SKIP_ROOT_TESTS=1 to skip");
-}
 
 /// An engine process, killed (SIGKILL) if still running when dropped.
 struct EngineProcess {
@@ -137,17 +126,7 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
     );
 
     // A second engine on the same queue: a clear error, promptly.
-    let out = run_bounded(
-        {
-            let mut c = pair.command(0, XROCE);
-            c.args(["engine", "--iface", pair.iface(0)]);
-            c
-        },
-        Duration::from_secs(15),
-    )
-    .expect("second engine ran");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "second engine started: {out:?}");
+    let stderr = failing_engine(&pair, pair.iface(0));
     assert!(
         stderr.contains("already has an AF_XDP socket bound") && stderr.contains("queue 0"),
         "unclear error: {stderr}"
@@ -177,42 +156,28 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
     assert!(status.success(), "engine exit after SIGTERM: {status:?}");
 }
 
+/// Runs `xroce engine --iface IFACE` in namespace 0 to completion (bounded) and returns its
+/// stderr, checking it failed.
+fn failing_engine(pair: &NetnsPair, iface: &str) -> String {
+    let mut c = pair.command(0, XROCE);
+    c.args(["engine", "--iface", iface]);
+    let out = run_bounded(c, Duration::from_secs(15)).expect("engine ran");
+    assert!(!out.status.success(), "engine started: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn engine_without_the_xdp_program_says_what_to_do() {
     if !root_or_skip() {
         return;
     }
     let pair = NetnsPair::new("xrnoprog", 1500).expect("namespaces");
-    let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        pair.ns_name(0),
-        XROCE,
-        "engine",
-        "--iface",
-        pair.iface(0),
-    ]);
-    let out = run_bounded(c, Duration::from_secs(15)).expect("engine ran");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = failing_engine(&pair, pair.iface(0));
     assert!(
         stderr.contains("xdp load"),
         "no hint to load the program: {stderr}"
     );
-    let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        pair.ns_name(0),
-        XROCE,
-        "engine",
-        "--iface",
-        "nosuch0",
-    ]);
-    let out = run_bounded(c, Duration::from_secs(15)).expect("engine ran");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = failing_engine(&pair, "nosuch0");
     assert!(
         stderr.contains("nosuch0"),
         "error does not name the interface: {stderr}"

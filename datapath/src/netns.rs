@@ -314,6 +314,24 @@ fn ip(args: &[&str]) -> io::Result<()> {
     Ok(())
 }
 
+/// For tests that need root (namespaces, XDP): `true` when running as root. Otherwise skips
+/// (returns `false`) only when `XROCE_SKIP_ROOT_TESTS=1` asks for it, and fails the test
+/// otherwise, so CI can never pass them vacuously.
+pub fn root_or_skip() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("XROCE_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+        eprintln!("skipped: not root and XROCE_SKIP_ROOT_TESTS=1");
+        return false;
+    }
+    panic!(
+        "these tests need root (they create network namespaces and load XDP programs); run \
+         them as root, or set XROCE_SKIP_ROOT_TESTS=1 to skip them"
+    );
+}
+
 /// Runs a command in its own process group, collecting its output; after `timeout` the group is
 /// killed and the result is a `TimedOut` error. (stdin is /dev/null.)
 pub fn run_bounded(mut cmd: Command, timeout: Duration) -> io::Result<Output> {

@@ -6,6 +6,7 @@
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use xroce_datapath::netns::root_or_skip;
 
 use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
 use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
@@ -23,18 +24,6 @@ use xroce_datapath::xdp;
 const MIB: usize = 1 << 20;
 /// Longest any single wait for a completion may take before the test fails.
 const WAIT: Duration = Duration::from_secs(30);
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("XROCE_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipped: not root and XROCE_SKIP_ROOT_TESTS=1");
-        return false;
-    }
-    panic!("these tests need root (network namespaces, XDP); set XROCE_SKIP_ROOT_TESTS=1 to skip");
-}
 
 /// Deterministic contents: byte `i` of stream `seed`.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -626,7 +615,9 @@ fn uc_and_ud_exchanges() {
                     vec![buf.sge(uc_src + i * MSG, MSG)],
                 )
             });
-            let sgid_index = engine.gid_index(setup_ip(ip)).expect("own GID");
+            let sgid_index = engine
+                .gid_index(xroce_datapath::netlink::std_address(ip))
+                .expect("own GID");
             let ah = engine
                 .create_ah(
                     pd,
@@ -689,13 +680,6 @@ fn uc_and_ud_exchanges() {
     }
     for h in handles {
         h.join().expect("side");
-    }
-}
-
-fn setup_ip(ip: IpAddress) -> std::net::IpAddr {
-    match ip {
-        IpAddress::V4(a) => std::net::IpAddr::from(a.0),
-        IpAddress::V6(a) => std::net::IpAddr::from(a.0),
     }
 }
 

@@ -17,6 +17,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use xroce_datapath::netns::root_or_skip;
 
 use xroce_datapath::netlink::{self, AddressWatcher, Change, NetlinkError};
 
@@ -24,21 +25,6 @@ const DEV_A: &str = "xrnl0";
 const DEV_B: &str = "xrnl1";
 /// Longest wait for a notification that must come.
 const EVENT_WAIT: Duration = Duration::from_secs(3);
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("XROCE_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipped: not root and XROCE_SKIP_ROOT_TESTS=1");
-        return false;
-    }
-    panic!(
-        "these tests need root (they create network namespaces and veth pairs); \
-         run them as root, or set XROCE_SKIP_ROOT_TESTS=1 to skip them"
-    );
-}
 
 fn ip_of(s: &str) -> IpAddr {
     s.parse().expect("test address")

@@ -12,6 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, U
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Output;
 use std::time::{Duration, Instant};
+use xroce_datapath::netns::root_or_skip;
 
 use xroce_datapath::netns::{run_bounded, NetnsPair};
 use xroce_datapath::xdp::{
@@ -25,21 +26,6 @@ const HELPER_ENV: &str = "XROCE_XDP_LOADER_HELPER";
 const HELPER_DROP_ENV: &str = "XROCE_XDP_LOADER_HELPER_UNPRIVILEGED";
 const HELPER_PREFIX: &str = "XROCE-HELPER ";
 const ROCE_PORT: u16 = 4791;
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("XROCE_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipped: not root and XROCE_SKIP_ROOT_TESTS=1");
-        return false;
-    }
-    panic!(
-        "these tests need root (network namespaces, XDP); run them as root, or set \
-         XROCE_SKIP_ROOT_TESTS=1 to skip them"
-    );
-}
 
 fn status_of(pair: &NetnsPair, side: usize) -> InterfaceStatus {
     let iface = pair.iface(side).to_string();

@@ -499,32 +499,32 @@ fn xroce_pair<R: Send + 'static>(
     let (ia, ib) = (pair.iface(0).to_string(), pair.iface(1).to_string());
     let (to_client, from_server) = mpsc::channel::<Peer>();
     let (to_server, from_client) = mpsc::channel::<Peer>();
+    // Each side: set up, tell the other its QP and memory, learn the other's, connect.
+    fn meet(
+        iface: &str,
+        ip: Ipv4Addr,
+        len: usize,
+        tx: mpsc::Sender<Peer>,
+        rx: mpsc::Receiver<Peer>,
+    ) -> (Side, Peer) {
+        let side = xroce_side(iface, ip, len);
+        let me = Peer {
+            qpn: side.qpn,
+            ip,
+            va: side.mr.va,
+            rkey: side.mr.rkey,
+        };
+        tx.send(me).ok();
+        let peer = rx.recv().expect("the other side's endpoint");
+        connect(&side, ip, peer);
+        (side, peer)
+    }
     let s = pair.spawn_in(1, move || {
-        let side = xroce_side(&ib, b, len);
-        to_client
-            .send(Peer {
-                qpn: side.qpn,
-                ip: b,
-                va: side.mr.va,
-                rkey: side.mr.rkey,
-            })
-            .ok();
-        let peer = from_client.recv().expect("client");
-        connect(&side, b, peer);
+        let (side, peer) = meet(&ib, b, len, to_client, from_client);
         server(&side, peer);
     });
     let r = pair.run_in(0, move || {
-        let side = xroce_side(&ia, a, len);
-        to_server
-            .send(Peer {
-                qpn: side.qpn,
-                ip: a,
-                va: side.mr.va,
-                rkey: side.mr.rkey,
-            })
-            .ok();
-        let peer = from_server.recv().expect("server");
-        connect(&side, a, peer);
+        let (side, peer) = meet(&ia, a, len, to_server, from_server);
         client(&side, peer)
     });
     s.join().expect("server side");

@@ -15,9 +15,7 @@ use xroce_core::transport::Device;
 use xroce_core::wire::IpAddress;
 
 pub use crate::netlink::AddressWatcher;
-use crate::netlink::{self, Change, Interface, Netlink, NetlinkError};
-
-use super::{ip_address, std_ip};
+use crate::netlink::{self, core_address, std_address, Change, Interface, Netlink, NetlinkError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AddressingError {
@@ -122,7 +120,7 @@ impl Neighbours {
     pub fn prepare(&self, dst: IpAddress) -> Probe {
         Probe {
             ifindex: self.iface.index,
-            dst: std_ip(dst),
+            dst: std_address(dst),
         }
     }
 
@@ -142,7 +140,7 @@ impl Neighbours {
             _ => {}
         }
         let next_try = now + RETRY;
-        let ip = std_ip(dst);
+        let ip = std_address(dst);
         let entry = match self.netlink.route_get(ip) {
             Ok(route) if route.oif != self.iface.index => Entry::OtherInterface { next_try },
             Ok(route) => {
@@ -179,7 +177,7 @@ impl Neighbours {
             Change::Neighbour(ifindex, ip, mac) if ifindex == self.iface.index => {
                 // Any cached destination whose next hop this is must be looked up again; the
                 // common case (on-link peer) is the address itself.
-                let key = ip_address(ip);
+                let key = core_address(ip);
                 match mac {
                     Some(mac) => {
                         self.cache.insert(key, Entry::Known(mac));
@@ -224,7 +222,7 @@ impl Neighbours {
 /// what applications exchange), emptying the slots of addresses that went away, and putting new
 /// addresses into the first empty slots.
 pub(crate) fn merge_gids(old: &[Option<IpAddress>], now: &[IpAddr]) -> Vec<Option<IpAddress>> {
-    let now: Vec<IpAddress> = now.iter().map(|a| ip_address(*a)).collect();
+    let now: Vec<IpAddress> = now.iter().map(|a| core_address(*a)).collect();
     let mut out: Vec<Option<IpAddress>> =
         old.iter().map(|g| g.filter(|a| now.contains(a))).collect();
     for a in now {
@@ -253,22 +251,22 @@ mod tests {
         assert_eq!(
             t0,
             vec![
-                Some(ip_address(a)),
-                Some(ip_address(b)),
-                Some(ip_address(c))
+                Some(core_address(a)),
+                Some(core_address(b)),
+                Some(core_address(c))
             ]
         );
         // b goes away: c keeps index 2.
         let t1 = merge_gids(&t0, &[a, c]);
-        assert_eq!(t1, vec![Some(ip_address(a)), None, Some(ip_address(c))]);
+        assert_eq!(t1, vec![Some(core_address(a)), None, Some(core_address(c))]);
         // d arrives: it takes the empty slot.
         let t2 = merge_gids(&t1, &[a, c, d]);
         assert_eq!(
             t2,
             vec![
-                Some(ip_address(a)),
-                Some(ip_address(d)),
-                Some(ip_address(c))
+                Some(core_address(a)),
+                Some(core_address(d)),
+                Some(core_address(c))
             ]
         );
     }

@@ -29,6 +29,7 @@ pub use addressing::{AddressingError, Neighbours};
 pub use memory::ProcessMemory;
 
 use crate::afxdp::{BindMode, XskConfig, XskError, XskSocket};
+use crate::netlink::core_address;
 
 /// What to run an engine on.
 #[derive(Debug, Clone)]
@@ -168,7 +169,7 @@ impl Engine {
         let mut key_seed = [0u8; 32];
         getrandom(&mut key_seed);
         let dev = Device::new(DeviceConfig {
-            gids: gids.into_iter().map(|g| Some(ip_address(g))).collect(),
+            gids: gids.into_iter().map(|g| Some(core_address(g))).collect(),
             port_mtu: PathMtu::for_netdev_mtu(mtu as usize),
             key_seed,
         });
@@ -273,7 +274,7 @@ impl Engine {
 
     /// Index of `ip` in the GID table.
     pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {
-        let want = ip_address(ip);
+        let want = core_address(ip);
         self.gids()
             .iter()
             .position(|g| *g == Some(want))
@@ -442,20 +443,6 @@ impl Drop for Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-pub(crate) fn ip_address(ip: IpAddr) -> IpAddress {
-    match ip {
-        IpAddr::V4(a) => IpAddress::V4(a.into()),
-        IpAddr::V6(a) => IpAddress::V6(a.into()),
-    }
-}
-
-pub(crate) fn std_ip(ip: IpAddress) -> IpAddr {
-    match ip {
-        IpAddress::V4(a) => IpAddr::from(a.0),
-        IpAddress::V6(a) => IpAddr::from(a.0),
     }
 }
 
