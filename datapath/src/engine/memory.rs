@@ -147,3 +147,35 @@ mod tests {
         assert_eq!(buf[7], 0);
     }
 }
+
+/// The calling application's memory, read through the pointers it passed in a verb call: the
+/// source of `IBV_SEND_INLINE` data, which verbs does not require to be registered. Only ever
+/// used during that call, through [`Engine::post_send_caller_inline`](super::Engine), whose
+/// contract makes the pointers valid.
+pub(crate) struct CallerMemory;
+
+impl HostMemory for CallerMemory {
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemFault> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        if addr == 0 {
+            return Err(MemFault {
+                addr,
+                len: out.len(),
+            });
+        }
+        // SAFETY: `post_send_caller_inline`'s contract: the application's inline SGEs name
+        // readable memory for the duration of the call, and this runs inside that call.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault> {
+        // Inline data is only ever read.
+        Err(MemFault {
+            addr,
+            len: data.len(),
+        })
+    }
+}

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use xroce_core::transport::qp::QpAttr;
 use xroce_core::transport::qp_state::{AttrMask, PathMtu};
 use xroce_core::transport::verbs::{RecvWr, SendWr, VerbsError, WorkCompletion};
-use xroce_core::transport::{AddressVector, CqId, Device, DeviceConfig};
+use xroce_core::transport::{AddressVector, CqId, Device, DeviceConfig, Event};
 use xroce_core::wire::IpAddress;
 
 pub use addressing::{AddressingError, Neighbours};
@@ -45,6 +45,20 @@ pub struct EngineConfig {
     /// Longest a verb call may wait for the kernel to resolve a neighbour (modify_qp to RTR,
     /// create_ah) before failing.
     pub resolve_timeout: Duration,
+    /// Receives the transport's completion-channel and asynchronous events. It runs with the
+    /// engine lock held (on the progress thread or an application thread), so it must not call
+    /// back into the engine; the provider writes the event to a file descriptor and returns.
+    pub on_event: Option<EventSink>,
+}
+
+/// A callback for [`Event`]s (see [`EngineConfig::on_event`]).
+#[derive(Clone)]
+pub struct EventSink(pub Arc<dyn Fn(Event) + Send + Sync>);
+
+impl std::fmt::Debug for EventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventSink")
+    }
 }
 
 impl EngineConfig {
@@ -55,6 +69,7 @@ impl EngineConfig {
             bind_mode: BindMode::Auto,
             spin: Duration::from_micros(200),
             resolve_timeout: Duration::from_secs(3),
+            on_event: None,
         }
     }
 }
@@ -354,25 +369,63 @@ impl Engine {
         let mut guard = self.lock();
         let st = &mut *guard;
         st.dev.post_send(qpn, wr, &st.mem)?;
+        self.send_now(guard);
+        Ok(())
+    }
+
+    /// `ibv_post_send` for a work request whose inline data (`IBV_SEND_INLINE`) may lie
+    /// outside registered memory, as verbs allows: it is copied from the caller's pointers
+    /// during this call.
+    ///
+    /// # Safety
+    /// If `wr` asks for inline data, every SGE of it must name memory readable for its length
+    /// for the duration of the call.
+    pub unsafe fn post_send_caller_inline(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let mut guard = self.lock();
+        if wr.flags.contains(xroce_core::transport::verbs::SendFlags::INLINE) {
+            guard.dev.post_send(qpn, wr, &memory::CallerMemory)?;
+        } else {
+            let st = &mut *guard;
+            st.dev.post_send(qpn, wr, &st.mem)?;
+        }
+        self.send_now(guard);
+        Ok(())
+    }
+
+    fn send_now(&self, mut guard: MutexGuard<'_, State>) {
+        let st = &mut *guard;
         // Send at once from this thread: no hand-off, no wake-up on the latency path.
         if progress::progress_once(&self.shared, st) {
             drop(guard);
             self.shared.wake();
         }
-        Ok(())
     }
 
     pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         self.with_device(|d| d.post_recv(qpn, wr))
     }
 
+    /// `ibv_poll_cq`. When the CQ is empty the calling thread runs one round of progress
+    /// itself (receive, timers, transmit) and looks again: an application spinning on its CQ
+    /// then moves its own packets, with no hand-off to the progress thread, which stays out of
+    /// the way while the application polls.
     pub fn poll_cq(
         &self,
         cq: CqId,
         max: usize,
         out: &mut Vec<WorkCompletion>,
     ) -> Result<usize, VerbsError> {
-        self.lock().dev.poll_cq(cq, max, out)
+        let mut guard = self.lock();
+        let n = guard.dev.poll_cq(cq, max, out)?;
+        if n > 0 || guard.io.failed {
+            return Ok(n);
+        }
+        self.shared
+            .app_polled_at
+            .store(self.shared.now(), Ordering::Relaxed);
+        let st = &mut *guard;
+        progress::progress_once(&self.shared, st);
+        st.dev.poll_cq(cq, max, out)
     }
 
     /// Polls `cq` until at least one completion arrives or `timeout` passes; returns how many

@@ -118,10 +118,14 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> bool {
         }
     }
 
-    // Completion notifications; async events are kept for the provider (issue 5).
+    // Completion-channel and asynchronous events go to whoever asked for them (the provider
+    // writes them to the application's event file descriptors).
     while let Some(ev) = dev.poll_event() {
         if matches!(ev, Event::CqNotify(_)) {
             work = true;
+        }
+        if let Some(sink) = &shared.config.on_event {
+            (sink.0)(ev);
         }
     }
     if let Err(e) = io.port.flush() {

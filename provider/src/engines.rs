@@ -1,0 +1,182 @@
+//! One engine per netdev per process, started on first use, and the routing of its events to
+//! the file descriptors libibverbs reads.
+//!
+//! An AF_XDP queue takes one socket, so two contexts of the same device in one process share
+//! the engine; a second process on the same device gets a clear error from the first verb that
+//! needs the engine (xroce serves one process per device at a time).
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use libc::c_int;
+use xroce_core::transport::verbs::AsyncEvent;
+use xroce_core::transport::{CqId, Event, SrqId};
+use xroce_datapath::engine::{Engine, EngineConfig, EventSink};
+
+use crate::abi::verbs::{
+    async_event_desc, IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED,
+    IBV_EVENT_SQ_DRAINED, IBV_EVENT_SRQ_LIMIT_REACHED,
+};
+use crate::device::ContextState;
+
+/// A running engine and the key its events are routed by.
+pub struct EngineRef {
+    pub id: u64,
+    pub engine: Engine,
+}
+
+static ENGINES: Mutex<Vec<(String, Weak<EngineRef>)>> = Mutex::new(Vec::new());
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The context's engine, starting it (or joining this process's engine on the same netdev).
+/// On failure prints why, once per attempt, and returns the errno for the verb.
+pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
+    let mut mine = lock(&ctx.engine);
+    if let Some(e) = &*mine {
+        return Ok(e.clone());
+    }
+    let mut all = lock(&ENGINES);
+    all.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(e) = all
+        .iter()
+        .find(|(n, _)| *n == ctx.netdev)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        *mine = Some(e.clone());
+        return Ok(e);
+    }
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let mut config = EngineConfig::new(ctx.netdev.clone());
+    config.on_event = Some(EventSink(Arc::new(move |ev| route(id, ev))));
+    match Engine::start(config) {
+        Ok(engine) => {
+            let e = Arc::new(EngineRef { id, engine });
+            all.push((ctx.netdev.clone(), Arc::downgrade(&e)));
+            *mine = Some(e.clone());
+            Ok(e)
+        }
+        Err(err) => {
+            eprintln!(
+                "xroce: cannot start device {} on netdev {}: {err}",
+                ctx.name, ctx.netdev
+            );
+            Err(match err {
+                xroce_datapath::engine::EngineError::Socket(
+                    xroce_datapath::afxdp::XskError::QueueBusy { .. },
+                ) => libc::EBUSY,
+                _ => libc::ENODEV,
+            })
+        }
+    }
+}
+
+/// Where the events of one CQ go.
+pub struct CqRoute {
+    /// The `struct ibv_cq *` the application knows.
+    pub cq: usize,
+    /// Write end of its completion channel, if it has one.
+    pub channel: Option<Arc<OwnedFd>>,
+    pub async_tx: Arc<OwnedFd>,
+}
+
+/// Where the asynchronous events of a QP or SRQ go.
+pub struct ObjectRoute {
+    pub object: usize,
+    pub async_tx: Arc<OwnedFd>,
+}
+
+#[derive(Default)]
+pub struct Routes {
+    pub cqs: HashMap<(u64, CqId), CqRoute>,
+    pub qps: HashMap<(u64, u32), ObjectRoute>,
+    pub srqs: HashMap<(u64, SrqId), ObjectRoute>,
+}
+
+static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
+
+/// Runs `f` on the routing table. Never call into an engine from `f`: events are routed with
+/// the engine lock held, so the lock order is engine, then routes.
+pub fn with_routes<R>(f: impl FnOnce(&mut Routes) -> R) -> R {
+    let mut g = lock(&ROUTES);
+    f(g.get_or_insert_with(Routes::default))
+}
+
+fn route(engine: u64, ev: Event) {
+    with_routes(|r| match ev {
+        Event::CqNotify(cq) => {
+            if let Some(c) = r.cqs.get(&(engine, cq)) {
+                if let Some(ch) = &c.channel {
+                    write_all(ch, &(c.cq as u64).to_ne_bytes());
+                }
+            }
+        }
+        Event::Async(a) => {
+            let (target, ty) = match a {
+                AsyncEvent::CqError(cq) => (
+                    r.cqs.get(&(engine, cq)).map(|c| (c.cq, c.async_tx.clone())),
+                    IBV_EVENT_CQ_ERR,
+                ),
+                AsyncEvent::QpFatal(qpn) => (qp(r, engine, qpn), IBV_EVENT_QP_FATAL),
+                AsyncEvent::SqDrained(qpn) => (qp(r, engine, qpn), IBV_EVENT_SQ_DRAINED),
+                AsyncEvent::QpLastWqeReached(qpn) => {
+                    (qp(r, engine, qpn), IBV_EVENT_QP_LAST_WQE_REACHED)
+                }
+                AsyncEvent::SrqLimitReached(srq) => (
+                    r.srqs
+                        .get(&(engine, srq))
+                        .map(|o| (o.object, o.async_tx.clone())),
+                    IBV_EVENT_SRQ_LIMIT_REACHED,
+                ),
+            };
+            if let Some((object, fd)) = target {
+                post_async(&fd, object as u64, ty);
+            }
+        }
+    });
+}
+
+fn qp(r: &Routes, engine: u64, qpn: u32) -> Option<(usize, Arc<OwnedFd>)> {
+    r.qps
+        .get(&(engine, qpn))
+        .map(|o| (o.object, o.async_tx.clone()))
+}
+
+/// Queues one asynchronous event record for `ibv_get_async_event`.
+pub fn post_async(fd: &OwnedFd, element: u64, event_type: u32) {
+    let desc = async_event_desc {
+        element,
+        event_type,
+        reserved: 0,
+    };
+    // SAFETY: `async_event_desc` is plain old data.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            &desc as *const _ as *const u8,
+            std::mem::size_of::<async_event_desc>(),
+        )
+    };
+    write_all(fd, bytes);
+}
+
+/// Writes one event record. Records are far smaller than PIPE_BUF, so a write is atomic: it
+/// lands whole or (pipe full: the application stopped reading events) not at all.
+fn write_all(fd: &OwnedFd, bytes: &[u8]) {
+    // SAFETY: writing from a valid buffer to a descriptor we own.
+    let n = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    if n < 0 {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "xroce: an event could not be queued ({}); the application is not reading its \
+                 event channel",
+                std::io::Error::last_os_error()
+            )
+        });
+    }
+}

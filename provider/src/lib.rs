@@ -1,0 +1,28 @@
+//! `libxroce-rdmav34.so`: the libibverbs provider that makes xroce an RDMA device.
+//!
+//! libibverbs (rdma-core's PRIVATE_34 provider ABI, as Debian 12 ships it) finds the device
+//! through the sysfs tree `xroce link add` generates, matches this provider by the device's
+//! modalias (`xroce:NAME`), and calls the ops in [`verbs`]. Everything rdma_rxe's provider would
+//! send to a kernel is done here, in the application's process, by an
+//! [`xroce_datapath::engine::Engine`] bound to the device's netdev.
+//!
+//! - [`abi`]: every C layout shared with libibverbs, and the release check.
+//! - [`register`]: the load-time constructor that registers the provider.
+//! - [`device`]: device and context allocation, device and port queries.
+//! - [`engines`]: one engine per netdev per process, started on first use; routes its events.
+//! - [`verbs`]: PD, MR, CQ, QP, SRQ, AH and the data path ops.
+//! - [`comp_channel`]: `ibv_create_comp_channel` for xroce contexts (an interposer, because it
+//!   is not a provider op).
+
+pub mod abi;
+pub mod comp_channel;
+pub mod device;
+pub mod engines;
+pub mod register;
+pub mod verbs;
+
+/// Sets the calling thread's `errno` (ops that return pointers report errors this way).
+pub(crate) fn set_errno(e: libc::c_int) {
+    // SAFETY: `__errno_location` returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}

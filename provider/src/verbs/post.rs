@@ -1,0 +1,203 @@
+//! Posting work requests.
+
+use libc::c_int;
+use xroce_core::transport::verbs::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+
+use super::ah::ah;
+use super::errno;
+use super::qp::qp;
+use super::srq::srq;
+use crate::abi::verbs::{
+    ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, IBV_QPT_UD, IBV_WR_ATOMIC_CMP_AND_SWP,
+    IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM,
+    IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
+};
+
+/// The scatter/gather list of a work request.
+///
+/// # Safety
+/// `list` must point at `n` SGEs when `n > 0`.
+unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+    if n < 0 || (n > 0 && list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: per the contract.
+    let list = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    Ok(list
+        .iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect())
+}
+
+/// The transport's send WR for a verbs one.
+///
+/// # Safety
+/// `wr` must be a valid send WR of a QP of type `qp_type`.
+unsafe fn send_wr(wr: &ibv_send_wr, qp_type: u32) -> Result<SendWr, c_int> {
+    // Immediate data is a __be32 holding the wire bytes; the transport keeps the big-endian
+    // value.
+    let imm = u32::from_be(wr.imm_data);
+    let remote_addr = wr.wr.remote_addr;
+    let op = match wr.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        IBV_WR_RDMA_WRITE => SendOp::RdmaWrite {
+            remote_addr,
+            rkey: wr.rdma_rkey(),
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey: wr.rdma_rkey(),
+            imm,
+        },
+        IBV_WR_RDMA_READ => SendOp::RdmaRead {
+            remote_addr,
+            rkey: wr.rdma_rkey(),
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr,
+            rkey: wr.wr.rkey,
+            compare: wr.wr.compare_add,
+            swap: wr.wr.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr,
+            rkey: wr.wr.rkey,
+            add: wr.wr.compare_add,
+        },
+        _ => return Err(libc::EINVAL), // invalidate, memory windows, TSO, driver ops
+    };
+    let ud = if qp_type == IBV_QPT_UD {
+        let handle = wr.ud_ah();
+        if handle.is_null() {
+            return Err(libc::EINVAL);
+        }
+        Some(UdDest {
+            // SAFETY: an AH the application created on this device.
+            ah: unsafe { ah(handle) }.id,
+            remote_qpn: wr.ud_remote_qpn(),
+            remote_qkey: wr.ud_remote_qkey(),
+        })
+    } else {
+        None
+    };
+    Ok(SendWr {
+        wr_id: wr.wr_id,
+        op,
+        // SAFETY: the WR's own list.
+        sg_list: unsafe { sges(wr.sg_list, wr.num_sge)? },
+        flags: SendFlags(wr.send_flags & 0xf),
+        ud,
+    })
+}
+
+pub unsafe extern "C" fn post_send(
+    q: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: libibverbs passes one of our QPs.
+    let x = unsafe { qp(q) };
+    while !wr.is_null() {
+        // SAFETY: the application's WR chain.
+        let w = unsafe { &*wr };
+        // SAFETY: as above.
+        let r = unsafe { send_wr(w, x.qp.qp_type) }.and_then(|s| {
+            // SAFETY: inline SGEs point at memory the application keeps valid during the call.
+            unsafe { x.engine.engine.post_send_caller_inline(x.qp.qp_num, s) }
+                .map_err(|e| errno(&e))
+        });
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = wr };
+            }
+            return e;
+        }
+        wr = w.next;
+    }
+    0
+}
+
+/// Converts and posts a receive WR chain with `post`, reporting the first failure in `bad_wr`.
+///
+/// # Safety
+/// `wr` must be a valid chain.
+unsafe fn post_recv_chain(
+    mut wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    mut post: impl FnMut(RecvWr) -> Result<(), c_int>,
+) -> c_int {
+    while !wr.is_null() {
+        // SAFETY: per the contract.
+        let w = unsafe { &*wr };
+        // SAFETY: the WR's own list.
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg_list| {
+            post(RecvWr {
+                wr_id: w.wr_id,
+                sg_list,
+            })
+        });
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = wr };
+            }
+            return e;
+        }
+        wr = w.next;
+    }
+    0
+}
+
+pub unsafe extern "C" fn post_recv(
+    q: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: libibverbs passes one of our QPs.
+    let x = unsafe { qp(q) };
+    if !x.qp.srq.is_null() {
+        // SAFETY: the caller's chain and out-pointer.
+        unsafe {
+            if !bad_wr.is_null() {
+                *bad_wr = wr;
+            }
+        }
+        return libc::EINVAL; // receives go to the SRQ
+    }
+    // SAFETY: the application's chain.
+    unsafe {
+        post_recv_chain(wr, bad_wr, |r| {
+            x.engine
+                .engine
+                .post_recv(x.qp.qp_num, r)
+                .map_err(|e| errno(&e))
+        })
+    }
+}
+
+pub unsafe extern "C" fn post_srq_recv(
+    s: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: libibverbs passes one of our SRQs.
+    let x = unsafe { srq(s) };
+    // SAFETY: the application's chain.
+    unsafe {
+        post_recv_chain(wr, bad_wr, |r| {
+            x.engine
+                .engine
+                .with_device(|d| d.post_srq_recv(x.id, r))
+                .map_err(|e| errno(&e))
+        })
+    }
+}
