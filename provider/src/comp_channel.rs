@@ -78,7 +78,8 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     // libibverbs frees the channel with free(3) (ibv_destroy_comp_channel), so allocate it with
     // malloc(3).
     // SAFETY: malloc of a plain struct; checked for NULL.
-    let ch = unsafe { libc::malloc(std::mem::size_of::<ibv_comp_channel>()) } as *mut ibv_comp_channel;
+    let ch =
+        unsafe { libc::malloc(std::mem::size_of::<ibv_comp_channel>()) } as *mut ibv_comp_channel;
     if ch.is_null() {
         // SAFETY: closing descriptors we own.
         unsafe {

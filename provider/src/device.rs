@@ -125,7 +125,8 @@ pub unsafe extern "C" fn alloc_context(
         return std::ptr::null_mut();
     }
     // SAFETY: fresh descriptors, owned from here.
-    let (async_rx, async_tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (async_rx, async_tx) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // The engine never blocks on a full pipe (an application not reading its events).
     // SAFETY: fcntl on a descriptor we own.
     unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
@@ -242,7 +243,11 @@ pub unsafe extern "C" fn query_device_ex(
 /// Port 1's attributes, computed from the netdev as rdma_rxe computes them.
 pub fn port_attr(nd: &xroce_datapath::netlink::Interface) -> ibv_port_attr {
     ibv_port_attr {
-        state: if nd.up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN },
+        state: if nd.up {
+            IBV_PORT_ACTIVE
+        } else {
+            IBV_PORT_DOWN
+        },
         max_mtu: PathMtu::Mtu4096 as u32,
         active_mtu: PathMtu::for_netdev_mtu(nd.mtu as usize) as u32,
         gid_tbl_len: registry::GID_TABLE_LEN as c_int,
@@ -250,15 +255,19 @@ pub fn port_attr(nd: &xroce_datapath::netlink::Interface) -> ibv_port_attr {
         max_msg_sz: 1 << 31,
         pkey_tbl_len: 1,
         max_vl_num: 1,
-        active_width: 1,  // 1X
-        active_speed: 8,  // 10 Gb/s per lane (FDR10), what a veth reports
+        active_width: 1,                       // 1X
+        active_speed: 8,                       // 10 Gb/s per lane (FDR10), what a veth reports
         phys_state: if nd.up { 5 } else { 3 }, // LinkUp / Disabled
         link_layer: IBV_LINK_LAYER_ETHERNET,
         ..Default::default()
     }
 }
 
-pub unsafe extern "C" fn query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+pub unsafe extern "C" fn query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
     if port != 1 {
         return libc::EINVAL;
     }
@@ -274,4 +283,3 @@ pub unsafe extern "C" fn query_port(ctx: *mut ibv_context, port: u8, attr: *mut 
 
 /// `ops->async_event`: nothing to do after `ibv_get_async_event` (no hardware to re-arm).
 pub unsafe extern "C" fn async_event(_ctx: *mut ibv_context, _event: *mut c_void) {}
-

@@ -108,11 +108,13 @@ fn register() -> Result<(), Option<String>> {
         return Err(Some(why));
     }
     let missing = |name: &str| Some(format!("xroce: {file} lacks {name}@IBVERBS_PRIVATE_34"));
-    let register = lookup(handle, "verbs_register_driver_34").ok_or_else(|| missing("verbs_register_driver_34"))?;
+    let register = lookup(handle, "verbs_register_driver_34")
+        .ok_or_else(|| missing("verbs_register_driver_34"))?;
     let init = lookup(handle, "_verbs_init_and_alloc_context")
         .ok_or_else(|| missing("_verbs_init_and_alloc_context"))?;
     let set_ops = lookup(handle, "verbs_set_ops").ok_or_else(|| missing("verbs_set_ops"))?;
-    let uninit = lookup(handle, "verbs_uninit_context").ok_or_else(|| missing("verbs_uninit_context"))?;
+    let uninit =
+        lookup(handle, "verbs_uninit_context").ok_or_else(|| missing("verbs_uninit_context"))?;
     // SAFETY: the symbols come from a libibverbs whose release uses exactly these signatures
     // (checked above); function pointers and data pointers have the same size here.
     let private = unsafe {

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod demo;
 mod packages;
 #[cfg(feature = "xdp")]
 mod xdp;
@@ -32,8 +33,10 @@ enum Task {
     /// command and what `.ci/run` calls. The XDP and namespace tests need root; set
     /// XROCE_SKIP_ROOT_TESTS=1 to skip them.
     Test,
-    /// Show what xroce does today: decode and verify real rdma_rxe captures with
-    /// `xroce pcap check` (the two-namespace RDMA demo arrives with the verbs provider).
+    /// The main demo (root): installs what is missing, builds xroce, creates two network
+    /// namespaces joined by a veth pair with an xroce device in each, runs the unmodified
+    /// `ibv_rc_pingpong` and perftest `ib_write_bw` between them, prints their results and
+    /// removes everything again (also on failure or Ctrl-C).
     Demo,
     /// Build, load, unload and inspect the XDP steering program (xdp-prog/). Loading and
     /// unloading need root and act on the network namespace the command runs in (use
@@ -172,7 +175,7 @@ fn workspace_root() -> PathBuf {
 }
 
 /// Runs one step, printing what it does and how long it took.
-fn step(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<(), String> {
+pub(crate) fn step(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<(), String> {
     println!("==> {what}: {program} {}", args.join(" "));
     let start = Instant::now();
     let status = Command::new(program)
@@ -192,7 +195,7 @@ fn step(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<(), Str
     }
 }
 
-fn cargo() -> String {
+pub(crate) fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
@@ -236,19 +239,7 @@ fn test(root: &Path) -> Result<(), String> {
 }
 
 fn demo(root: &Path) -> Result<(), String> {
-    let cargo = cargo();
-    let dir = root.join("tests/fixtures/pcap");
-    let mut files: Vec<String> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("reading {}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
-        .map(|p| p.display().to_string())
-        .collect();
-    files.sort();
-    println!("==> decoding real rdma_rxe traffic captured between two hosts, verifying every ICRC");
-    let mut args = vec!["run", "--quiet", "-p", "xroce-cli", "--", "pcap", "check"];
-    args.extend(files.iter().map(String::as_str));
-    step(root, "xroce pcap check", &cargo, &args)
+    demo::run(root)
 }
 
 /// `cargo xtask bench datapath`: builds and runs the datapath benchmark (release), shows its

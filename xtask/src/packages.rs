@@ -50,6 +50,30 @@ const TEST_PACKAGES: &[Package] = &[
         why: "`ping` in the namespace tests",
     },
     Package {
+        name: "libibverbs-dev",
+        alternatives: &[],
+        required: true,
+        why: "libibverbs and its headers: the provider's layout test and the C verbs tests",
+    },
+    Package {
+        name: "ibverbs-utils",
+        alternatives: &[],
+        required: true,
+        why: "ibv_devices, ibv_devinfo and the ibv_*_pingpong programs run over xroce",
+    },
+    Package {
+        name: "perftest",
+        alternatives: &[],
+        required: true,
+        why: "ib_send_bw, ib_write_lat, ... run over xroce",
+    },
+    Package {
+        name: "valgrind",
+        alternatives: &[],
+        required: true,
+        why: "checks the provider's memory accesses under ibv_rc_pingpong",
+    },
+    Package {
         name: "bpftool",
         alternatives: &[],
         required: false,
@@ -170,7 +194,7 @@ fn have_command(name: &str) -> bool {
 }
 
 /// Effective uid 0, from /proc (xtask has no libc dependency).
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("Uid:"))

@@ -11,9 +11,9 @@ use libc::{c_char, c_int, c_void, timespec};
 
 use super::verbs::{
     ibv_ah, ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr,
-    ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr,
-    ibv_send_wr, ibv_sge, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_wc, verbs_context,
-    IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX,
+    ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr,
+    ibv_sge, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_wc, verbs_context, IBV_SYSFS_NAME_MAX,
+    IBV_SYSFS_PATH_MAX,
 };
 
 /// `struct list_node` (ccan): two pointers.

@@ -220,7 +220,9 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
-#[repr(C)]
+/// `union ibv_gid` holds two `__be64`, so the route (and every struct embedding it) is 8-byte
+/// aligned.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_global_route {
     pub dgid: [u8; 16],

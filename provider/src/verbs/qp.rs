@@ -130,7 +130,9 @@ pub unsafe extern "C" fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
     // SAFETY: `ptr` is the fresh QP.
     unsafe { init_sync(&mut (*ptr).qp.mutex, &mut (*ptr).qp.cond) };
     // SAFETY: the context is ours.
-    let async_tx = unsafe { crate::device::state(x.pd.context) }.async_tx.clone();
+    let async_tx = unsafe { crate::device::state(x.pd.context) }
+        .async_tx
+        .clone();
     with_routes(|r| {
         r.qps.insert(
             (x.engine.id, qpn),

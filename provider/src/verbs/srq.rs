@@ -7,7 +7,9 @@ use xroce_core::transport::SrqId;
 
 use super::pd_mr::pd;
 use super::{errno, init_sync};
-use crate::abi::verbs::{ibv_pd, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR};
+use crate::abi::verbs::{
+    ibv_pd, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR,
+};
 use crate::engines::{with_routes, EngineRef, ObjectRoute};
 use crate::set_errno;
 
@@ -78,7 +80,11 @@ pub unsafe extern "C" fn create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr
     ptr as *mut ibv_srq
 }
 
-pub unsafe extern "C" fn modify_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn modify_srq(
+    s: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
     // SAFETY: libibverbs passes one of our SRQs and the application's attributes.
     let (x, a) = unsafe { (srq(s), &*attr) };
     if mask & IBV_SRQ_MAX_WR != 0 {
@@ -99,7 +105,11 @@ pub unsafe extern "C" fn modify_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr, ma
 pub unsafe extern "C" fn query_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     // SAFETY: libibverbs passes one of our SRQs.
     let x = unsafe { srq(s) };
-    let Some(limit) = x.engine.engine.with_device(|d| d.srq(x.id).map(|q| q.limit())) else {
+    let Some(limit) = x
+        .engine
+        .engine
+        .with_device(|d| d.srq(x.id).map(|q| q.limit()))
+    else {
         return libc::EINVAL;
     };
     // SAFETY: the caller provides the struct.

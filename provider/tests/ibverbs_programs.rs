@@ -1,0 +1,253 @@
+//! Unmodified rdma-core example programs and perftest over xroce, between two network
+//! namespaces joined by a veth pair: `xroce link add` in each, programs started with
+//! `xroce exec --`, exactly as the README tells users.
+//!
+//! Needs root, ibverbs-utils and perftest (`cargo xtask test` installs them). Without root
+//! these tests fail unless `XROCE_SKIP_ROOT_TESTS=1` says to skip them.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use xroce_datapath::netns::{root_or_skip, run_bounded, NetnsPair};
+
+/// Longest one program may run.
+const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
+/// The device name both sides use.
+const DEV: &str = "xr0";
+/// rdma-core examples and perftest both listen on this TCP port by default.
+const PORT: u16 = 18515;
+
+/// `target/<profile>`, where cargo put the xroce binary and the provider library.
+fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+fn built(name: &str) -> PathBuf {
+    let p = build_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing; build the workspace first (cargo build --workspace)",
+        p.display()
+    );
+    p
+}
+
+/// Two namespaces, each with an xroce device `xr0` on its end of the veth.
+struct Rig {
+    pair: NetnsPair,
+    xroce: PathBuf,
+    provider: PathBuf,
+}
+
+impl Rig {
+    fn new(prefix: &str, mtu: u32) -> Rig {
+        let pair = NetnsPair::new(prefix, mtu).expect("create namespaces");
+        let rig = Rig {
+            pair,
+            xroce: built("xroce"),
+            provider: built("libxroce_provider.so"),
+        };
+        for side in 0..2 {
+            let mut cmd = rig.pair.command(side, &rig.xroce);
+            cmd.args(["link", "add", DEV, "netdev", rig.pair.iface(side)]);
+            let out = run_bounded(cmd, Duration::from_secs(60)).expect("run xroce link add");
+            assert!(
+                out.status.success(),
+                "xroce link add failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        rig
+    }
+
+    /// `xroce exec -- args...` in namespace `side`.
+    fn exec(&self, side: usize, args: &[&str]) -> Command {
+        let mut cmd = self.pair.command(side, &self.xroce);
+        cmd.arg("exec")
+            .arg("--")
+            .args(args)
+            .env("XROCE_PROVIDER", &self.provider);
+        cmd
+    }
+
+    fn run(&self, side: usize, args: &[&str]) -> Output {
+        run_bounded(self.exec(side, args), PROGRAM_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// Waits until something in namespace 0 listens on the TCP port.
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let out = self
+                .pair
+                .exec(0, &format!("ss -Hltn 'sport = :{PORT}'"))
+                .expect("run ss");
+            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no server started listening on port {PORT} within 20 s");
+    }
+
+    /// Runs `args` as the server in namespace 0 and `args SERVER_IP` as the client in namespace
+    /// 1; both must exit 0. Returns (server, client) output.
+    fn server_client(&self, args: &[&str]) -> (String, String) {
+        let server_cmd = self.exec(0, args);
+        let server = std::thread::spawn(move || run_bounded(server_cmd, PROGRAM_TIMEOUT));
+        self.wait_listening();
+        let ip = self.pair.ipv4(0).to_string();
+        let mut client_args = args.to_vec();
+        client_args.push(&ip);
+        let client = self.run(1, &client_args);
+        let server = server
+            .join()
+            .expect("server thread")
+            .unwrap_or_else(|e| panic!("server {args:?}: {e}"));
+        let text = |o: &Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        let (s, c) = (text(&server), text(&client));
+        assert!(
+            server.status.success() && client.status.success(),
+            "{args:?} failed\n--- server ({}):\n{s}\n--- client ({}):\n{c}",
+            server.status,
+            client.status
+        );
+        (s, c)
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for side in 0..2 {
+            let mut cmd = self.pair.command(side, &self.xroce);
+            cmd.args(["link", "del", DEV]);
+            let _ = run_bounded(cmd, Duration::from_secs(30));
+        }
+    }
+}
+
+#[test]
+fn devices_and_attributes() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpa", 1500);
+    let out = rig.run(0, &["ibv_devices"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains(DEV),
+        "ibv_devices:\n{text}"
+    );
+
+    let out = rig.run(0, &["ibv_devinfo", "-v", "-d", DEV]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "ibv_devinfo failed: {text}");
+    for want in [
+        "PORT_ACTIVE",
+        "active_mtu:\t\t1024 (3)",
+        "max_mtu:\t\t4096 (5)",
+        "link_layer:\t\tEthernet",
+        "atomic_cap:\t\t\tATOMIC_HCA (1)",
+        "max_qp_rd_atom:\t\t\t128",
+        "phys_port_cnt:\t\t\t1",
+    ] {
+        assert!(
+            text.contains(want),
+            "ibv_devinfo -v lacks {want:?}:\n{text}"
+        );
+    }
+    let ipv4 = rig.pair.ipv4(0).octets();
+    let mapped = format!(
+        "GID[  1]:\t\t::ffff:{}.{}.{}.{}, RoCE v2",
+        ipv4[0], ipv4[1], ipv4[2], ipv4[3]
+    );
+    assert!(
+        text.contains(&mapped),
+        "GID table lacks {mapped:?}:\n{text}"
+    );
+    assert!(
+        text.contains("GID[  0]:\t\tfe80::"),
+        "GID 0 is not the link-local GID:\n{text}"
+    );
+}
+
+#[test]
+fn rdma_core_pingpong_programs() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpp", 1500);
+    let runs: &[&[&str]] = &[
+        &["ibv_rc_pingpong", "-g", "1"],
+        &["ibv_rc_pingpong", "-g", "1", "-s", "1"],
+        &["ibv_rc_pingpong", "-g", "1", "-s", "64"],
+        &["ibv_rc_pingpong", "-g", "1", "-s", "65536"],
+        &["ibv_rc_pingpong", "-g", "1", "-n", "10000"],
+        &["ibv_rc_pingpong", "-g", "1", "-e"],
+        &["ibv_uc_pingpong", "-g", "1"],
+        &["ibv_ud_pingpong", "-g", "1"],
+        &["ibv_srq_pingpong", "-g", "1"],
+    ];
+    for args in runs {
+        let (s, c) = rig.server_client(args);
+        for text in [&s, &c] {
+            assert!(
+                text.contains("iters in"),
+                "{args:?} printed no result:\n{text}"
+            );
+        }
+        eprintln!("{args:?}: {}", c.lines().last().unwrap_or_default());
+    }
+}
+
+#[test]
+fn perftest_programs() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpf", 1500);
+    let mut runs: Vec<Vec<&str>> = Vec::new();
+    for prog in [
+        "ib_send_bw",
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_atomic_bw",
+        "ib_send_lat",
+        "ib_write_lat",
+        "ib_read_lat",
+        "ib_atomic_lat",
+    ] {
+        runs.push(vec![prog]);
+        // All sizes (atomics have one size); fewer iterations per size keep it bounded.
+        if !prog.starts_with("ib_atomic") {
+            runs.push(vec![prog, "-a", "-n", "100"]);
+        }
+    }
+    runs.push(vec!["ib_write_bw", "-q", "8"]);
+    for args in &runs {
+        let (_, c) = rig.server_client(args);
+        // perftest prints one result row per size, starting with the size in bytes.
+        let rows = c
+            .lines()
+            .filter(|l| l.trim_start().starts_with(|ch: char| ch.is_ascii_digit()))
+            .count();
+        let want = if args.contains(&"-a") { 20 } else { 1 };
+        assert!(
+            rows >= want,
+            "{args:?}: {rows} result rows, want {want}:\n{c}"
+        );
+        eprintln!("{args:?}: ok, {rows} rows");
+    }
+}
