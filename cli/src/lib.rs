@@ -2,4 +2,6 @@
 
 pub mod capture;
 pub mod engine;
+pub mod exec;
+pub mod link;
 pub mod pcap_check;

@@ -1,10 +1,12 @@
 //! `xroce`: the user command.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xroce_cli::{engine, pcap_check};
+use xroce_cli::{engine, exec, link, pcap_check};
+use xroce_datapath::xdp::XdpMode;
 
 /// xroce: RDMA over Converged Ethernet v2 in userspace, on AF_XDP.
 #[derive(Parser)]
@@ -20,6 +22,35 @@ enum Command {
     Pcap {
         #[command(subcommand)]
         command: PcapCommand,
+    },
+    /// Manage xroce RDMA devices (add, del, show), like `rdma link` for rdma_rxe.
+    ///
+    /// Example: `xroce link add xroce0 netdev eth0`, then `xroce exec -- ibv_devinfo`.
+    Link {
+        #[command(subcommand)]
+        command: LinkCommand,
+    },
+    /// Run an unmodified RDMA (libibverbs) program on the xroce devices of this network
+    /// namespace.
+    ///
+    /// Rewrites the namespace's sysfs tree (addresses may have changed since `xroce link add`),
+    /// then executes PROGRAM with SYSFS_PATH=/run/xroce/net-<N>/sysfs (where libibverbs looks
+    /// for devices on a kernel without RDMA), LD_PRELOAD=<the xroce provider library> (put
+    /// before any LD_PRELOAD already set) and XROCE_EXEC=1. The provider is $XROCE_PROVIDER
+    /// if set, else libxroce_provider.so next to the xroce executable. Exit status: PROGRAM's;
+    /// 127 when it cannot be found, 126 when it cannot be run, 1 when xroce fails before.
+    ///
+    /// Example: `xroce exec -- ibv_rc_pingpong -d xroce0 -g 1`
+    #[command(override_usage = "xroce exec -- PROGRAM [ARGS]...")]
+    Exec {
+        /// The program and its arguments.
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "PROGRAM"
+        )]
+        command: Vec<OsString>,
     },
     /// Run an xroce engine on one queue of an interface, in the foreground, until SIGINT or
     /// SIGTERM.
@@ -39,6 +70,67 @@ enum Command {
         /// AF_XDP bind mode: zero-copy when the driver supports it (auto), or force one.
         #[arg(long, default_value = "auto", value_parser = ["auto", "copy", "zero-copy"])]
         mode: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum LinkCommand {
+    /// Create an xroce RDMA device NAME on network interface DEV.
+    ///
+    /// Loads xroce's XDP program on DEV (unless it is loaded already), records the device for
+    /// the current network namespace, writes the sysfs tree that `xroce exec` shows to
+    /// libibverbs (/run/xroce/net-<N>/sysfs) and creates the device node
+    /// /dev/infiniband/xroce-NAME. Prints the device's GID table: fe80::EUI-64 of DEV's MAC,
+    /// then DEV's IPv4 addresses (as ::ffff:a.b.c.d), then its other IPv6 addresses, as the
+    /// kernel lists them for rdma_rxe.
+    ///
+    /// NAME: 1 to 32 letters, digits, '_' or '-' (not starting with '-'), unique in the
+    /// network namespace; one device per interface. Needs root (CAP_NET_ADMIN and CAP_BPF, and
+    /// write access to /run and /dev). Devices belong to the network namespace the command
+    /// runs in (`ip netns exec NS xroce link add ...`).
+    ///
+    /// Example: `xroce link add xroce0 netdev eth0`
+    #[command(override_usage = "xroce link add NAME netdev DEV [--mode native|generic]")]
+    Add {
+        /// The device name (as ibv_devices shows it).
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// The word `netdev`, as in `rdma link add NAME type rxe netdev DEV`.
+        #[arg(value_name = "netdev", value_parser = ["netdev"], hide_possible_values = true)]
+        keyword: String,
+        /// The network interface, in the current network namespace.
+        #[arg(value_name = "DEV")]
+        netdev: String,
+        /// How to attach the XDP program when it is not loaded yet: native (driver mode,
+        /// needed for zero-copy) or generic (works with any driver).
+        #[arg(long, default_value = "native", value_parser = ["native", "generic"])]
+        mode: String,
+    },
+    /// Remove an xroce RDMA device.
+    ///
+    /// Unloads the XDP program from the device's interface, forgets the device, rewrites the
+    /// sysfs tree, and removes /dev/infiniband/xroce-NAME unless a device of the same name
+    /// exists in another network namespace. Needs root.
+    ///
+    /// Example: `xroce link del xroce0`
+    #[command(visible_alias = "delete")]
+    Del {
+        /// The device name.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// List the xroce RDMA devices of the current network namespace.
+    ///
+    /// One line per device: name, interface, state (ACTIVE when the interface is up with
+    /// carrier, DOWN otherwise), interface MTU and the RoCE path MTU derived from it as
+    /// rdma_rxe does; then its GIDs by index, and whether the XDP program is attached and an
+    /// engine's AF_XDP socket is bound to queue 0. Prints nothing when there are none.
+    ///
+    /// Example: `xroce link show` or `xroce link show xroce0`
+    Show {
+        /// Only this device.
+        #[arg(value_name = "NAME")]
+        name: Option<String>,
     },
 }
 
@@ -75,6 +167,21 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Engine { iface, queue, mode } => engine::run(&iface, queue, &mode),
+        Command::Link { command } => match command {
+            LinkCommand::Add {
+                name, netdev, mode, ..
+            } => {
+                let mode = if mode == "generic" {
+                    XdpMode::Generic
+                } else {
+                    XdpMode::Native
+                };
+                link::add(&name, &netdev, mode)
+            }
+            LinkCommand::Del { name } => link::del(&name),
+            LinkCommand::Show { name } => link::show(name.as_deref()),
+        },
+        Command::Exec { command } => exec::run(&command),
         Command::Pcap {
             command: PcapCommand::Check { quiet, files },
         } => {

@@ -8,10 +8,12 @@
 //! - [`port`]: the small frame I/O trait the engine drives (AF_XDP here; DPDK and the simulator
 //!   elsewhere).
 //! - [`engine`]: the progress loop joining a port, the kernel's addressing and the transport.
+//! - [`registry`]: xroce RDMA devices (`xroce link`) and the sysfs tree libibverbs finds them by.
 
 pub mod afxdp;
 pub mod engine;
 pub mod netlink;
 pub mod netns;
 pub mod port;
+pub mod registry;
 pub mod xdp;

@@ -27,7 +27,10 @@ fn channels<R>(f: impl FnOnce(&mut HashMap<c_int, Arc<OwnedFd>>) -> R) -> R {
 }
 
 /// The write end of an xroce completion channel, for a CQ created with it.
-pub fn writer(channel: *mut ibv_comp_channel) -> Option<Arc<OwnedFd>> {
+///
+/// # Safety
+/// `channel` must be NULL or a live completion channel.
+pub(crate) unsafe fn writer(channel: *mut ibv_comp_channel) -> Option<Arc<OwnedFd>> {
     if channel.is_null() {
         return None;
     }

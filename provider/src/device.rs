@@ -78,7 +78,7 @@ fn c_str(chars: &[libc::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-pub unsafe extern "C" fn alloc_device(sysfs: *mut verbs_sysfs_dev) -> *mut verbs_device {
+pub(crate) unsafe extern "C" fn alloc_device(sysfs: *mut verbs_sysfs_dev) -> *mut verbs_device {
     // SAFETY: libibverbs passes a valid sysfs device.
     let sysfs = unsafe { &*sysfs };
     let name = c_str(&sysfs.ibdev_name);
@@ -103,12 +103,12 @@ pub unsafe extern "C" fn alloc_device(sysfs: *mut verbs_sysfs_dev) -> *mut verbs
     Box::into_raw(dev) as *mut verbs_device
 }
 
-pub unsafe extern "C" fn uninit_device(vdev: *mut verbs_device) {
+pub(crate) unsafe extern "C" fn uninit_device(vdev: *mut verbs_device) {
     // SAFETY: `vdev` came from `alloc_device`, where it is the first field of a boxed device.
     drop(unsafe { Box::from_raw(vdev as *mut XroceDevice) });
 }
 
-pub unsafe extern "C" fn alloc_context(
+pub(crate) unsafe extern "C" fn alloc_context(
     ibdev: *mut ibv_device,
     cmd_fd: c_int,
     _private_data: *mut c_void,
@@ -161,7 +161,7 @@ pub unsafe extern "C" fn alloc_context(
     }
 }
 
-pub unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
+pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
     let Some(private) = crate::register::private() else {
         return;
     };
@@ -218,7 +218,7 @@ pub fn device_attr(mac: [u8; 6]) -> ibv_device_attr {
     a
 }
 
-pub unsafe extern "C" fn query_device_ex(
+pub(crate) unsafe extern "C" fn query_device_ex(
     ctx: *mut ibv_context,
     _input: *const c_void,
     attr: *mut ibv_device_attr,
@@ -263,7 +263,7 @@ pub fn port_attr(nd: &xroce_datapath::netlink::Interface) -> ibv_port_attr {
     }
 }
 
-pub unsafe extern "C" fn query_port(
+pub(crate) unsafe extern "C" fn query_port(
     ctx: *mut ibv_context,
     port: u8,
     attr: *mut ibv_port_attr,
@@ -282,4 +282,4 @@ pub unsafe extern "C" fn query_port(
 }
 
 /// `ops->async_event`: nothing to do after `ibv_get_async_event` (no hardware to re-arm).
-pub unsafe extern "C" fn async_event(_ctx: *mut ibv_context, _event: *mut c_void) {}
+pub(crate) unsafe extern "C" fn async_event(_ctx: *mut ibv_context, _event: *mut c_void) {}

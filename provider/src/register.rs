@@ -19,11 +19,16 @@ use crate::abi::version;
 
 /// libibverbs' private entry points this provider calls.
 pub struct Private {
-    pub init_and_alloc_context:
-        unsafe extern "C" fn(*mut ibv_device, c_int, usize, *mut verbs_context, u32) -> *mut c_void,
-    pub set_ops: unsafe extern "C" fn(*mut verbs_context, *const verbs_context_ops),
-    pub uninit_context: unsafe extern "C" fn(*mut verbs_context),
+    pub init_and_alloc_context: InitAndAllocFn,
+    pub set_ops: SetOpsFn,
+    pub uninit_context: UninitFn,
 }
+
+type InitAndAllocFn =
+    unsafe extern "C" fn(*mut ibv_device, c_int, usize, *mut verbs_context, u32) -> *mut c_void;
+type SetOpsFn = unsafe extern "C" fn(*mut verbs_context, *const verbs_context_ops);
+type UninitFn = unsafe extern "C" fn(*mut verbs_context);
+type RegisterFn = unsafe extern "C" fn(*const verbs_device_ops);
 
 static PRIVATE: OnceLock<Private> = OnceLock::new();
 
@@ -81,10 +86,8 @@ pub fn device_ops() -> *const verbs_device_ops {
 static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_load() {
-    if let Err(why) = register() {
-        if let Some(why) = why {
-            eprintln!("{why}");
-        }
+    if let Err(Some(why)) = register() {
+        eprintln!("{why}");
     }
 }
 
@@ -119,9 +122,9 @@ fn register() -> Result<(), Option<String>> {
     // (checked above); function pointers and data pointers have the same size here.
     let private = unsafe {
         Private {
-            init_and_alloc_context: std::mem::transmute::<*mut c_void, _>(init),
-            set_ops: std::mem::transmute::<*mut c_void, _>(set_ops),
-            uninit_context: std::mem::transmute::<*mut c_void, _>(uninit),
+            init_and_alloc_context: std::mem::transmute::<*mut c_void, InitAndAllocFn>(init),
+            set_ops: std::mem::transmute::<*mut c_void, SetOpsFn>(set_ops),
+            uninit_context: std::mem::transmute::<*mut c_void, UninitFn>(uninit),
         }
     };
     if PRIVATE.set(private).is_err() {
@@ -129,7 +132,7 @@ fn register() -> Result<(), Option<String>> {
     }
     // SAFETY: as above; DEVICE_OPS is 'static as libibverbs requires.
     unsafe {
-        let register: unsafe extern "C" fn(*const verbs_device_ops) = std::mem::transmute(register);
+        let register = std::mem::transmute::<*mut c_void, RegisterFn>(register);
         register(&DEVICE_OPS.0);
     }
     Ok(())

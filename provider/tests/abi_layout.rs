@@ -368,11 +368,7 @@ fn c_layout(items: &[(&str, &str, usize)]) -> HashMap<String, usize> {
          #include <rdma/ib_user_verbs.h>\nint main(void) {\n",
     );
     for (s, m, _) in items {
-        let ty = if s.starts_with("ib_uverbs") {
-            format!("struct {s}")
-        } else {
-            format!("struct {s}")
-        };
+        let ty = format!("struct {s}");
         if m.is_empty() {
             src += &format!("  printf(\"{s} %zu\\n\", sizeof({ty}));\n");
         } else {

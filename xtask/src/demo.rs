@@ -213,12 +213,12 @@ impl Demo {
 
     fn cleanup(&mut self) {
         println!("==> cleaning up");
-        for side in 0..2 {
+        for (side, ns) in NS.iter().enumerate() {
             if self.links[side] {
                 match self.xroce_in(side, &["link", "del", DEV]) {
                     Ok(o) if o.status.success() => {}
                     Ok(o) => print_indented(&o),
-                    Err(e) => println!("  xroce link del in {}: {e}", NS[side]),
+                    Err(e) => println!("  xroce link del in {ns}: {e}"),
                 }
                 self.links[side] = false;
             }

@@ -123,31 +123,6 @@ impl HostMemory for ProcessMemory {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accesses_outside_registrations_fault_and_inside_work() {
-        let mut buf = vec![0u8; 64];
-        let base = buf.as_mut_ptr() as u64;
-        let mut mem = ProcessMemory::new();
-        assert!(mem.write(base, &[1]).is_err());
-        // SAFETY: `buf` outlives `mem`'s use below and is removed before it is dropped.
-        unsafe { mem.add(base + 8, 16) };
-        assert!(mem.write(base + 8, &[7; 16]).is_ok());
-        assert!(mem.write(base + 7, &[7; 2]).is_err());
-        assert!(mem.write(base + 20, &[7; 5]).is_err());
-        let mut out = [0u8; 4];
-        mem.read(base + 10, &mut out).unwrap();
-        assert_eq!(out, [7; 4]);
-        mem.remove(base + 8, 16);
-        assert!(mem.read(base + 10, &mut out).is_err());
-        assert_eq!(buf[8], 7);
-        assert_eq!(buf[7], 0);
-    }
-}
-
 /// The calling application's memory, read through the pointers it passed in a verb call: the
 /// source of `IBV_SEND_INLINE` data, which verbs does not require to be registered. Only ever
 /// used during that call, through [`Engine::post_send_caller_inline`](super::Engine), whose
@@ -177,5 +152,30 @@ impl HostMemory for CallerMemory {
             addr,
             len: data.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accesses_outside_registrations_fault_and_inside_work() {
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        let mut mem = ProcessMemory::new();
+        assert!(mem.write(base, &[1]).is_err());
+        // SAFETY: `buf` outlives `mem`'s use below and is removed before it is dropped.
+        unsafe { mem.add(base + 8, 16) };
+        assert!(mem.write(base + 8, &[7; 16]).is_ok());
+        assert!(mem.write(base + 7, &[7; 2]).is_err());
+        assert!(mem.write(base + 20, &[7; 5]).is_err());
+        let mut out = [0u8; 4];
+        mem.read(base + 10, &mut out).unwrap();
+        assert_eq!(out, [7; 4]);
+        mem.remove(base + 8, 16);
+        assert!(mem.read(base + 10, &mut out).is_err());
+        assert_eq!(buf[8], 7);
+        assert_eq!(buf[7], 0);
     }
 }

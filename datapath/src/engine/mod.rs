@@ -382,7 +382,10 @@ impl Engine {
     /// for the duration of the call.
     pub unsafe fn post_send_caller_inline(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let mut guard = self.lock();
-        if wr.flags.contains(xroce_core::transport::verbs::SendFlags::INLINE) {
+        if wr
+            .flags
+            .contains(xroce_core::transport::verbs::SendFlags::INLINE)
+        {
             guard.dev.post_send(qpn, wr, &memory::CallerMemory)?;
         } else {
             let st = &mut *guard;

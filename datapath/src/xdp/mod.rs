@@ -22,7 +22,8 @@
 
 pub mod abi;
 mod error;
-mod pins;
+// pub(crate): the device registry keys its state by the same network-namespace id.
+pub(crate) mod pins;
 mod rtnl;
 mod sys;
 

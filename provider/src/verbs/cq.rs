@@ -40,7 +40,8 @@ pub unsafe extern "C" fn create_cq(
 ) -> *mut ibv_cq {
     // SAFETY: libibverbs passes one of our contexts.
     let st = unsafe { state(ctx) };
-    let notify = crate::comp_channel::writer(channel);
+    // SAFETY: libibverbs passes the application's channel or NULL.
+    let notify = unsafe { crate::comp_channel::writer(channel) };
     if !channel.is_null() && notify.is_none() {
         eprintln!(
             "xroce: this completion channel was not made by xroce; run the program with \

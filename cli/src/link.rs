@@ -1,0 +1,160 @@
+//! `xroce link add | del | show`: xroce RDMA devices, managed like `rdma link` manages
+//! rdma_rxe devices. The work is in [`xroce_datapath::registry`]; this is the wording.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use xroce_core::transport::PathMtu;
+use xroce_datapath::netlink::{self, Interface};
+use xroce_datapath::registry::{self, gid_ipv6, Link, RegistryError, GID_TABLE_LEN};
+use xroce_datapath::xdp::{self, LoadOutcome, UnloadOutcome, XdpError, XdpMode};
+
+/// `xroce link add NAME netdev DEV`.
+pub fn add(name: &str, netdev: &str, mode: XdpMode) -> ExitCode {
+    let added = match registry::add(name, netdev, mode) {
+        Ok(added) => added,
+        Err(e) => return fail("link add", &e),
+    };
+    let (verb, attachment) = match &added.xdp {
+        LoadOutcome::Loaded(a) => ("loaded", a),
+        LoadOutcome::AlreadyLoaded(a) => ("already loaded", a),
+    };
+    // The link exists now whatever happens to the output (a closed pipe must not panic).
+    let mut out = io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{name}: netdev {netdev}, XDP program {verb} ({}, {} build)",
+        attachment.mode, attachment.build
+    )
+    .and_then(|()| writeln!(out, "{name}: GIDs {}", gid_list(&added.device.gids)));
+    ExitCode::SUCCESS
+}
+
+/// `xroce link del NAME`.
+pub fn del(name: &str) -> ExitCode {
+    let deleted = match registry::delete(name) {
+        Ok(deleted) => deleted,
+        Err(e) => return fail("link del", &e),
+    };
+    let xdp = match deleted.xdp {
+        Some(UnloadOutcome::Unloaded) => "XDP program unloaded",
+        Some(UnloadOutcome::NotLoaded) => "XDP program was not loaded",
+        None => "netdev no longer exists",
+    };
+    let _ = writeln!(
+        io::stdout().lock(),
+        "{name}: removed from netdev {} ({xdp})",
+        deleted.link.netdev
+    );
+    ExitCode::SUCCESS
+}
+
+/// `xroce link show [NAME]`.
+pub fn show(name: Option<&str>) -> ExitCode {
+    let mut out = io::stdout().lock();
+    match write_show(name, &mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail("link show", &e),
+    }
+}
+
+/// Writes what `xroce link show [NAME]` prints: per link, a summary line, its GIDs, and the
+/// state of the XDP program on its netdev. Nothing when there are no links (like
+/// `rdma link show`).
+pub fn write_show(name: Option<&str>, out: &mut dyn Write) -> Result<(), RegistryError> {
+    if let Some(name) = name {
+        registry::check_name(name)?;
+    }
+    let links: Vec<Link> = registry::links()?
+        .into_iter()
+        .filter(|l| name.is_none_or(|n| l.name == n))
+        .collect();
+    if let (Some(name), true) = (name, links.is_empty()) {
+        return Err(RegistryError::NoSuchLink {
+            name: name.to_string(),
+        });
+    }
+    // Output errors (a closed pipe) end the listing quietly.
+    let _ = links.iter().try_for_each(|link| show_link(link, out));
+    Ok(())
+}
+
+fn show_link(link: &Link, out: &mut dyn Write) -> io::Result<()> {
+    let iface = match netlink::interface_by_name(&link.netdev) {
+        Ok(iface) => iface,
+        Err(e) => {
+            writeln!(
+                out,
+                "link {} netdev {} state DOWN (netdev unavailable: {e})",
+                link.name, link.netdev
+            )?;
+            return Ok(());
+        }
+    };
+    writeln!(
+        out,
+        "link {} netdev {} state {} mtu {} (path MTU {})",
+        link.name,
+        link.netdev,
+        if iface.up { "ACTIVE" } else { "DOWN" },
+        iface.mtu,
+        PathMtu::for_netdev_mtu(iface.mtu as usize).bytes()
+    )?;
+    match netlink::gid_table(&iface) {
+        Ok(gids) => {
+            for (index, gid) in gids.iter().take(GID_TABLE_LEN).enumerate() {
+                writeln!(out, "    gid {index} {}", gid_ipv6(*gid))?;
+            }
+        }
+        Err(e) => writeln!(out, "    gids unavailable: {e}")?,
+    }
+    writeln!(out, "    xdp {}", xdp_state(&iface))
+}
+
+fn xdp_state(iface: &Interface) -> String {
+    let status = match xdp::status(Some(&iface.name)) {
+        Ok(mut all) if !all.is_empty() => all.swap_remove(0),
+        Ok(_) => return "not attached".to_string(),
+        Err(XdpError::PermissionDenied { .. }) => {
+            return "state unknown (reading it needs root)".to_string()
+        }
+        Err(e) => return format!("state unknown ({e})"),
+    };
+    let Some(ours) = status.xroce else {
+        return match status.foreign.first() {
+            Some(other) => format!(
+                "not attached (another XDP program is: program id {}{})",
+                other.prog_id,
+                other
+                    .name
+                    .as_deref()
+                    .map(|n| format!(" '{n}'"))
+                    .unwrap_or_default()
+            ),
+            None => "not attached".to_string(),
+        };
+    };
+    let a = &ours.attachment;
+    let queue0 = match &ours.xsk_queues {
+        Some(queues) if queues.contains(&0) => "socket bound",
+        Some(_) => "no socket bound",
+        None => "socket unknown",
+    };
+    format!(
+        "attached ({}, {} build, program id {}); queue 0: {queue0}",
+        a.mode, a.build, a.prog_id
+    )
+}
+
+fn gid_list(gids: &[std::net::IpAddr]) -> String {
+    gids.iter()
+        .enumerate()
+        .map(|(i, g)| format!("{i} {}", gid_ipv6(*g)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn fail(what: &str, e: &RegistryError) -> ExitCode {
+    eprintln!("xroce {what}: {e}");
+    ExitCode::FAILURE
+}
