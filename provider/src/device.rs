@@ -42,6 +42,8 @@ pub struct ContextState {
     pub engine: Mutex<Option<Arc<EngineRef>>>,
     /// Write end of the pipe behind `context->async_fd`.
     pub async_tx: Arc<OwnedFd>,
+    /// Reports the netdev's state and address changes (stopped when the context is freed).
+    pub port_watch: Option<crate::port_events::PortWatch>,
 }
 
 /// The context state behind an `ibv_context` this provider allocated.
@@ -145,11 +147,13 @@ pub(crate) unsafe extern "C" fn alloc_context(
     if xctx.is_null() {
         return std::ptr::null_mut();
     }
+    let async_tx = Arc::new(async_tx);
     let state = Box::new(ContextState {
         name: dev.name.clone(),
         netdev: dev.netdev.clone(),
         engine: Mutex::new(None),
-        async_tx: Arc::new(async_tx),
+        port_watch: crate::port_events::PortWatch::start(dev.netdev.clone(), async_tx.clone()),
+        async_tx,
     });
     // SAFETY: `xctx` is the fresh allocation; the ops table is 'static.
     unsafe {

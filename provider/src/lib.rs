@@ -11,6 +11,7 @@
 //! - [`device`]: device and context allocation, device and port queries.
 //! - [`engines`]: one engine per netdev per process, started on first use; routes its events.
 //! - [`verbs`]: PD, MR, CQ, QP, SRQ, AH and the data path ops.
+//! - [`port_events`]: port up/down and GID changes as asynchronous events.
 //! - [`comp_channel`]: `ibv_create_comp_channel` for xroce contexts (an interposer, because it
 //!   is not a provider op).
 
@@ -18,6 +19,7 @@ pub mod abi;
 pub mod comp_channel;
 pub mod device;
 pub mod engines;
+pub mod port_events;
 pub mod register;
 pub mod verbs;
 

@@ -271,3 +271,78 @@ fn perftest_programs() {
         eprintln!("{args:?}: ok, {rows} rows");
     }
 }
+
+#[test]
+fn async_events_reach_ibv_asyncwatch() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpe", 1500);
+    // ibv_asyncwatch never exits by itself; `timeout` ends it and its output is kept.
+    let watch_cmd = rig.exec(0, &["timeout", "6", "ibv_asyncwatch", "-d", DEV]);
+    let watch = std::thread::spawn(move || run_bounded(watch_cmd, Duration::from_secs(30)));
+    // Give it time to open the device and block in ibv_get_async_event.
+    std::thread::sleep(Duration::from_millis(1500));
+    let iface = rig.pair.iface(0).to_string();
+    for step in [
+        format!("ip link set {iface} down"),
+        format!("ip link set {iface} up"),
+        format!("ip addr add 10.250.9.1/24 dev {iface}"),
+    ] {
+        let out = rig.pair.exec(0, &step).expect("run ip");
+        assert!(out.status.success(), "{step}: {out:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let out = watch.join().expect("watch thread").expect("ibv_asyncwatch");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "IBV_EVENT_PORT_ERR (10), port 1",
+        "IBV_EVENT_PORT_ACTIVE (9), port 1",
+        "IBV_EVENT_GID_CHANGE (18), port 1",
+    ] {
+        assert!(
+            text.contains(want),
+            "ibv_asyncwatch lacks {want:?}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn valgrind_finds_no_invalid_accesses() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpv", 1500);
+    // The server runs under memcheck; the client runs natively.
+    let server_cmd = rig.exec(
+        0,
+        &[
+            "valgrind",
+            "--error-exitcode=1",
+            "ibv_rc_pingpong",
+            "-g",
+            "1",
+            "-n",
+            "200",
+        ],
+    );
+    let server = std::thread::spawn(move || run_bounded(server_cmd, PROGRAM_TIMEOUT));
+    rig.wait_listening();
+    let ip = rig.pair.ipv4(0).to_string();
+    let client = rig.run(1, &["ibv_rc_pingpong", "-g", "1", "-n", "200", &ip]);
+    let server = server.join().expect("server thread").expect("valgrind run");
+    let report = String::from_utf8_lossy(&server.stderr);
+    assert!(
+        client.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(
+        server.status.success()
+            && report.contains("ERROR SUMMARY: 0 errors")
+            && !report.contains("Invalid read")
+            && !report.contains("Invalid write"),
+        "valgrind reports errors ({}):\n{report}",
+        server.status
+    );
+}

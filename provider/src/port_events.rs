@@ -1,0 +1,115 @@
+//! Port events for `ibv_get_async_event`: the netdev going down or up (`IBV_EVENT_PORT_ERR` /
+//! `IBV_EVENT_PORT_ACTIVE`) and its addresses changing (`IBV_EVENT_GID_CHANGE`), as rdma_rxe
+//! reports them. One thread per open context sleeps in `poll()` on a netlink subscription and
+//! costs nothing while nothing changes.
+
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use xroce_datapath::netlink::{self, AddressWatcher, Change};
+
+use crate::abi::verbs::{IBV_EVENT_GID_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR};
+use crate::engines::post_async;
+
+/// The watcher thread of one context; dropping it stops the thread.
+pub struct PortWatch {
+    stop: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What is compared between changes.
+#[derive(PartialEq)]
+struct PortState {
+    up: bool,
+    gids: Vec<IpAddr>,
+}
+
+fn read_state(netdev: &str) -> Option<(u32, PortState)> {
+    let iface = netlink::interface_by_name(netdev).ok()?;
+    let gids = netlink::gid_table(&iface).unwrap_or_default();
+    Some((iface.index, PortState { up: iface.up, gids }))
+}
+
+impl PortWatch {
+    /// Starts watching `netdev`; `None` if netlink or the thread cannot be set up (the context
+    /// then works without port events).
+    pub fn start(netdev: String, async_tx: Arc<OwnedFd>) -> Option<PortWatch> {
+        let mut watcher = AddressWatcher::new().ok()?;
+        let (ifindex, mut last) = read_state(&netdev)?;
+        // SAFETY: a fresh eventfd, owned at once.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return None;
+        }
+        // SAFETY: `efd` is a valid descriptor nobody else owns.
+        let stop = unsafe { OwnedFd::from_raw_fd(efd) };
+        let stop_fd = stop.as_raw_fd();
+        let thread = std::thread::Builder::new()
+            .name("xroce-port-events".into())
+            .spawn(move || loop {
+                let mut fds = [
+                    libc::pollfd {
+                        fd: watcher.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: stop_fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ];
+                // SAFETY: polling two valid descriptors.
+                let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+                if n < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
+                    return;
+                }
+                if fds[1].revents != 0 {
+                    return;
+                }
+                let relevant = watcher.drain().into_iter().any(|c| match c {
+                    Change::Link(i) | Change::Addresses(i) => i == ifindex,
+                    Change::Resync => true,
+                    _ => false,
+                });
+                if !relevant {
+                    continue;
+                }
+                let Some((_, now)) = read_state(&netdev) else {
+                    continue;
+                };
+                if now.up != last.up {
+                    let ty = if now.up {
+                        IBV_EVENT_PORT_ACTIVE
+                    } else {
+                        IBV_EVENT_PORT_ERR
+                    };
+                    post_async(&async_tx, 1, ty);
+                }
+                if now.gids != last.gids {
+                    post_async(&async_tx, 1, IBV_EVENT_GID_CHANGE);
+                }
+                last = now;
+            })
+            .ok()?;
+        Some(PortWatch {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for PortWatch {
+    fn drop(&mut self) {
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write to our eventfd.
+        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
