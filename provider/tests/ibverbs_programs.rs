@@ -37,20 +37,28 @@ fn built(name: &str) -> PathBuf {
     p
 }
 
+/// The programs measure and compete for the 2 CPUs of a CI machine (perftest calibrates its
+/// clock at start-up); one rig at a time keeps their runs independent of each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Two namespaces, each with an xroce device `xr0` on its end of the veth.
 struct Rig {
     pair: NetnsPair,
     xroce: PathBuf,
     provider: PathBuf,
+    /// Released last, after the namespaces are gone (fields drop in order).
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Rig {
     fn new(prefix: &str, mtu: u32) -> Rig {
+        let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let pair = NetnsPair::new(prefix, mtu).expect("create namespaces");
         let rig = Rig {
             pair,
             xroce: built("xroce"),
             provider: built("libxroce_provider.so"),
+            _serial: serial,
         };
         for side in 0..2 {
             let mut cmd = rig.pair.command(side, &rig.xroce);

@@ -233,6 +233,9 @@ fn test(root: &Path) -> Result<(), String> {
             "warnings",
         ],
     )?;
+    // The end-to-end tests run the `xroce` binary and load the provider library from
+    // target/debug; build every target first so they exist whichever test runs first.
+    step(root, "build", &cargo, &["build", "--workspace"])?;
     step(root, "tests", &cargo, &["test", "--workspace"])?;
     println!("==> all checks passed");
     Ok(())
