@@ -19,8 +19,11 @@ const RX_BATCH: usize = 64;
 const TX_BATCH: usize = 64;
 /// Ethernet header without VLAN tag (xroce sends untagged).
 const ETH_HEADER: usize = 14;
-/// An application that polled within this long counts as actively polling.
-pub(crate) const APP_ACTIVE_NS: u64 = 1_000_000;
+/// An application that polled an empty CQ within this long counts as actively polling. Short,
+/// because an application may stop polling its CQ and spin on memory instead (`ib_write_lat`
+/// waits for the peer's WRITE to land): the progress thread must take over within about this
+/// long. (It was 1 ms: `ib_write_lat` then measured 1.3 ms.)
+pub(crate) const APP_ACTIVE_NS: u64 = 100_000;
 /// Largest frame built: a 4096-byte path MTU packet with every header is 4154 bytes.
 const MAX_FRAME: usize = 9216;
 
@@ -154,8 +157,9 @@ pub(crate) fn run(
         // While an application polls its CQs it drives progress itself (see `Engine::poll_cq`);
         // this thread then stays out of its way and only checks back now and then.
         let app_ns = shared.app_polled_at.load(Ordering::Relaxed);
-        if app_ns != 0 && shared.now().saturating_sub(app_ns) < APP_ACTIVE_NS {
-            std::thread::sleep(Duration::from_nanos(APP_ACTIVE_NS));
+        let since = shared.now().saturating_sub(app_ns);
+        if app_ns != 0 && since < APP_ACTIVE_NS {
+            std::thread::sleep(Duration::from_nanos((APP_ACTIVE_NS - since).max(20_000)));
             continue;
         }
         let work = {
