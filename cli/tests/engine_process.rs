@@ -183,3 +183,60 @@ fn engine_without_the_xdp_program_says_what_to_do() {
         "error does not name the interface: {stderr}"
     );
 }
+
+/// An engine whose parent exited (a daemonised program) inside `ip netns exec`'s private mount
+/// namespace still finds the XDP program's socket map: when the host's bpffs cannot be reached
+/// (PID 1's namespace may be unreadable, and there is no parent to follow), the attached
+/// program leads to its maps.
+#[test]
+fn orphaned_engine_in_a_private_mount_namespace_binds() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrorph", 1500).expect("namespaces");
+    let iface = pair.iface(0).to_string();
+    pair.run_in(0, {
+        let iface = iface.clone();
+        move || xdp::load(&xdp::LoadOptions::new(&iface)).expect("load")
+    });
+    let dir = std::env::temp_dir().join(format!("xroce-orphan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log = dir.join("engine.log");
+    let pidfile = dir.join("engine.pid");
+    // The subshell exits at once, so the engine is reparented away from its ancestors.
+    let script = format!(
+        "(sh -c 'echo $$ > {pid}; exec {xroce} engine --iface {iface}' > {log} 2>&1 &); exit 0",
+        pid = pidfile.display(),
+        xroce = XROCE,
+        log = log.display(),
+    );
+    let out = pair.exec(0, &script).expect("start the orphan");
+    assert!(out.status.success(), "{out:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("ready") || text.contains("error") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .expect("engine pid");
+    let before = counters(&pair);
+    send_roce_port_datagrams(&pair, 4);
+    let after = counters(&pair);
+    // SAFETY: kill(2) on the engine this test started (its PID from the pid file).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        text.contains("ready"),
+        "orphaned engine did not start:\n{text}"
+    );
+    assert_eq!(
+        after.redirected - before.redirected,
+        4,
+        "{before:?} -> {after:?}"
+    );
+}

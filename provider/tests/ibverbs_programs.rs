@@ -354,3 +354,92 @@ fn valgrind_finds_no_invalid_accesses() {
         server.status
     );
 }
+
+/// Compiles `provider/tests/c/NAME.c` against the system's libibverbs into the build
+/// directory and returns the executable.
+fn compile_c(name: &str) -> PathBuf {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let dir = build_dir().join("c-tests");
+    std::fs::create_dir_all(&dir).expect("create target/<profile>/c-tests");
+    let exe = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc (install gcc and libibverbs-dev)");
+    assert!(
+        out.status.success(),
+        "compiling {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+fn application_errors_get_verbs_errors() {
+    if !root_or_skip() {
+        return;
+    }
+    let program = compile_c("verbs_errors");
+    let rig = Rig::new("xpx", 1500);
+    let exe = program.to_string_lossy();
+    let out = rig.run(0, &[&exe, "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !text.contains("FAIL"),
+        "verbs_errors ({}):\n{text}\n{stderr}",
+        out.status
+    );
+    // Every check ran (a program that stopped early would also print no FAIL).
+    for check in [
+        "post_send_in_reset",
+        "post_recv_in_reset",
+        "post_send_in_init",
+        "modify_qp_illegal_transition",
+        "destroy_cq_in_use",
+        "inline_above_limit",
+        "inline_at_limit",
+        "more_sges_than_max_send_sge",
+        "unknown_opcode",
+        "more_wrs_than_the_queue_holds",
+        "queued_wrs_flush_in_order",
+        "invalid_lkey",
+        "sge_beyond_mr",
+        "invalid_rkey",
+        "remote_write_beyond_mr",
+        "cq_overflow_raises_cq_err",
+        "deregistered_lkey",
+        "dealloc_pd_in_use",
+    ] {
+        assert!(
+            text.lines().any(|l| l == format!("ok {check}")),
+            "verbs_errors did not pass {check}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn completion_channels_lose_no_wakeups() {
+    if !root_or_skip() {
+        return;
+    }
+    let program = compile_c("comp_channel_stress");
+    let rig = Rig::new("xpc", 1500);
+    let exe = program.to_string_lossy();
+    // 4 threads per side, 125 000 event-driven ping-pong rounds each: 500 000 completion
+    // events on each side, one million in all. A lost wake-up stops a thread after 10 s.
+    let port = PORT.to_string();
+    let (s, c) = rig.server_client(&[&exe, "-t", "4", "-n", "125000", "-p", &port]);
+    for (side, text) in [("server", &s), ("client", &c)] {
+        assert!(
+            text.lines().any(|l| l == "events 500000"),
+            "{side} did not receive all 500000 events:\n{text}"
+        );
+    }
+}

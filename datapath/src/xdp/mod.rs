@@ -929,14 +929,53 @@ fn open_loaded_map(iface: &str, name: &str) -> Result<OwnedFd, XdpError> {
     let not_loaded = || XdpError::NotLoaded {
         iface: iface.to_string(),
     };
-    pins::with_bpffs_existing(|| {
+    let pinned = pins::with_bpffs_existing(|| {
         let dir = pins::iface_dir(netns, iface);
         if live_link(iface, &dir, &link)?.is_none() {
             return Err(not_loaded());
         }
         open_pinned_map(iface, &dir, name)
-    })?
-    .ok_or_else(not_loaded)
+    })?;
+    match pinned {
+        Some(fd) => Ok(fd),
+        // The persistent bpffs cannot be reached from here: a private mount namespace (`ip
+        // netns exec`) whose origin cannot be found, e.g. because this process's parent exited
+        // and PID 1's namespace cannot be read. The attached program leads to its maps too.
+        None => map_of_attached_program(iface, &link, name)?.ok_or_else(not_loaded),
+    }
+}
+
+/// The map `name` of xroce's program attached to `link`, found through the program's own map
+/// ids (needs CAP_SYS_ADMIN, as does everything else an engine does).
+fn map_of_attached_program(
+    iface: &str,
+    link: &rtnl::Link,
+    name: &str,
+) -> Result<Option<OwnedFd>, XdpError> {
+    for prog_id in [link.drv_prog_id, link.skb_prog_id] {
+        if prog_id == 0 {
+            continue;
+        }
+        let prog = sys::prog_fd_by_id(prog_id)
+            .map_err(|e| XdpError::kernel(iface, "opening the attached XDP program", e))?;
+        let (info, map_ids) = sys::prog_info_with_maps(prog.as_fd())
+            .map_err(|e| XdpError::kernel(iface, "reading the attached XDP program", e))?;
+        if ![abi::PROG_NAME_PLAIN, abi::PROG_NAME_FRAGS].contains(&info.name().as_str()) {
+            continue;
+        }
+        for id in map_ids {
+            let Ok(map) = sys::map_fd_by_id(id) else {
+                continue;
+            };
+            let map_info: sys::MapInfo = sys::obj_info(map.as_fd())
+                .map_err(|e| XdpError::kernel(iface, "reading a map of the XDP program", e))?;
+            if sys::c_name(&map_info.name) == name {
+                check_map_type(iface, name, &map_info, || format!("map {name} (id {id})"))?;
+                return Ok(Some(map));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn open_pinned_map(iface: &str, dir: &Path, name: &str) -> Result<OwnedFd, XdpError> {
@@ -951,6 +990,19 @@ fn open_pinned_map(iface: &str, dir: &Path, name: &str) -> Result<OwnedFd, XdpEr
     })?;
     let info: sys::MapInfo = sys::obj_info(fd.as_fd())
         .map_err(|e| XdpError::kernel(iface, format!("reading the pinned map {name}"), e))?;
+    check_map_type(iface, name, &info, || {
+        format!("pinned map {}", dir.join(name).display())
+    })?;
+    Ok(fd)
+}
+
+/// Fails when a map called `name` is not of the type xroce's program declares for it.
+fn check_map_type(
+    iface: &str,
+    name: &str,
+    info: &sys::MapInfo,
+    which: impl FnOnce() -> String,
+) -> Result<(), XdpError> {
     let expected = match name {
         abi::XSKS_MAP_NAME => sys::BPF_MAP_TYPE_XSKMAP,
         abi::COUNTERS_MAP_NAME => sys::BPF_MAP_TYPE_PERCPU_ARRAY,
@@ -959,14 +1011,14 @@ fn open_pinned_map(iface: &str, dir: &Path, name: &str) -> Result<OwnedFd, XdpEr
     if info.type_ != expected {
         return Err(XdpError::Kernel {
             iface: iface.to_string(),
-            what: format!("checking the pinned map {}", dir.join(name).display()),
+            what: format!("checking the {}", which()),
             source: io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("map type {} where {expected} was expected", info.type_),
             ),
         });
     }
-    Ok(fd)
+    Ok(())
 }
 
 fn counters_from(iface: &str, map: &OwnedFd) -> Result<XdpCounters, XdpError> {

@@ -26,6 +26,7 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_DETACH: libc::c_long = 34;
@@ -170,6 +171,37 @@ pub(crate) fn prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     owned_fd(bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?)
 }
 
+/// `BPF_MAP_GET_FD_BY_ID`.
+pub(crate) fn map_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = GetFdByIdAttr {
+        id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    owned_fd(bpf(BPF_MAP_GET_FD_BY_ID, &mut attr)?)
+}
+
+/// The program's info together with the ids of the maps it uses.
+pub(crate) fn prog_info_with_maps(fd: BorrowedFd<'_>) -> io::Result<(ProgInfo, Vec<u32>)> {
+    // The first call says how many maps there are, the second fills their ids.
+    let first: ProgInfo = obj_info(fd)?;
+    let mut ids = vec![0u32; first.nr_map_ids as usize];
+    let mut info = ProgInfo {
+        nr_map_ids: first.nr_map_ids,
+        map_ids: ids.as_mut_ptr() as u64,
+        ..ProgInfo::default()
+    };
+    let mut attr = InfoAttr {
+        bpf_fd: fd_u32(fd),
+        info_len: size_of::<ProgInfo>() as u32,
+        info: &mut info as *mut ProgInfo as u64,
+    };
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    // The kernel reports how many it has; it wrote at most as many as there was room for.
+    ids.truncate(info.nr_map_ids.min(first.nr_map_ids) as usize);
+    Ok((info, ids))
+}
+
 #[repr(C)]
 struct InfoAttr {
     bpf_fd: u32,
@@ -228,7 +260,7 @@ pub(crate) struct LinkInfo {
     _pad2: u32,
 }
 
-fn c_name(bytes: &[u8]) -> String {
+pub(crate) fn c_name(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }

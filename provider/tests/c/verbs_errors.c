@@ -1,0 +1,405 @@
+/*
+ * Bad input from an application must get the verbs error, never a crash or a hang.
+ *
+ * Runs on the first device libibverbs lists (under `xroce exec`, an xroce device), with RC QPs
+ * connected to each other on the same device (loopback). Prints one line per check, "ok NAME"
+ * or "FAIL NAME: why", and exits 0 only when every check passed. Every wait is bounded.
+ *
+ * Usage: verbs_errors GID_INDEX
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <infiniband/verbs.h>
+
+static int failures;
+
+#define CHECK(name, cond, ...)                                                                     \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            printf("ok %s\n", name);                                                               \
+        } else {                                                                                   \
+            printf("FAIL %s: ", name);                                                             \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+            failures++;                                                                            \
+        }                                                                                          \
+        fflush(stdout);                                                                            \
+    } while (0)
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static union ibv_gid gid;
+static int gid_index;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Polls `cq` until one completion arrives or 5 s pass; returns 1 when one was read. */
+static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+    double end = now_s() + 5;
+    while (now_s() < end) {
+        int n = ibv_poll_cq(cq, 1, wc);
+        if (n < 0)
+            return 0;
+        if (n == 1)
+            return 1;
+    }
+    return 0;
+}
+
+static struct ibv_qp *create_rc(struct ibv_cq *scq, struct ibv_cq *rcq, uint32_t max_send_wr,
+                                uint32_t max_inline)
+{
+    struct ibv_qp_init_attr a = {
+        .send_cq = scq,
+        .recv_cq = rcq,
+        .cap = {.max_send_wr = max_send_wr, .max_recv_wr = 16, .max_send_sge = 2,
+                .max_recv_sge = 2, .max_inline_data = max_inline},
+        .qp_type = IBV_QPT_RC,
+    };
+    return ibv_create_qp(pd, &a);
+}
+
+static int to_init(struct ibv_qp *qp)
+{
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_INIT,
+        .pkey_index = 0,
+        .port_num = 1,
+        .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                           IBV_ACCESS_REMOTE_ATOMIC,
+    };
+    return ibv_modify_qp(qp, &a,
+                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static int to_rtr_rts(struct ibv_qp *qp, uint32_t dest_qpn)
+{
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu = IBV_MTU_1024,
+        .dest_qp_num = dest_qpn,
+        .rq_psn = 0,
+        .max_dest_rd_atomic = 1,
+        .min_rnr_timer = 1,
+        .ah_attr = {.is_global = 1, .port_num = 1,
+                    .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 1}},
+    };
+    int r = ibv_modify_qp(qp, &a,
+                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (r)
+        return r;
+    struct ibv_qp_attr s = {
+        .qp_state = IBV_QPS_RTS,
+        .timeout = 14,
+        .retry_cnt = 7,
+        .rnr_retry = 7,
+        .sq_psn = 0,
+        .max_rd_atomic = 1,
+    };
+    return ibv_modify_qp(qp, &s,
+                         IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                             IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/* Two RC QPs on one device, connected to each other. */
+struct pair {
+    struct ibv_cq *cq;
+    struct ibv_qp *a, *b;
+};
+
+static int make_pair(struct pair *p, uint32_t max_send_wr)
+{
+    p->cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+    if (!p->cq)
+        return -1;
+    p->a = create_rc(p->cq, p->cq, max_send_wr, 64);
+    p->b = create_rc(p->cq, p->cq, max_send_wr, 64);
+    if (!p->a || !p->b)
+        return -1;
+    if (to_init(p->a) || to_init(p->b))
+        return -1;
+    if (to_rtr_rts(p->a, p->b->qp_num) || to_rtr_rts(p->b, p->a->qp_num))
+        return -1;
+    return 0;
+}
+
+static void free_pair(struct pair *p)
+{
+    ibv_destroy_qp(p->a);
+    ibv_destroy_qp(p->b);
+    ibv_destroy_cq(p->cq);
+}
+
+static int post_write(struct ibv_qp *qp, void *addr, uint32_t len, uint32_t lkey,
+                      uint64_t raddr, uint32_t rkey, int flags)
+{
+    struct ibv_sge sge = {.addr = (uintptr_t)addr, .length = len, .lkey = lkey};
+    struct ibv_send_wr wr = {
+        .wr_id = 7,
+        .sg_list = &sge,
+        .num_sge = 1,
+        .opcode = IBV_WR_RDMA_WRITE,
+        .send_flags = IBV_SEND_SIGNALED | flags,
+        .wr.rdma = {.remote_addr = raddr, .rkey = rkey},
+    };
+    struct ibv_send_wr *bad = NULL;
+    return ibv_post_send(qp, &wr, &bad);
+}
+
+/* Waits (bounded) for an asynchronous event of type `type`; returns 1 when it came. */
+static int wait_async(enum ibv_event_type type, void *element)
+{
+    double end = now_s() + 5;
+    while (now_s() < end) {
+        struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        struct ibv_async_event ev;
+        if (ibv_get_async_event(ctx, &ev))
+            return 0;
+        int match = ev.event_type == type && (element == NULL || ev.element.cq == element);
+        ibv_ack_async_event(&ev);
+        if (match)
+            return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    gid_index = argc > 1 ? atoi(argv[1]) : 1;
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    if (!list || !list[0]) {
+        printf("FAIL setup: no RDMA device\n");
+        return 1;
+    }
+    ctx = ibv_open_device(list[0]);
+    if (!ctx || ibv_query_gid(ctx, 1, gid_index, &gid)) {
+        printf("FAIL setup: cannot open %s or read GID %d\n", ibv_get_device_name(list[0]),
+               gid_index);
+        return 1;
+    }
+    pd = ibv_alloc_pd(ctx);
+    size_t len = 65536;
+    char *buf = aligned_alloc(4096, len);
+    char *other = aligned_alloc(4096, len);
+    memset(buf, 0xab, len);
+    struct ibv_mr *mr = ibv_reg_mr(pd, buf, len / 2,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                       IBV_ACCESS_REMOTE_READ);
+    if (!pd || !mr) {
+        printf("FAIL setup: pd or mr\n");
+        return 1;
+    }
+    struct ibv_wc wc;
+    struct pair p;
+
+    /* Registration: remote write without local write is refused by verbs. */
+    errno = 0;
+    struct ibv_mr *bad_mr = ibv_reg_mr(pd, other, 4096, IBV_ACCESS_REMOTE_WRITE);
+    CHECK("reg_mr_remote_write_without_local_write", bad_mr == NULL && errno == EINVAL,
+          "got %p errno %d", (void *)bad_mr, errno);
+
+    /* Posting on a QP in the wrong state: RESET and INIT cannot send, RESET cannot receive. */
+    {
+        struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+        struct ibv_qp *qp = create_rc(cq, cq, 16, 64);
+        struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+        struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND};
+        struct ibv_send_wr *bad = NULL;
+        struct ibv_recv_wr rwr = {.sg_list = &sge, .num_sge = 1};
+        struct ibv_recv_wr *rbad = NULL;
+        int r = ibv_post_send(qp, &wr, &bad);
+        CHECK("post_send_in_reset", r == EINVAL && bad == &wr, "returned %d", r);
+        r = ibv_post_recv(qp, &rwr, &rbad);
+        CHECK("post_recv_in_reset", r == EINVAL && rbad == &rwr, "returned %d", r);
+        to_init(qp);
+        bad = NULL;
+        r = ibv_post_send(qp, &wr, &bad);
+        CHECK("post_send_in_init", r == EINVAL && bad == &wr, "returned %d", r);
+        r = ibv_post_recv(qp, &rwr, &rbad);
+        CHECK("post_recv_in_init_allowed", r == 0, "returned %d", r);
+
+        /* An illegal transition (INIT -> RTS) is refused and changes nothing. */
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS};
+        r = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+        struct ibv_qp_attr q;
+        struct ibv_qp_init_attr qi;
+        ibv_query_qp(qp, &q, IBV_QP_STATE, &qi);
+        CHECK("modify_qp_illegal_transition", r == EINVAL && q.qp_state == IBV_QPS_INIT,
+              "returned %d, state now %d", r, q.qp_state);
+
+        /* Destroying a CQ a QP still uses. */
+        r = ibv_destroy_cq(cq);
+        CHECK("destroy_cq_in_use", r == EBUSY, "returned %d", r);
+        ibv_destroy_qp(qp);
+        r = ibv_destroy_cq(cq);
+        CHECK("destroy_cq_after_qp", r == 0, "returned %d", r);
+    }
+
+    /* Queue limits: inline data above max_inline_data, more SGEs than max_send_sge, more
+     * outstanding WRs than the send queue holds, an unknown opcode. */
+    if (make_pair(&p, 4) == 0) {
+        struct ibv_qp_attr qa;
+        struct ibv_qp_init_attr qi;
+        ibv_query_qp(p.a, &qa, IBV_QP_CAP, &qi);
+        uint32_t inline_max = qi.cap.max_inline_data;
+        char *stack = malloc(inline_max + 1);
+        memset(stack, 1, inline_max + 1);
+        struct ibv_sge sge = {.addr = (uintptr_t)stack, .length = inline_max + 1};
+        struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+                                 .send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED,
+                                 .wr.rdma = {.remote_addr = (uintptr_t)buf, .rkey = mr->rkey}};
+        struct ibv_send_wr *bad = NULL;
+        int r = ibv_post_send(p.a, &wr, &bad);
+        CHECK("inline_above_limit", r == EINVAL && bad == &wr, "returned %d (limit %u)", r,
+              inline_max);
+        sge.length = inline_max;
+        r = ibv_post_send(p.a, &wr, &bad);
+        int ok = r == 0 && poll_one(p.cq, &wc) && wc.status == IBV_WC_SUCCESS;
+        CHECK("inline_at_limit", ok, "returned %d, status %d", r, wc.status);
+        free(stack);
+
+        struct ibv_sge three[3] = {{(uintptr_t)buf, 8, mr->lkey},
+                                   {(uintptr_t)buf + 8, 8, mr->lkey},
+                                   {(uintptr_t)buf + 16, 8, mr->lkey}};
+        struct ibv_send_wr w3 = {.sg_list = three, .num_sge = 3, .opcode = IBV_WR_RDMA_WRITE,
+                                 .wr.rdma = {.remote_addr = (uintptr_t)buf, .rkey = mr->rkey}};
+        r = ibv_post_send(p.a, &w3, &bad);
+        CHECK("more_sges_than_max_send_sge", r == EINVAL, "returned %d", r);
+
+        struct ibv_send_wr wop = {.sg_list = three, .num_sge = 1, .opcode = 0x7f};
+        r = ibv_post_send(p.a, &wop, &bad);
+        CHECK("unknown_opcode", r == EINVAL, "returned %d", r);
+
+        /* Fill the send queue with a chain: the first WR that does not fit is reported. The
+         * QP sends to a QPN nobody owns, so nothing is acknowledged and the WRs stay queued;
+         * moving the QP to ERROR then flushes exactly those. */
+        struct ibv_qp *deaf = create_rc(p.cq, p.cq, 4, 64);
+        if (!deaf || to_init(deaf) || to_rtr_rts(deaf, 0xfffff0)) {
+            CHECK("connect_to_absent_qpn", 0, "cannot set up the QP");
+            return 1;
+        }
+        ibv_query_qp(deaf, &qa, IBV_QP_CAP, &qi);
+        uint32_t depth = qi.cap.max_send_wr;
+        struct ibv_send_wr *chain = calloc(depth + 1, sizeof(*chain));
+        struct ibv_sge one = {(uintptr_t)buf, 8, mr->lkey};
+        for (uint32_t i = 0; i <= depth; i++) {
+            chain[i] = (struct ibv_send_wr){
+                .wr_id = i, .sg_list = &one, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+                .send_flags = IBV_SEND_SIGNALED,
+                .wr.rdma = {.remote_addr = (uintptr_t)buf + 4096, .rkey = mr->rkey},
+                .next = i < depth ? &chain[i + 1] : NULL};
+        }
+        bad = NULL;
+        r = ibv_post_send(deaf, chain, &bad);
+        CHECK("more_wrs_than_the_queue_holds", r == ENOMEM && bad == &chain[depth],
+              "returned %d, bad_wr at %ld of depth %u", r, bad ? (long)(bad - chain) : -1L, depth);
+        struct ibv_qp_attr err = {.qp_state = IBV_QPS_ERR};
+        ibv_modify_qp(deaf, &err, IBV_QP_STATE);
+        int got = 0;
+        while (got < (int)depth && poll_one(p.cq, &wc) && wc.status == IBV_WC_WR_FLUSH_ERR &&
+               wc.wr_id == (uint64_t)got)
+            got++;
+        CHECK("queued_wrs_flush_in_order", got == (int)depth, "%d of %u", got, depth);
+        ibv_destroy_qp(deaf);
+        free(chain);
+        free_pair(&p);
+    } else {
+        CHECK("connect_loopback_pair", 0, "cannot connect two QPs on the device");
+    }
+
+    /* An invalid lkey: accepted by post_send, completed with a local protection error. */
+    if (make_pair(&p, 16) == 0) {
+        int r = post_write(p.a, buf, 64, mr->lkey ^ 0x5a5a5a5a, (uintptr_t)buf + 8192, mr->rkey,
+                           0);
+        int ok = r == 0 && poll_one(p.cq, &wc) && wc.status == IBV_WC_LOC_PROT_ERR &&
+                 wc.wr_id == 7;
+        CHECK("invalid_lkey", ok, "post returned %d, status %d (%s)", r, wc.status,
+              ibv_wc_status_str(wc.status));
+        free_pair(&p);
+    }
+
+    /* An SGE reaching beyond its MR (registered: the first half of `buf`). */
+    if (make_pair(&p, 16) == 0) {
+        int r = post_write(p.a, buf + len / 2 - 32, 64, mr->lkey, (uintptr_t)buf + 8192,
+                           mr->rkey, 0);
+        int ok = r == 0 && poll_one(p.cq, &wc) && wc.status == IBV_WC_LOC_PROT_ERR;
+        CHECK("sge_beyond_mr", ok, "post returned %d, status %d (%s)", r, wc.status,
+              ibv_wc_status_str(wc.status));
+        free_pair(&p);
+    }
+
+    /* A WRITE to a bad rkey and one past the end of the remote MR: remote access errors. */
+    if (make_pair(&p, 16) == 0) {
+        int r = post_write(p.a, buf, 64, mr->lkey, (uintptr_t)buf + 8192, mr->rkey ^ 0x1234, 0);
+        int ok = r == 0 && poll_one(p.cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR;
+        CHECK("invalid_rkey", ok, "post returned %d, status %d (%s)", r, wc.status,
+              ibv_wc_status_str(wc.status));
+        free_pair(&p);
+    }
+    if (make_pair(&p, 16) == 0) {
+        int r = post_write(p.a, buf, 64, mr->lkey, (uintptr_t)buf + len / 2 - 16, mr->rkey, 0);
+        int ok = r == 0 && poll_one(p.cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR;
+        CHECK("remote_write_beyond_mr", ok, "post returned %d, status %d (%s)", r, wc.status,
+              ibv_wc_status_str(wc.status));
+        free_pair(&p);
+    }
+
+    /* CQ overflow: completions beyond the CQ's size raise IBV_EVENT_CQ_ERR for that CQ. */
+    {
+        struct ibv_cq *small = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+        struct ibv_cq *other_cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+        struct ibv_qp *a = create_rc(small, other_cq, 64, 64);
+        struct ibv_qp *b = create_rc(other_cq, other_cq, 64, 64);
+        int conn = small && a && b && !to_init(a) && !to_init(b) &&
+                   !to_rtr_rts(a, b->qp_num) && !to_rtr_rts(b, a->qp_num);
+        int posted = 0;
+        for (int i = 0; conn && i < small->cqe + 8; i++)
+            posted += post_write(a, buf, 8, mr->lkey, (uintptr_t)buf + 4096, mr->rkey, 0) == 0;
+        int ev = conn && wait_async(IBV_EVENT_CQ_ERR, small);
+        CHECK("cq_overflow_raises_cq_err", ev, "connected %d, posted %d to a CQ of %d", conn,
+              posted, small ? small->cqe : -1);
+        ibv_destroy_qp(a);
+        ibv_destroy_qp(b);
+        ibv_destroy_cq(small);
+        ibv_destroy_cq(other_cq);
+    }
+
+    /* Deregistering an MR and then using its key. */
+    if (make_pair(&p, 16) == 0) {
+        struct ibv_mr *gone = ibv_reg_mr(pd, other, 4096, IBV_ACCESS_LOCAL_WRITE);
+        uint32_t lkey = gone->lkey;
+        ibv_dereg_mr(gone);
+        int r = post_write(p.a, other, 64, lkey, (uintptr_t)buf + 8192, mr->rkey, 0);
+        int ok = r == 0 && poll_one(p.cq, &wc) && wc.status == IBV_WC_LOC_PROT_ERR;
+        CHECK("deregistered_lkey", ok, "post returned %d, status %d (%s)", r, wc.status,
+              ibv_wc_status_str(wc.status));
+        free_pair(&p);
+    }
+
+    /* A PD still holding an MR cannot be freed. */
+    {
+        int r = ibv_dealloc_pd(pd);
+        CHECK("dealloc_pd_in_use", r == EBUSY, "returned %d", r);
+    }
+
+    ibv_dereg_mr(mr);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+    ibv_free_device_list(list);
+    printf("%s: %d failed\n", failures ? "FAILED" : "passed", failures);
+    return failures ? 1 : 0;
+}
