@@ -414,6 +414,7 @@ fn application_errors_get_verbs_errors() {
         "invalid_rkey",
         "remote_write_beyond_mr",
         "cq_overflow_raises_cq_err",
+        "cq_overflow_qp_fatal",
         "deregistered_lkey",
         "dealloc_pd_in_use",
     ] {

@@ -372,6 +372,13 @@ int main(int argc, char **argv)
         int ev = conn && wait_async(IBV_EVENT_CQ_ERR, small);
         CHECK("cq_overflow_raises_cq_err", ev, "connected %d, posted %d to a CQ of %d", conn,
               posted, small ? small->cqe : -1);
+        /* The QP whose completion did not fit goes to ERROR and says so. */
+        struct ibv_qp_attr qa;
+        struct ibv_qp_init_attr qi;
+        int fatal = conn && wait_async(IBV_EVENT_QP_FATAL, a);
+        ibv_query_qp(a, &qa, IBV_QP_STATE, &qi);
+        CHECK("cq_overflow_qp_fatal", fatal && qa.qp_state == IBV_QPS_ERR,
+              "event %d, QP state %d", fatal, qa.qp_state);
         ibv_destroy_qp(a);
         ibv_destroy_qp(b);
         ibv_destroy_cq(small);
