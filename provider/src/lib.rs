@@ -14,10 +14,13 @@
 //! - [`port_events`]: port up/down and GID changes as asynchronous events.
 //! - [`comp_channel`]: `ibv_create_comp_channel` for xroce contexts (an interposer, because it
 //!   is not a provider op).
+//! - [`discovery`]: keeps libibverbs on the generated sysfs tree on kernels that have RDMA
+//!   (interposes `ibv_get_device_list` and `socket` under `xroce exec`).
 
 pub mod abi;
 pub mod comp_channel;
 pub mod device;
+pub mod discovery;
 pub mod engines;
 pub mod port_events;
 pub mod register;

@@ -211,6 +211,41 @@ fn devices_and_attributes() {
     );
 }
 
+/// On a kernel with RDMA, libibverbs lists devices over netlink and never reads the generated
+/// sysfs tree; under `xroce exec` it must not ask netlink (then it reads the tree, which also
+/// links the kernel's own devices). This kernel has no RDMA, so the proof is that the
+/// `NETLINK_RDMA` socket never reaches the kernel under `xroce exec`, while it does without.
+#[test]
+fn device_listing_does_not_ask_the_kernel_under_xroce_exec() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpn", 1500);
+    let trace = ["strace", "-f", "-e", "trace=socket", "ibv_devices"];
+    let out = rig.run(0, &trace);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        stdout.contains(DEV),
+        "ibv_devices under strace:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("NETLINK_RDMA"),
+        "libibverbs asked the kernel under xroce exec:\n{stderr}"
+    );
+    // Without xroce exec the same program does ask (so the check above can see it).
+    let plain = rig
+        .pair
+        .exec(0, &trace.join(" "))
+        .expect("run strace ibv_devices");
+    assert!(
+        String::from_utf8_lossy(&plain.stderr).contains("NETLINK_RDMA"),
+        "plain ibv_devices did not open a NETLINK_RDMA socket: {plain:?}"
+    );
+}
+
 #[test]
 fn rdma_core_pingpong_programs() {
     if !root_or_skip() {

@@ -68,6 +68,12 @@ const TEST_PACKAGES: &[Package] = &[
         why: "ib_send_bw, ib_write_lat, ... run over xroce",
     },
     Package {
+        name: "strace",
+        alternatives: &[],
+        required: true,
+        why: "shows that programs under xroce exec never ask the kernel's RDMA netlink",
+    },
+    Package {
         name: "valgrind",
         alternatives: &[],
         required: true,

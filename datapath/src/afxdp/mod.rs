@@ -6,9 +6,13 @@
 //!
 //! - [`ring`](self): the four shared rings (fill, completion, RX, TX);
 //! - [`XskSocket`]: a socket with its own UMEM in ordinary pages, bound to one queue, zero-copy
-//!   when the driver supports it and copy mode otherwise, multi-buffer (`XDP_USE_SG`) always on.
+//!   when the driver supports it and copy mode otherwise, multi-buffer (`XDP_USE_SG`) whenever
+//!   the kernel has it (6.6 and later; [`kernel_supports_multi_buffer`]).
 
 mod ring;
 mod socket;
 
-pub use socket::{BindMode, XskConfig, XskError, XskSocket, XskStats, FRAME_SIZE};
+pub use socket::{
+    kernel_supports_multi_buffer, port_path_mtu, BindMode, XskConfig, XskError, XskSocket,
+    XskStats, FRAME_SIZE,
+};

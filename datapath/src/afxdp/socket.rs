@@ -3,6 +3,9 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
+use std::sync::OnceLock;
+
+use xroce_core::transport::qp_state::PathMtu;
 
 use super::ring::Ring;
 
@@ -10,6 +13,52 @@ use super::ring::Ring;
 /// than this (a 4096 path MTU gives 4154-byte frames) travel as several descriptors
 /// (`XDP_USE_SG`).
 pub const FRAME_SIZE: u32 = 4096;
+
+/// Whether this kernel's AF_XDP sockets take multi-buffer frames (`XDP_USE_SG`, Linux 6.6+).
+///
+/// Probed once: a bind to interface index 0 with the flag fails with `EINVAL` where the flag is
+/// unknown (the kernel checks flags first) and with `ENODEV` where it is known.
+pub fn kernel_supports_multi_buffer() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        // SAFETY: plain socket(2); closed below.
+        let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            // No AF_XDP here at all (or no permission): opening the real socket will say why.
+            return true;
+        }
+        // SAFETY: `fd` is the socket just created and owned here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let addr = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: libc::XDP_COPY | libc::XDP_USE_SG,
+            sxdp_ifindex: 0,
+            sxdp_queue_id: 0,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `addr` is a valid sockaddr_xdp and its size is passed.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_xdp).cast(),
+                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        };
+        !(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL))
+    })
+}
+
+/// The active path MTU of a port on a netdev with `netdev_mtu`: rdma_rxe's rule
+/// ([`PathMtu::for_netdev_mtu`]), capped at 2048 where the kernel cannot carry frames larger
+/// than one UMEM frame (no multi-buffer: a 4096-byte payload makes a 4154-byte frame).
+pub fn port_path_mtu(netdev_mtu: u32) -> PathMtu {
+    let mtu = PathMtu::for_netdev_mtu(netdev_mtu as usize);
+    if mtu == PathMtu::Mtu4096 && !kernel_supports_multi_buffer() {
+        PathMtu::Mtu2048
+    } else {
+        mtu
+    }
+}
 
 /// How to bind the socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -227,7 +276,9 @@ impl XskSocket {
     /// Opens a socket on queue `config.queue` of interface `ifindex`.
     ///
     /// In `Auto` mode zero-copy is tried first and copy mode used when the driver refuses it.
-    /// Multi-buffer (`XDP_USE_SG`) is always requested so frames larger than a UMEM frame work.
+    /// Multi-buffer (`XDP_USE_SG`) is requested when the kernel has it, so frames larger than a
+    /// UMEM frame work; without it such frames cannot be sent or received ([`port_path_mtu`]
+    /// keeps the transport's packets below that size).
     pub fn open(ifindex: u32, config: XskConfig) -> Result<Self, XskError> {
         assert!(config.ring_size.is_power_of_two() && config.frames >= 2 * config.ring_size);
         match config.mode {
@@ -310,7 +361,13 @@ impl XskSocket {
 
         let addr = libc::sockaddr_xdp {
             sxdp_family: libc::AF_XDP as u16,
-            sxdp_flags: copy_flag | libc::XDP_USE_NEED_WAKEUP | libc::XDP_USE_SG,
+            sxdp_flags: copy_flag
+                | libc::XDP_USE_NEED_WAKEUP
+                | if kernel_supports_multi_buffer() {
+                    libc::XDP_USE_SG
+                } else {
+                    0
+                },
             sxdp_ifindex: ifindex,
             sxdp_queue_id: config.queue,
             sxdp_shared_umem_fd: 0,
@@ -453,6 +510,11 @@ impl XskSocket {
     /// `flush`). Call `flush` to make the kernel send.
     pub fn send(&mut self, frame: &[u8]) -> bool {
         let pieces = frame.len().div_ceil(FRAME_SIZE as usize).max(1) as u32;
+        if pieces > 1 && !kernel_supports_multi_buffer() {
+            // Cannot go out on this kernel; the port's path MTU keeps the transport from
+            // building such frames, so this is a frame nobody can send: dropped.
+            return true;
+        }
         if self.free_tx.len() < pieces as usize {
             self.reap_completions();
         }
@@ -564,3 +626,42 @@ impl Default for XdpStatistics {
 #[repr(transparent)]
 #[derive(Default)]
 struct XdpOptions(u32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(major, minor)` of the running kernel.
+    fn kernel_version() -> (u32, u32) {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+        let mut parts = release
+            .trim()
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    }
+
+    #[test]
+    fn multi_buffer_probe_matches_the_kernel_version() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: creating an AF_XDP socket needs root");
+            return;
+        }
+        // XDP_USE_SG for AF_XDP sockets arrived in Linux 6.6.
+        assert_eq!(kernel_supports_multi_buffer(), kernel_version() >= (6, 6));
+    }
+
+    #[test]
+    fn path_mtu_follows_rxe_and_fits_the_socket() {
+        assert_eq!(port_path_mtu(1500), PathMtu::Mtu1024);
+        let big = port_path_mtu(9000);
+        if kernel_supports_multi_buffer() {
+            assert_eq!(big, PathMtu::Mtu4096);
+        } else {
+            assert_eq!(big, PathMtu::Mtu2048);
+            // The largest frame then fits one UMEM frame.
+            assert!(big.bytes() + 14 + 40 + 8 + 12 + 16 + 4 <= FRAME_SIZE as usize);
+        }
+    }
+}

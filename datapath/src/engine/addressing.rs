@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use xroce_core::transport::qp_state::PathMtu;
 use xroce_core::transport::Device;
 use xroce_core::wire::IpAddress;
 
@@ -207,7 +206,7 @@ impl Neighbours {
             return;
         };
         if iface.mtu != self.iface.mtu {
-            dev.set_port_mtu(PathMtu::for_netdev_mtu(iface.mtu as usize));
+            dev.set_port_mtu(crate::afxdp::port_path_mtu(iface.mtu));
         }
         let mac_changed = iface.mac != self.iface.mac;
         self.iface = iface;

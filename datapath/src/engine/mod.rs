@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use xroce_core::transport::qp::QpAttr;
-use xroce_core::transport::qp_state::{AttrMask, PathMtu};
+use xroce_core::transport::qp_state::AttrMask;
 use xroce_core::transport::verbs::{RecvWr, SendWr, VerbsError, WorkCompletion};
 use xroce_core::transport::{AddressVector, CqId, Device, DeviceConfig, Event};
 use xroce_core::wire::IpAddress;
@@ -185,7 +185,7 @@ impl Engine {
         getrandom(&mut key_seed);
         let dev = Device::new(DeviceConfig {
             gids: gids.into_iter().map(|g| Some(core_address(g))).collect(),
-            port_mtu: PathMtu::for_netdev_mtu(mtu as usize),
+            port_mtu: crate::afxdp::port_path_mtu(mtu),
             key_seed,
         });
         // SAFETY: a fresh eventfd, owned at once.

@@ -167,10 +167,46 @@ fn write_into(dir: &Path, devices: &[Device]) -> Result<(), RegistryError> {
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
             .map_err(|e| RegistryError::io("setting the mode of", &path, e))?;
     }
+    link_real_devices(dir, Path::new(REAL_SYSFS), devices)?;
     // Last: creating entries inside a directory updates its modification time.
     for dev in devices {
         for rel in stable_dirs(dev) {
             set_mtime(&dir.join(rel), dev.link.created)?;
+        }
+    }
+    Ok(())
+}
+
+/// Where the kernel's own sysfs is.
+const REAL_SYSFS: &str = "/sys";
+
+/// Makes the kernel's RDMA devices (if any) part of the tree, as symbolic links to their real
+/// sysfs directories, so that a program reading this tree (`xroce exec`) still finds the
+/// host's real devices next to the xroce ones. A real device whose name an xroce device uses
+/// is left out.
+fn link_real_devices(dir: &Path, sysfs: &Path, devices: &[Device]) -> Result<(), RegistryError> {
+    let taken = |name: &str| {
+        devices
+            .iter()
+            .any(|d| d.link.name == name || uverbs_name(&d.link.name) == name)
+    };
+    for class in ["class/infiniband_verbs", "class/infiniband"] {
+        let Ok(entries) = fs::read_dir(sysfs.join(class)) else {
+            continue; // no RDMA in this kernel
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name_str) = name.to_str() else {
+                continue;
+            };
+            // Only device entries: the class's own files (abi_version) stay ours.
+            if taken(name_str) || !entry.path().is_dir() {
+                continue;
+            }
+            let link = dir.join(class).join(&name);
+            mkdir(&dir.join(class))?;
+            std::os::unix::fs::symlink(entry.path(), &link)
+                .map_err(|e| RegistryError::io("linking", &link, e))?;
         }
     }
     Ok(())
@@ -346,6 +382,40 @@ mod tests {
             content(&files, "class/infiniband/xr_0/ports/1/gids/15"),
             "0000:0000:0000:0000:0000:ffff:0a00:000f"
         );
+    }
+
+    #[test]
+    fn real_devices_are_linked_into_the_tree() {
+        let base = std::env::temp_dir().join(format!("xroce-registry-real-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        // A fake kernel sysfs with one real device (mlx5_0 / uverbs0) and one whose name an
+        // xroce device uses.
+        let sysfs = base.join("sys");
+        for d in [
+            "class/infiniband_verbs/uverbs0",
+            "class/infiniband/mlx5_0/ports/1",
+            "class/infiniband/xr_0",
+        ] {
+            fs::create_dir_all(sysfs.join(d)).unwrap();
+        }
+        fs::write(
+            sysfs.join("class/infiniband_verbs/uverbs0/ibdev"),
+            "mlx5_0\n",
+        )
+        .unwrap();
+        fs::write(sysfs.join("class/infiniband_verbs/abi_version"), "6\n").unwrap();
+        let tree = base.join("tree");
+        fs::create_dir_all(&tree).unwrap();
+        link_real_devices(&tree, &sysfs, &[device(vec![])]).unwrap();
+        assert_eq!(
+            fs::read_to_string(tree.join("class/infiniband_verbs/uverbs0/ibdev")).unwrap(),
+            "mlx5_0\n"
+        );
+        assert!(tree.join("class/infiniband/mlx5_0/ports/1").is_dir());
+        // Ours wins a name clash; class files are not linked.
+        assert!(!tree.join("class/infiniband/xr_0").exists());
+        assert!(!tree.join("class/infiniband_verbs/abi_version").exists());
+        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
