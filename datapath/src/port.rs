@@ -13,6 +13,10 @@ pub trait Port: Send {
     fn recv(&mut self, max: usize, deliver: &mut dyn FnMut(&[u8])) -> usize;
     /// Queues a frame; `false` when there is no room until the next `flush`.
     fn send(&mut self, frame: &[u8]) -> bool;
+    /// Lets `build` write a frame directly into the device's transmit buffer and queues it;
+    /// `build` returns its length, or `None` to send nothing. `false`, without calling
+    /// `build`, when there is no room until the next `flush`.
+    fn send_with(&mut self, build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool;
     /// Makes queued frames go out.
     fn flush(&mut self) -> io::Result<()>;
     /// Frames are queued that the device has not sent yet.
@@ -28,6 +32,10 @@ impl Port for XskSocket {
 
     fn send(&mut self, frame: &[u8]) -> bool {
         XskSocket::send(self, frame)
+    }
+
+    fn send_with(&mut self, build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
+        XskSocket::send_with(self, build)
     }
 
     fn flush(&mut self) -> io::Result<()> {

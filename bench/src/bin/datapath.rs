@@ -28,7 +28,19 @@ use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::xdp;
 
 const PINGS: usize = 20_000;
-const STREAM_FOR: Duration = Duration::from_secs(2);
+
+/// How long each streaming measurement runs: 2 s, or `XROCE_BENCH_SECS`.
+fn stream_for() -> Duration {
+    static FOR: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *FOR.get_or_init(|| {
+        let secs = std::env::var("XROCE_BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| *s > 0.0)
+            .unwrap_or(2.0);
+        Duration::from_secs_f64(secs)
+    })
+}
 
 fn main() {
     // SAFETY: geteuid has no preconditions.
@@ -46,6 +58,26 @@ fn main() {
     // Warm ARP both ways so no method pays for resolution.
     let _ = pair.exec(0, &format!("ping -c 1 -W 1 {}", pair.ipv4(1)));
 
+    // Profiling aid: XROCE_BENCH_ONLY=pingpong|stream-4k|stream-64k runs just xroce's part.
+    if let Ok(only) = std::env::var("XROCE_BENCH_ONLY") {
+        match only.as_str() {
+            "pingpong" => eprintln!("xroce RTT p50/p99 {:?} µs", xroce_pingpong(&pair)),
+            "stream-4k" | "stream-64k" => {
+                let size = if only == "stream-4k" { 4096 } else { 65536 };
+                let cpu0 = process_cpu();
+                let mbs = xroce_write_stream(&pair, size);
+                let cpu = process_cpu() - cpu0;
+                let gb = mbs * stream_for().as_secs_f64() / 1000.0;
+                eprintln!(
+                    "xroce {} KiB {mbs:.0} MB/s, {:.2} CPU s per GB",
+                    size / 1024,
+                    cpu / gb
+                );
+            }
+            other => eprintln!("XROCE_BENCH_ONLY: unknown {other:?}"),
+        }
+        return;
+    }
     let mut rows: Vec<(String, String, f64, String)> = Vec::new();
     eprintln!("==> ping-pong, 64 B ({PINGS} round trips each)");
     let udp_rtt = udp_pingpong(&pair);
@@ -95,7 +127,10 @@ fn main() {
     ));
 
     for size in [4096usize, 65536] {
-        eprintln!("==> streaming {size} B messages for {STREAM_FOR:?} each");
+        eprintln!(
+            "==> streaming {size} B messages for {:?} each",
+            stream_for()
+        );
         // A UDP datagram carries at most 65507 bytes: kernel UDP streams the same bytes as
         // 4 KiB datagrams (one per 4 KiB frame, as xroce and raw AF_XDP put them on the wire).
         let udp = udp_stream(&pair, size.min(4096));
@@ -123,6 +158,16 @@ fn main() {
     for (what, method, value, ratio) in rows {
         println!("| {what} | {method} | {value:.1} | {ratio} |");
     }
+}
+
+/// CPU time (user + system) this process has used, in seconds.
+fn process_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
@@ -191,7 +236,7 @@ fn udp_stream(pair: &NetnsPair, size: usize) -> f64 {
         s.connect((b, 7002)).expect("connect");
         let msg = vec![1u8; size];
         let t = Instant::now();
-        while t.elapsed() < STREAM_FOR {
+        while t.elapsed() < stream_for() {
             let _ = s.send(&msg);
         }
         t.elapsed()
@@ -334,7 +379,7 @@ fn xsk_stream(pair: &NetnsPair, size: usize) -> f64 {
         let mut end = raw_end(&ia, b);
         let frame = udp_frame(end.mac, end.peer_mac, a, b, frame_payload);
         let t = Instant::now();
-        while t.elapsed() < STREAM_FOR {
+        while t.elapsed() < stream_for() {
             for _ in 0..32 {
                 if !end.sock.send(&frame) {
                     break;
@@ -629,8 +674,8 @@ fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {
             let mut completed = 0usize;
             let mut wcs = Vec::with_capacity(WINDOW);
             let t = Instant::now();
-            while t.elapsed() < STREAM_FOR || completed < posted {
-                while posted - completed < WINDOW && t.elapsed() < STREAM_FOR {
+            while t.elapsed() < stream_for() || completed < posted {
+                while posted - completed < WINDOW && t.elapsed() < stream_for() {
                     let slot = posted % WINDOW;
                     side.engine
                         .post_send(

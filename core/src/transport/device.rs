@@ -8,7 +8,9 @@
 //! * calls [`Device::handle_timeout`] when [`Device::poll_timeout`] says a timer is due;
 //! * drains [`Device::poll_event`] for completion-channel and asynchronous events.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use super::address::{AddressVector, AhId};
 use super::cq::{CompletionQueue, CqId, Pushed};
@@ -157,13 +159,13 @@ pub struct Device {
 impl Device {
     pub fn new(config: DeviceConfig) -> Self {
         Device {
-            qps: HashMap::new(),
+            qps: HashMap::default(),
             ready: VecDeque::new(),
             sh: Shared {
                 mem: MemoryTable::new(config.key_seed),
-                cqs: HashMap::new(),
-                srqs: HashMap::new(),
-                ahs: HashMap::new(),
+                cqs: HashMap::default(),
+                srqs: HashMap::default(),
+                ahs: HashMap::default(),
                 events: VecDeque::new(),
                 gids: config.gids,
                 port_mtu: config.port_mtu,

@@ -6,7 +6,7 @@
 //! seeds), so a remote peer cannot guess a valid R_Key by counting from one it has seen, unlike
 //! rdma_rxe's `index << 8 | variant` keys.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -102,9 +102,11 @@ pub struct MemoryTable {
     next_pd: u32,
     next_mr: u32,
     pds: HashMap<PdId, usize>,
-    regions: HashMap<MrId, MemoryRegion>,
-    by_lkey: HashMap<u32, MrId>,
-    by_rkey: HashMap<u32, MrId>,
+    /// Region id → its lkey.
+    regions: HashMap<MrId, u32>,
+    /// Every region twice, by lkey and by rkey: a key check is one lookup.
+    by_lkey: HashMap<u32, MemoryRegion>,
+    by_rkey: HashMap<u32, MemoryRegion>,
 }
 
 impl MemoryTable {
@@ -114,10 +116,10 @@ impl MemoryTable {
             rng: ChaCha8Rng::from_seed(seed),
             next_pd: 1,
             next_mr: 1,
-            pds: HashMap::new(),
-            regions: HashMap::new(),
-            by_lkey: HashMap::new(),
-            by_rkey: HashMap::new(),
+            pds: HashMap::default(),
+            regions: HashMap::default(),
+            by_lkey: HashMap::default(),
+            by_rkey: HashMap::default(),
         }
     }
 
@@ -171,21 +173,21 @@ impl MemoryTable {
             return Err(RegisterError::AddressOverflow);
         }
         let lkey = self.fresh_key();
-        self.by_lkey.insert(lkey, MrId(0)); // reserve before drawing the rkey
-        let rkey = self.fresh_key();
-        let id = MrId(self.next_mr);
-        self.next_mr = self.next_mr.wrapping_add(1).max(1);
-        let mr = MemoryRegion {
+        let mut mr = MemoryRegion {
             pd,
             va,
             len,
             lkey,
-            rkey,
+            rkey: 0,
             access,
         };
-        self.by_lkey.insert(lkey, id);
-        self.by_rkey.insert(rkey, id);
-        self.regions.insert(id, mr);
+        self.by_lkey.insert(lkey, mr); // reserve before drawing the rkey
+        mr.rkey = self.fresh_key();
+        let id = MrId(self.next_mr);
+        self.next_mr = self.next_mr.wrapping_add(1).max(1);
+        self.by_lkey.insert(lkey, mr);
+        self.by_rkey.insert(mr.rkey, mr);
+        self.regions.insert(id, lkey);
         if let Some(n) = self.pds.get_mut(&pd) {
             *n += 1;
         }
@@ -193,8 +195,8 @@ impl MemoryTable {
     }
 
     pub fn deregister(&mut self, id: MrId) -> Option<MemoryRegion> {
-        let mr = self.regions.remove(&id)?;
-        self.by_lkey.remove(&mr.lkey);
+        let lkey = self.regions.remove(&id)?;
+        let mr = self.by_lkey.remove(&lkey)?;
         self.by_rkey.remove(&mr.rkey);
         if let Some(n) = self.pds.get_mut(&mr.pd) {
             *n = n.saturating_sub(1);
@@ -203,22 +205,19 @@ impl MemoryTable {
     }
 
     pub fn get(&self, id: MrId) -> Option<&MemoryRegion> {
-        self.regions.get(&id)
+        self.by_lkey.get(self.regions.get(&id)?)
     }
 
-    fn check(
-        &self,
-        map: &HashMap<u32, MrId>,
+    fn check<'a>(
+        &'a self,
+        map: &'a HashMap<u32, MemoryRegion>,
         key: u32,
         pd: PdId,
         va: u64,
         len: u64,
         needed: Access,
-    ) -> Result<&MemoryRegion, AccessError> {
-        let mr = map
-            .get(&key)
-            .and_then(|id| self.regions.get(id))
-            .ok_or(AccessError::UnknownKey)?;
+    ) -> Result<&'a MemoryRegion, AccessError> {
+        let mr = map.get(&key).ok_or(AccessError::UnknownKey)?;
         if mr.pd != pd {
             return Err(AccessError::WrongPd);
         }

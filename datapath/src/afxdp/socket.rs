@@ -13,6 +13,8 @@ use super::ring::Ring;
 /// than this (a 4096 path MTU gives 4154-byte frames) travel as several descriptors
 /// (`XDP_USE_SG`).
 pub const FRAME_SIZE: u32 = 4096;
+/// A transmit slot: two adjacent UMEM frames (see [`XskSocket::send_with`]).
+const TX_SLOT: usize = 2 * FRAME_SIZE as usize;
 
 /// Whether this kernel's AF_XDP sockets take multi-buffer frames (`XDP_USE_SG`, Linux 6.6+).
 ///
@@ -354,7 +356,10 @@ impl XskSocket {
             sock.fill.push(u64::from(i) * u64::from(FRAME_SIZE));
         }
         sock.fill.submit();
+        // Transmit slots are two adjacent frames: a frame up to TX_SLOT bytes is built in one
+        // contiguous piece and goes out as one or two descriptors.
         sock.free_tx = (rx_frames..config.frames)
+            .step_by(2)
             .rev()
             .map(|i| u64::from(i) * u64::from(FRAME_SIZE))
             .collect();
@@ -493,54 +498,83 @@ impl XskSocket {
         }
     }
 
-    /// Takes back TX frames the kernel has finished with.
+    /// Takes back transmit slots the kernel has finished with. A frame of two descriptors
+    /// completes both; the slot is free again with its first.
     fn reap_completions(&mut self) {
         let n = self.comp.available();
         for i in 0..n {
             let addr = self.comp.peek(i);
-            self.free_tx.push(addr & !(u64::from(FRAME_SIZE) - 1));
+            if addr % TX_SLOT as u64 == 0 {
+                self.free_tx.push(addr);
+            }
         }
         if n > 0 {
             self.comp.release(n);
         }
     }
 
-    /// Queues one frame for transmission (copied into UMEM frames, several descriptors when it
-    /// is larger than one). Returns `false` when there is no room now (the caller retries after
-    /// `flush`). Call `flush` to make the kernel send.
-    pub fn send(&mut self, frame: &[u8]) -> bool {
-        let pieces = frame.len().div_ceil(FRAME_SIZE as usize).max(1) as u32;
-        if pieces > 1 && !kernel_supports_multi_buffer() {
-            // Cannot go out on this kernel; the port's path MTU keeps the transport from
-            // building such frames, so this is a frame nobody can send: dropped.
-            return true;
+    /// Largest frame one transmit slot holds: two UMEM frames with multi-buffer, one without.
+    pub fn max_tx_frame(&self) -> usize {
+        if kernel_supports_multi_buffer() {
+            TX_SLOT
+        } else {
+            FRAME_SIZE as usize
         }
-        if self.free_tx.len() < pieces as usize {
+    }
+
+    /// Lets `build` write one frame directly into a transmit slot of the UMEM and queues it
+    /// (one descriptor, or two when it is larger than a UMEM frame). `build` returns the
+    /// frame's length, or `None` to send nothing. Returns `false`, without calling `build`, when
+    /// there is no room now (try again after `flush`). Call `flush` to make the kernel send.
+    pub fn send_with(&mut self, build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
+        if self.free_tx.is_empty() {
             self.reap_completions();
         }
-        if self.free_tx.len() < pieces as usize || self.tx.free() < pieces {
+        if self.free_tx.is_empty() || self.tx.free() < 2 {
             return false;
         }
-        let chunks = frame.chunks(FRAME_SIZE as usize);
-        let count = chunks.len();
-        for (i, chunk) in chunks.enumerate() {
-            let Some(addr) = self.free_tx.pop() else {
-                return false; // unreachable: counted above
-            };
-            if let Some(dst) = self.umem.slice_mut(addr, chunk.len() as u32) {
-                dst.copy_from_slice(chunk);
-            }
+        let max = self.max_tx_frame();
+        let Some(&addr) = self.free_tx.last() else {
+            return false;
+        };
+        let Some(buf) = self.umem.slice_mut(addr, max as u32) else {
+            return false;
+        };
+        let Some(len) = build(buf).filter(|&l| l > 0 && l <= max) else {
+            return true; // nothing to send; the slot stays free
+        };
+        self.free_tx.pop();
+        let first = len.min(FRAME_SIZE as usize) as u32;
+        self.tx.push(libc::xdp_desc {
+            addr,
+            len: first,
+            options: if len > FRAME_SIZE as usize {
+                libc::XDP_PKT_CONTD
+            } else {
+                0
+            },
+        });
+        if len > FRAME_SIZE as usize {
             self.tx.push(libc::xdp_desc {
-                addr,
-                len: chunk.len() as u32,
-                options: if i + 1 < count {
-                    libc::XDP_PKT_CONTD
-                } else {
-                    0
-                },
+                addr: addr + u64::from(FRAME_SIZE),
+                len: len as u32 - first,
+                options: 0,
             });
         }
         true
+    }
+
+    /// Queues one frame for transmission (copied into a transmit slot). Returns `false` when
+    /// there is no room now (the caller retries after `flush`). A frame larger than a slot
+    /// cannot be sent and is dropped. Call `flush` to make the kernel send.
+    pub fn send(&mut self, frame: &[u8]) -> bool {
+        if frame.len() > self.max_tx_frame() {
+            return true;
+        }
+        self.send_with(&mut |buf| {
+            buf[..frame.len()].copy_from_slice(frame);
+            Some(frame.len())
+        })
     }
 
     /// Publishes queued frames and kicks the kernel when it needs it (always in copy mode).

@@ -14,7 +14,7 @@ mod progress;
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -113,6 +113,9 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Signalled after progress made completions (for `wait_cq`).
     pub(crate) progressed: Condvar,
+    /// Threads waiting on `progressed`: the progress thread signals only when there are any
+    /// (a condition variable's notify is a system call even with nobody waiting).
+    pub(crate) progress_waiters: AtomicUsize,
     pub(crate) counters: EngineCounters,
     /// When an application last polled a CQ (engine nanoseconds; 0 = never).
     pub(crate) app_polled_at: AtomicU64,
@@ -209,6 +212,7 @@ impl Engine {
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             progressed: Condvar::new(),
+            progress_waiters: AtomicUsize::new(0),
             counters: EngineCounters::default(),
             app_polled_at: AtomicU64::new(0),
             progress_tid: std::sync::atomic::AtomicI32::new(0),
@@ -396,6 +400,10 @@ impl Engine {
     }
 
     fn send_now(&self, mut guard: MutexGuard<'_, State>) {
+        // An application posting sends its own packets (below), as one polling does.
+        self.shared
+            .app_polled_at
+            .store(self.shared.now(), Ordering::Relaxed);
         let st = &mut *guard;
         // Send at once from this thread: no hand-off, no wake-up on the latency path.
         if progress::progress_once(&self.shared, st) {
@@ -418,14 +426,16 @@ impl Engine {
         max: usize,
         out: &mut Vec<WorkCompletion>,
     ) -> Result<usize, VerbsError> {
+        // Any poll, productive or not, says the application is driving progress: the progress
+        // thread then keeps off the lock.
+        self.shared
+            .app_polled_at
+            .store(self.shared.now(), Ordering::Relaxed);
         let mut guard = self.lock();
         let n = guard.dev.poll_cq(cq, max, out)?;
         if n > 0 || guard.io.failed {
             return Ok(n);
         }
-        self.shared
-            .app_polled_at
-            .store(self.shared.now(), Ordering::Relaxed);
         let st = &mut *guard;
         progress::progress_once(&self.shared, st);
         st.dev.poll_cq(cq, max, out)
@@ -452,12 +462,14 @@ impl Engine {
                 return Ok(0);
             }
             let wait = (deadline - now).min(Duration::from_millis(10));
+            self.shared.progress_waiters.fetch_add(1, Ordering::SeqCst);
             st = self
                 .shared
                 .progressed
                 .wait_timeout(st, wait)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            self.shared.progress_waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use xroce_core::transport::Event;
 use xroce_core::wire::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, IpAddress};
@@ -24,16 +24,15 @@ const ETH_HEADER: usize = 14;
 /// waits for the peer's WRITE to land): the progress thread must take over within about this
 /// long. (It was 1 ms: `ib_write_lat` then measured 1.3 ms.)
 pub(crate) const APP_ACTIVE_NS: u64 = 100_000;
-/// Largest frame built: a 4096-byte path MTU packet with every header is 4154 bytes.
-const MAX_FRAME: usize = 9216;
+/// How often a busy progress thread reads the address watcher.
+const WATCH_EVERY_NS: u64 = 1_000_000;
 
 /// The port and its buffers, kept under the engine lock so that whichever thread holds the
 /// lock (the progress thread, or an application polling its CQ) can move frames.
 pub(crate) struct PortState {
     pub(crate) port: Box<dyn Port>,
-    tx_buf: Vec<u8>,
-    /// Length of a frame in `tx_buf` the port had no room for; sent before anything new.
-    backlog: Option<usize>,
+    /// The port had no room for the last packet: more are waiting in the transport.
+    tx_full: bool,
     pub(crate) failed: bool,
 }
 
@@ -41,8 +40,7 @@ impl PortState {
     pub(crate) fn new(port: Box<dyn Port>) -> Self {
         Self {
             port,
-            tx_buf: vec![0u8; MAX_FRAME],
-            backlog: None,
+            tx_full: false,
             failed: false,
         }
     }
@@ -79,46 +77,46 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> bool {
         work = true;
     }
 
-    // Transmit.
-    if let Some(len) = io.backlog {
-        if io.port.send(&io.tx_buf[..len]) {
-            io.backlog = None;
-        }
-    }
+    // Transmit: the transport writes each packet straight into the port's buffer, behind room
+    // for the Ethernet header, and is asked only when there is room.
     let mut built = 0;
-    while io.backlog.is_none() && built < TX_BATCH {
-        let Some(tx) = dev.poll_transmit(now, mem, &mut io.tx_buf[ETH_HEADER..]) else {
+    while built < TX_BATCH {
+        let mut produced = false;
+        let room = io.port.send_with(&mut |buf| {
+            let tx = dev.poll_transmit(now, mem, buf.get_mut(ETH_HEADER..)?)?;
+            produced = true;
+            let frame_len = ETH_HEADER + tx.len;
+            if dev.gids().contains(&Some(tx.dst)) {
+                // Loopback: a QP talking to a QP of this device never touches the wire.
+                shared.counters.tx_loopback.fetch_add(1, Ordering::Relaxed);
+                dev.handle_packet(now, &buf[ETH_HEADER..frame_len], mem);
+                return None;
+            }
+            let mac = next_hop_mac(shared, neighbours, tx.dst)?;
+            let eth = EthernetRepr {
+                src: EthernetAddress(neighbours.mac()),
+                dst: EthernetAddress(mac),
+                vlan: None,
+                ethertype: match tx.dst {
+                    IpAddress::V4(_) => EtherType::Ipv4,
+                    IpAddress::V6(_) => EtherType::Ipv6,
+                },
+            };
+            eth.emit(&mut buf[..ETH_HEADER]).ok()?;
+            shared.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
+            Some(frame_len)
+        });
+        if !room {
+            // The transport keeps its packets until the kernel frees transmit slots.
+            io.tx_full = true;
             break;
-        };
+        }
+        if !produced {
+            io.tx_full = false;
+            break;
+        }
         built += 1;
         work = true;
-        let frame_len = ETH_HEADER + tx.len;
-        if dev.gids().contains(&Some(tx.dst)) {
-            // Loopback: a QP talking to a QP of this device never touches the wire.
-            shared.counters.tx_loopback.fetch_add(1, Ordering::Relaxed);
-            let packet = io.tx_buf[ETH_HEADER..frame_len].to_vec();
-            dev.handle_packet(now, &packet, mem);
-            continue;
-        }
-        let Some(mac) = next_hop_mac(shared, neighbours, tx.dst) else {
-            continue;
-        };
-        let eth = EthernetRepr {
-            src: EthernetAddress(neighbours.mac()),
-            dst: EthernetAddress(mac),
-            vlan: None,
-            ethertype: match tx.dst {
-                IpAddress::V4(_) => EtherType::Ipv4,
-                IpAddress::V6(_) => EtherType::Ipv6,
-            },
-        };
-        if eth.emit(&mut io.tx_buf[..ETH_HEADER]).is_err() {
-            continue;
-        }
-        shared.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
-        if !io.port.send(&io.tx_buf[..frame_len]) {
-            io.backlog = Some(frame_len);
-        }
     }
 
     // Completion-channel and asynchronous events go to whoever asked for them (the provider
@@ -136,7 +134,7 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> bool {
         st.failed = Some(format!("the interface stopped accepting frames: {e}"));
         return false;
     }
-    work || io.backlog.is_some() || io.port.tx_pending()
+    work || io.tx_full || io.port.tx_pending()
 }
 
 pub(crate) fn run(
@@ -148,16 +146,20 @@ pub(crate) fn run(
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     shared.progress_tid.store(tid, Ordering::Relaxed);
-    let mut last_work = Instant::now();
+    let spin_ns = shared.config.spin.as_nanos() as u64;
+    let mut last_work = shared.now();
+    // 0: read the address watcher on the next round.
+    let mut last_watch = 0;
     let queue = shared.config.queue;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             break;
         }
+        let now = shared.now();
         // While an application polls its CQs it drives progress itself (see `Engine::poll_cq`);
         // this thread then stays out of its way and only checks back now and then.
         let app_ns = shared.app_polled_at.load(Ordering::Relaxed);
-        let since = shared.now().saturating_sub(app_ns);
+        let since = now.saturating_sub(app_ns);
         if app_ns != 0 && since < APP_ACTIVE_NS {
             std::thread::sleep(Duration::from_nanos((APP_ACTIVE_NS - since).max(20_000)));
             continue;
@@ -169,22 +171,30 @@ pub(crate) fn run(
                 break;
             }
             let work = progress_once(&shared, st);
-            for change in watcher.drain() {
-                st.neighbours.apply(&mut st.dev, change);
+            // Address and neighbour changes are rare: while busy, look every millisecond
+            // rather than paying a system call per round.
+            if now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
+                last_watch = now;
+                for change in watcher.drain() {
+                    st.neighbours.apply(&mut st.dev, change);
+                }
             }
             work
         };
         if work {
-            shared.progressed.notify_all();
-            last_work = Instant::now();
+            if shared.progress_waiters.load(Ordering::SeqCst) > 0 {
+                shared.progressed.notify_all();
+            }
+            last_work = now;
             continue;
         }
-        if last_work.elapsed() < shared.config.spin {
+        if now.saturating_sub(last_work) < spin_ns {
             std::hint::spin_loop();
             continue;
         }
         sleep(&shared, wait_fd, &watcher);
-        last_work = Instant::now() - shared.config.spin;
+        last_work = shared.now().saturating_sub(spin_ns);
+        last_watch = 0;
     }
     // Leave the queue to the kernel: with the slot empty the XDP program passes RoCE frames on.
     let _ = xsks.clear(queue);
