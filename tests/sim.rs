@@ -33,6 +33,10 @@ pub struct LinkConfig {
     /// Serialisation time per byte at the sender (0.8 ≈ 10 Gbit/s); 0 for an infinitely fast
     /// link.
     pub ns_per_byte: f64,
+    /// At most this many packets a node hands to the link at a time, the next burst once the
+    /// last has left the node (like the engine, which sends in rounds and reads what arrived
+    /// in between); `None`: everything the node has, at once.
+    pub tx_burst: Option<usize>,
 }
 
 impl Default for LinkConfig {
@@ -46,6 +50,7 @@ impl Default for LinkConfig {
             delay_ns: 5_000,
             jitter_ns: 0,
             ns_per_byte: 0.8,
+            tx_burst: None,
         }
     }
 }
@@ -73,6 +78,8 @@ pub struct Node {
     pub pd: PdId,
     next_base: u64,
     busy_until: Nanos,
+    /// With `LinkConfig::tx_burst`: when the node may send its next burst.
+    tx_resume_at: Option<Nanos>,
 }
 
 impl Node {
@@ -210,6 +217,7 @@ impl Sim {
                     pd,
                     next_base: 0x10_0000,
                     busy_until: 0,
+                    tx_resume_at: None,
                 }
             })
             .collect();
@@ -242,7 +250,18 @@ impl Sim {
     /// Moves every packet the devices want to send onto the link.
     pub fn transmit_all(&mut self) {
         for i in 0..self.nodes.len() {
+            if self.nodes[i].tx_resume_at.is_some_and(|t| t > self.now) {
+                continue;
+            }
+            self.nodes[i].tx_resume_at = None;
+            let mut sent = 0;
             loop {
+                if self.link.tx_burst.is_some_and(|b| sent >= b) {
+                    // The rest waits until this burst has left the node.
+                    self.nodes[i].tx_resume_at = Some(self.nodes[i].busy_until.max(self.now + 1));
+                    break;
+                }
+                sent += 1;
                 let now = self.now;
                 let node = &mut self.nodes[i];
                 let Some(t) = node.dev.poll_transmit(now, &node.mem, &mut self.buf) else {
@@ -302,7 +321,12 @@ impl Sim {
     /// The next time anything happens: a delivery or a device timer.
     fn next_event(&self) -> Option<Nanos> {
         let d = self.queue.peek().map(|Reverse(f)| f.at);
-        let t = self.nodes.iter().filter_map(|n| n.dev.poll_timeout()).min();
+        let t = self
+            .nodes
+            .iter()
+            .flat_map(|n| [n.dev.poll_timeout(), n.tx_resume_at])
+            .flatten()
+            .min();
         match (d, t) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

@@ -177,6 +177,13 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Result<Fingerprint, String> {
     } else {
         LinkConfig::default()
     };
+    // Half the seeds pace the senders (a burst of 1-63 packets at a time, like the engine's
+    // rounds), so that responses arrive while a requester is half-way through what it has to
+    // send: a late ACK during a go-back-N resend once renumbered messages that way.
+    let link = LinkConfig {
+        tx_burst: (g.below(2) == 0).then(|| g.range(1, 64) as usize),
+        ..link
+    };
     // Megabyte messages only where loss is light: go-back-N over a 10 % lossy link resends
     // most of a window per loss, which is correct but slow to simulate.
     let big = loss <= 0.02;

@@ -12,7 +12,7 @@ use xroce_core::transport::{
     PathMtu, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, VerbsError,
     WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
-use xroce_core::wire::{Opcode, RoceFrame};
+use xroce_core::wire::{AethSyndrome, NakCode, Opcode, RoceFrame};
 use xroce_tests::sim::{
     bring_up, connect, create_qp, create_qp_with, node_ipv6, ConnectOptions, LinkConfig, QpEnd, Sim,
 };
@@ -438,6 +438,8 @@ fn lost_acks_are_covered_by_later_acks_or_re_acked_duplicates() {
                     SendWr::new(id, SendOp::Send, vec![sge(&src, 0, 100)]),
                 )
                 .unwrap();
+            // Each SEND leaves before the next is posted, so each asks for its own ACK.
+            sim.transmit_all();
         }
         let sc = wait_cq(&mut sim, 0, a.send_cq, sends as usize);
         settle(&mut sim);
@@ -603,24 +605,65 @@ fn ack_req_every_66th_packet_and_on_the_last() {
     settle(&mut sim);
     assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
     assert_eq!(counters(&sim, 0).retransmissions, 0);
-    let ack_req: Vec<usize> = sim
-        .trace
-        .take()
-        .unwrap()
+    let asked: Vec<usize> = ack_req_flags(&sim.trace.take().unwrap(), 0)
         .iter()
-        .filter(|(from, _)| *from == 0)
         .enumerate()
-        .filter(|(_, (_, pkt))| {
-            RoceFrame::parse_ip(pkt)
-                .unwrap()
-                .headers
-                .transport
-                .bth
-                .ack_req
-        })
+        .filter(|(_, ask)| **ask)
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(ack_req, [65, 131, 197, 199]);
+    assert_eq!(asked, [65, 131, 197, 199]);
+}
+
+/// The AckReq bit of every packet node `from` sent, in order.
+fn ack_req_flags(trace: &[(usize, Vec<u8>)], from: usize) -> Vec<bool> {
+    trace
+        .iter()
+        .filter(|(node, _)| *node == from)
+        .map(|(_, pkt)| bth_ack_req(pkt))
+        .collect()
+}
+
+fn bth_ack_req(packet: &[u8]) -> bool {
+    RoceFrame::parse_ip(packet)
+        .expect("the simulator carries RoCEv2 packets only")
+        .headers
+        .transport
+        .bth
+        .ack_req
+}
+
+/// A burst of messages queued together asks for one ACK, on its last message (ACKs are
+/// cumulative). (A message followed by one that fails its local checks still asks for its own:
+/// `local_protection_errors_send_nothing` would see a retransmission otherwise.)
+#[test]
+fn ack_req_once_per_burst() {
+    let mut sim = Sim::new(28, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(64 * 1024, RW);
+    let dst = sim.nodes[1].alloc(64 * 1024, RW);
+    sim.trace = Some(Vec::new());
+    for i in 0..10u64 {
+        let off = i * 1024;
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(i, write_op(&dst, off), vec![sge(&src, off, 1024)]),
+            )
+            .unwrap();
+    }
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 10);
+    settle(&mut sim);
+    assert_eq!(sc.len(), 10);
+    assert!(sc.iter().all(|w| w.status == WcStatus::Success));
+    let trace = sim.trace.take().unwrap();
+    let ack_req = ack_req_flags(&trace, 0);
+    assert_eq!(ack_req.len(), 10);
+    assert_eq!(ack_req.iter().filter(|r| **r).count(), 1, "{ack_req:?}");
+    assert!(ack_req[9], "the last WRITE asks");
+    let acks = trace.iter().filter(|(from, _)| *from == 1).count();
+    assert_eq!(acks, 1, "one ACK for the burst");
+    let c = counters(&sim, 0);
+    assert_eq!((c.timeouts, c.retransmissions), (0, 0));
 }
 
 // ----- 3. Remote access violations -----
@@ -1679,6 +1722,8 @@ fn recv_cq_overflow_moves_the_responder_to_error_without_acking() {
         sim.nodes[0]
             .post_send(a.qpn, SendWr::new(id, SendOp::Send, vec![sge(&src, 0, 64)]))
             .unwrap();
+        // One at a time, so each SEND asks for its own ACK (see ack_req_once_per_burst).
+        sim.transmit_all();
     }
     let sc = wait_cq(&mut sim, 0, a.send_cq, 3);
     settle(&mut sim);
@@ -2154,4 +2199,202 @@ fn modify_qp_with_bad_attributes_leaves_the_qp_unchanged() {
     };
     dev.modify_qp(a.qpn, &err, AttrMask::STATE).unwrap();
     check_refused(dev, &attr, AttrMask::STATE, "ERROR → RTS");
+}
+
+/// Streaming 64 KiB WRITEs with a window of 16 outstanding (the engine's loopback test's
+/// workload): no timeout, no retransmission, every WRITE succeeds.
+#[test]
+fn streamed_long_writes_need_no_retransmission() {
+    let mut sim = Sim::new(29, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    const MSG: u64 = 64 * 1024;
+    const COUNT: u64 = 64;
+    let src = sim.nodes[0].alloc((16 * MSG) as usize, RW);
+    let dst = sim.nodes[1].alloc((16 * MSG) as usize, RW);
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < COUNT {
+        while posted < COUNT && posted - done < 16 {
+            let off = (posted % 16) * MSG;
+            sim.nodes[0]
+                .post_send(
+                    a.qpn,
+                    SendWr::new(
+                        posted,
+                        write_op(&dst, off),
+                        vec![sge(&src, off, MSG as u32)],
+                    ),
+                )
+                .unwrap();
+            posted += 1;
+        }
+        for wc in wait_cq(&mut sim, 0, a.send_cq, 1) {
+            assert_eq!(
+                wc.status,
+                WcStatus::Success,
+                "{wc:?} {:?}",
+                counters(&sim, 0)
+            );
+            done += 1;
+        }
+    }
+    let c = counters(&sim, 0);
+    assert_eq!((c.timeouts, c.retransmissions), (0, 0), "{c:?}");
+}
+
+/// Streams of SENDs on a lossy link (the engine's 1 % test, simulated): every SEND the
+/// requester completes was delivered, exactly once and in order.
+#[test]
+fn streamed_sends_on_a_lossy_link_are_all_delivered() {
+    for seed in 0..8u64 {
+        let mut sim = Sim::new(1000 + seed, 2, LinkConfig::lossy(0.01, 0.01, 0.0, 0.0));
+        let o = ConnectOptions {
+            timeout: (seed % 4) as u8 + 2,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        const MSG: u64 = 16 * 1024;
+        const COUNT: u64 = 256;
+        let src = sim.nodes[0].alloc((32 * MSG) as usize, RW);
+        let dst = sim.nodes[1].alloc((COUNT * MSG) as usize, RW);
+        for i in 0..COUNT {
+            sim.nodes[1]
+                .post_recv(b.qpn, recv_wr(i, &dst, i * MSG, MSG as u32))
+                .unwrap();
+        }
+        let (mut posted, mut done) = (0u64, 0u64);
+        while done < COUNT {
+            while posted < COUNT && posted - done < 32 {
+                let off = (posted % 32) * MSG;
+                sim.nodes[0]
+                    .post_send(
+                        a.qpn,
+                        SendWr::new(posted, SendOp::Send, vec![sge(&src, off, MSG as u32)]),
+                    )
+                    .unwrap();
+                posted += 1;
+            }
+            for wc in wait_cq(&mut sim, 0, a.send_cq, 1) {
+                assert_eq!(wc.status, WcStatus::Success, "seed {seed}: {wc:?}");
+                done += 1;
+            }
+        }
+        settle(&mut sim);
+        let rc = sim.nodes[1].poll(b.recv_cq);
+        let ids: Vec<u64> = rc.iter().map(|w| w.wr_id).collect();
+        assert_eq!(
+            ids,
+            (0..COUNT).collect::<Vec<_>>(),
+            "seed {seed}: receives; counters {:?} {:?}",
+            counters(&sim, 0),
+            counters(&sim, 1)
+        );
+    }
+}
+
+/// A late ACK during a go-back-N resend: the responder re-acknowledges duplicates with the last
+/// PSN it executed, which may cover the WQE the requester is still resending and some after
+/// it. The requester must carry on from the acknowledged PSN. Staying at the PSN it had reached
+/// inside the old message renumbers what follows, including a message posted then (the
+/// application refills its window as those WQEs complete): the responder takes its packets for
+/// duplicates or out-of-sequence requests. Here that stalls the connection; in the engine under
+/// 1 % loss it also showed as an invalid-request NAK and as a SEND reported delivered that
+/// never was.
+///
+/// SENDs A (200 packets), B, C and D (10 each) go out in one burst, in bursts of 16 packets.
+/// C's last packet is lost, and so are the responder's sequence NAK for it and its ACK for A's
+/// periodic AckReq at 197: the timer sends the requester back into A, where the responder's
+/// re-ACK of everything up to C's last-but-one arrives while it resends. Then E is posted.
+#[test]
+fn late_ack_during_go_back_n_keeps_messages_in_place() {
+    let link = LinkConfig {
+        tx_burst: Some(16),
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(30, 2, link);
+    let o = ConnectOptions::default();
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let client_psn = sim.nodes[0].dev.query_qp(a.qpn).unwrap().sq_psn;
+    const MTU: u64 = 1024;
+    let sizes = [200 * MTU, 10 * MTU, 10 * MTU, 10 * MTU, 10 * MTU];
+    let total: u64 = sizes.iter().sum();
+    let src = sim.nodes[0].alloc(total as usize, RW);
+    let dst = sim.nodes[1].alloc(total as usize, RW);
+    sim.nodes[0]
+        .bytes_mut(&src)
+        .copy_from_slice(&pattern_bytes(total as usize));
+    let mut offsets = Vec::new();
+    let mut off = 0;
+    for (i, len) in sizes.iter().enumerate() {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(10 + i as u64, &dst, off, *len as u32))
+            .unwrap();
+        offsets.push(off);
+        off += len;
+    }
+    // Relative PSNs: A 0..=199, B 200..=209, C 210..=219, D 220..=229.
+    let lost = Rc::new(Cell::new(0u32));
+    let count = lost.clone();
+    let (mut c_last, mut nak) = (true, true);
+    sim.drop_filter = Some(Box::new(move |node, packet| {
+        let f = RoceFrame::parse_ip(packet).unwrap();
+        let t = &f.headers.transport;
+        let rel = t.bth.psn.wrapping_sub(client_psn) & 0xff_ffff;
+        let is_nak = matches!(
+            t.aeth.map(|a| a.syndrome),
+            Some(AethSyndrome::Nak(NakCode::PsnSequenceError))
+        );
+        let hit = match node {
+            0 => rel == 219 && std::mem::take(&mut c_last),
+            _ => (is_nak && std::mem::take(&mut nak)) || (!is_nak && rel == 197),
+        };
+        count.set(count.get() + u32::from(hit));
+        hit
+    }));
+    let post = |sim: &mut Sim, i: usize| {
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(
+                    i as u64,
+                    SendOp::Send,
+                    vec![sge(&src, offsets[i], sizes[i] as u32)],
+                ),
+            )
+            .unwrap();
+    };
+    for i in 0..4 {
+        post(&mut sim, i);
+    }
+    let mut sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    post(&mut sim, 4);
+    while sc.len() < 5 {
+        sc.extend(wait_cq(&mut sim, 0, a.send_cq, 1));
+    }
+    settle(&mut sim);
+    assert!(
+        lost.get() >= 3,
+        "the losses the scenario needs happened: {}",
+        lost.get()
+    );
+    assert!(counters(&sim, 0).timeouts >= 1, "the timer sent it back");
+    let rc = sim.nodes[1].poll(b.recv_cq);
+    assert_eq!(
+        ids_and_status(&rc),
+        (10..15).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>(),
+        "every SEND delivered once, in order (sender saw {:?})",
+        ids_and_status(&sc)
+    );
+    assert_eq!(
+        ids_and_status(&sc),
+        (0..5).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        sim.nodes[1].bytes(&dst),
+        &pattern_bytes(total as usize)[..],
+        "data in place"
+    );
+}
+
+fn pattern_bytes(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }

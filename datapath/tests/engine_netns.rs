@@ -267,7 +267,12 @@ fn stream(
             .wait_cq(qp.send_cq, 64, &mut wcs, Duration::from_millis(200))
             .expect("poll_cq");
         for wc in &wcs {
-            assert_eq!(wc.status, WcStatus::Success, "{what}: {wc:?}");
+            assert_eq!(
+                wc.status,
+                WcStatus::Success,
+                "{what}: {wc:?}; counters {:?}",
+                engine.with_device(|d| d.counters())
+            );
             assert_eq!(wc.wr_id as usize, done, "{what}: completions in order");
             done += 1;
         }

@@ -702,6 +702,15 @@ fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {
                 }
             }
             let elapsed = t.elapsed();
+            if std::env::var_os("XROCE_BENCH_DEBUG").is_some() {
+                eprintln!(
+                    "client counters {:?} engine tx {} rx {} wakeups {}",
+                    side.engine.with_device(|d| d.counters()),
+                    side.engine.counters().tx_frames.load(Ordering::Relaxed),
+                    side.engine.counters().rx_frames.load(Ordering::Relaxed),
+                    side.engine.counters().wakeups.load(Ordering::Relaxed)
+                );
+            }
             done_tx.send(()).ok();
             (completed * size) as f64 / elapsed.as_secs_f64() / 1e6
         },

@@ -412,6 +412,11 @@ impl Device {
             .ok_or(VerbsError::NoSuchObject("queue pair"))
     }
 
+    /// The QP has send WQEs not yet completed (sent and unacknowledged, or waiting to go).
+    pub fn send_queue_busy(&self, qpn: u32) -> bool {
+        self.qps.get(&qpn).is_some_and(|qp| !qp.sq.is_empty())
+    }
+
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
         self.qps.get(&qpn)
     }

@@ -149,6 +149,8 @@ pub(crate) struct Requester {
     /// Bytes of that WQE already sent in this pass.
     pub offset: u64,
     pub noack_pkts: u32,
+    /// Messages ended without AckReq since the last packet that asked for an ACK.
+    pub noack_msgs: u32,
     pub rd_atomic_avail: u32,
     pub rd_atomic_max: u32,
     /// The completer asked for a go-back-N from `comp.psn`.
@@ -531,7 +533,11 @@ impl Qp {
         if self.req.wqe_index > 0 {
             self.req.wqe_index -= 1;
         } else {
-            self.req.offset = 0;
+            // The WQE the requester was still (re)sending is acknowledged whole: an ACK that
+            // was late arrived during a go-back-N resend. Carry on where the acknowledgements
+            // left off; staying at the old PSN would start the next message at a PSN inside
+            // this one, which the responder rejects as out of sequence.
+            self.resume_from_comp_psn(sh);
         }
         if wqe.has_rd_atomic {
             self.req.rd_atomic_avail = (self.req.rd_atomic_avail + 1).min(self.req.rd_atomic_max);

@@ -1,6 +1,7 @@
 //! The requester: turns send WQEs into request packets (`rxe_req.c`).
 //!
-//! Segmentation by path MTU, PSN assignment with 24-bit wrap, rdma_rxe's AckReq policy, the
+//! Segmentation by path MTU, PSN assignment with 24-bit wrap, the AckReq policy (rdma_rxe's,
+//! with one ACK per burst of queued messages), the
 //! 128-PSN send window, the initiator-depth limit on READs and atomics, fences, and the
 //! go-back-N restart point after a retry.
 
@@ -19,6 +20,10 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 /// AckReq is forced on a middle packet after this many packets without it
 /// (`RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
+/// In a burst of queued messages, the last packet of every this-many-th message still asks
+/// for an ACK, so that acknowledgements (and completions) keep flowing while the burst goes out
+/// instead of arriving all at its end.
+pub const MAX_MSGS_PER_ACK: u32 = 16;
 /// Largest message a WR may carry (rdma_rxe's `max_msg_sz`).
 pub const MAX_MSG_SIZE: u64 = 1 << 31;
 
@@ -115,15 +120,7 @@ impl Qp {
             self.sq[idx].state = WqeState::Done;
             return Start::NoPacket;
         }
-        let w = &self.sq[idx];
-        let local_check = match op {
-            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
-                sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::LOCAL_WRITE)
-            }
-            _ if w.inline.is_some() => Ok(()),
-            _ => sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::NONE),
-        };
-        if local_check.is_err() {
+        if !self.passes_local_checks(idx, sh) {
             self.sq[idx].state = WqeState::Error(WcStatus::LocProtErr);
             return Start::NoPacket;
         }
@@ -143,6 +140,18 @@ impl Qp {
         w.state = WqeState::Pending;
         self.req.offset = 0;
         Start::Ready
+    }
+
+    /// The WQE's scatter/gather list names memory it may use (checked again when it starts).
+    fn passes_local_checks(&self, idx: usize, sh: &Shared) -> bool {
+        let w = &self.sq[idx];
+        match w.wr.op {
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::LOCAL_WRITE).is_ok()
+            }
+            _ if w.inline.is_some() => true,
+            _ => sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::NONE).is_ok(),
+        }
     }
 
     /// Builds one packet of the WQE at `idx` from `req.offset`. `None` when the WQE failed
@@ -275,14 +284,36 @@ impl Qp {
             }
         }
         if self.ty == QpType::Rc {
-            let periodic = !ends && {
+            // Packets since the last AckReq (rdma_rxe forces one after 64 without).
+            let periodic = {
                 let n = self.req.noack_pkts;
                 self.req.noack_pkts += 1;
                 n > MAX_PKT_PER_ACK
             };
-            if ends || periodic {
+            // The last packet of a message asks for an ACK, unless another message is already
+            // queued right behind it and will go out next: the ACK that one asks for covers
+            // both (ACKs are cumulative), so a burst of small messages costs one ACK instead of
+            // one each. rdma_rxe asks on every last packet; its responder answers any AckReq,
+            // and an ACK is still asked for at least every 65 packets, well inside the 128-PSN
+            // window. Only in RTS (in SQD the next message will not start), and only when the
+            // next one will send a packet (a local error would leave this one unacknowledged
+            // until the retransmission timer). READ and atomic requests are answered anyway and
+            // keep the bit, as rdma_rxe sets it.
+            let more_behind = ends
+                && self.req.noack_msgs + 1 < MAX_MSGS_PER_ACK
+                && !self.sq[idx].wr.op.is_read_or_atomic()
+                && self.attr.state == QpState::Rts
+                && self
+                    .sq
+                    .get(idx + 1)
+                    .is_some_and(|w| w.state == WqeState::Posted)
+                && self.passes_local_checks(idx + 1, sh);
+            if (ends && !more_behind) || periodic {
                 t.bth.ack_req = true;
                 self.req.noack_pkts = 0;
+                self.req.noack_msgs = 0;
+            } else if ends {
+                self.req.noack_msgs += 1;
             }
         }
         let headers = match self.headers(sh, &av, t) {
@@ -363,9 +394,17 @@ impl Qp {
     /// is resent whole, with the PSNs it had.
     pub(crate) fn go_back_n(&mut self, sh: &mut Shared) {
         self.req.need_retry = false;
+        self.resume_from_comp_psn(sh);
+        sh.counters.retransmissions += 1;
+    }
+
+    /// Points the requester at the oldest unacknowledged PSN, in the head WQE at the offset
+    /// that PSN stands for.
+    pub(crate) fn resume_from_comp_psn(&mut self, sh: &Shared) {
         self.req.psn = self.comp.psn;
         self.req.wqe_index = 0;
         self.req.noack_pkts = 0;
+        self.req.noack_msgs = 0;
         let mtu = self.mtu(sh) as u64;
         self.req.offset = match self.sq.front() {
             Some(w) if w.state == WqeState::Pending => match w.wr.op {
@@ -378,6 +417,5 @@ impl Qp {
             },
             _ => 0,
         };
-        sh.counters.retransmissions += 1;
     }
 }

@@ -13,6 +13,8 @@ use super::ring::Ring;
 /// than this (a 4096 path MTU gives 4154-byte frames) travel as several descriptors
 /// (`XDP_USE_SG`).
 pub const FRAME_SIZE: u32 = 4096;
+/// Kicks one `flush` makes at most (each sends up to 32 frames in copy mode).
+const MAX_KICKS_PER_FLUSH: usize = 8;
 /// A transmit slot: two adjacent UMEM frames (see [`XskSocket::send_with`]).
 const TX_SLOT: usize = 2 * FRAME_SIZE as usize;
 
@@ -578,29 +580,40 @@ impl XskSocket {
     }
 
     /// Publishes queued frames and kicks the kernel when it needs it (always in copy mode).
+    ///
+    /// In copy mode a kick sends at most 32 descriptors, so a batch larger than that takes
+    /// several; the loop stops when the ring is empty or the kernel pushes back.
     pub fn flush(&mut self) -> io::Result<()> {
         self.tx.submit();
         self.reap_completions();
-        if self.tx.outstanding() == 0 || !self.tx.needs_wakeup() {
-            return Ok(());
-        }
-        // SAFETY: a zero-length, non-blocking sendto only tells the kernel to walk the TX ring.
-        let rc = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                // The kernel is busy or out of buffers: the frames stay queued, try again.
-                Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
-                _ => return Err(e),
+        for _ in 0..MAX_KICKS_PER_FLUSH {
+            let before = self.tx.outstanding();
+            if before == 0 || !self.tx.needs_wakeup() {
+                return Ok(());
+            }
+            // SAFETY: a zero-length, non-blocking sendto only tells the kernel to walk the TX
+            // ring.
+            let rc = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // The kernel is busy or out of buffers: the frames stay queued, try again
+                    // on the next flush.
+                    Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => return Ok(()),
+                    _ => return Err(e),
+                }
+            }
+            if self.tx.outstanding() >= before {
+                return Ok(()); // no progress: leave the rest for the next flush
             }
         }
         Ok(())

@@ -117,7 +117,11 @@ pub(crate) struct Shared {
     /// (a condition variable's notify is a system call even with nobody waiting).
     pub(crate) progress_waiters: AtomicUsize,
     pub(crate) counters: EngineCounters,
-    /// When an application last polled a CQ (engine nanoseconds; 0 = never).
+    /// When an application last drove progress itself, by polling a CQ or by posting (engine
+    /// nanoseconds; 0 = never): the progress thread keeps off the lock for a while after.
+    pub(crate) app_active_at: AtomicU64,
+    /// When an application last polled a CQ (0 = never). Only an application that polls is
+    /// counted on to come back and drive progress (see `progress::run`).
     pub(crate) app_polled_at: AtomicU64,
     /// Kernel thread id of the progress thread (0 until it runs), for CPU accounting.
     pub(crate) progress_tid: std::sync::atomic::AtomicI32,
@@ -133,6 +137,9 @@ pub(crate) struct State {
     pub(crate) io: progress::PortState,
     /// Set by the thread when it exits with an error, reported to the application.
     pub(crate) failed: Option<String>,
+    /// WRs were posted whose packets wait for the next progress round (see
+    /// `Engine::after_post`); cleared by that round.
+    pub(crate) tx_deferred: bool,
 }
 
 impl Shared {
@@ -206,6 +213,7 @@ impl Engine {
                 neighbours,
                 io: progress::PortState::new(Box::new(socket)),
                 failed: None,
+                tx_deferred: false,
             }),
             wake,
             kick: AtomicBool::new(false),
@@ -214,6 +222,7 @@ impl Engine {
             progressed: Condvar::new(),
             progress_waiters: AtomicUsize::new(0),
             counters: EngineCounters::default(),
+            app_active_at: AtomicU64::new(0),
             app_polled_at: AtomicU64::new(0),
             progress_tid: std::sync::atomic::AtomicI32::new(0),
             epoch: Instant::now(),
@@ -372,8 +381,9 @@ impl Engine {
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let mut guard = self.lock();
         let st = &mut *guard;
+        let busy = st.dev.send_queue_busy(qpn);
         st.dev.post_send(qpn, wr, &st.mem)?;
-        self.send_now(guard);
+        self.after_post(guard, busy);
         Ok(())
     }
 
@@ -386,6 +396,7 @@ impl Engine {
     /// for the duration of the call.
     pub unsafe fn post_send_caller_inline(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let mut guard = self.lock();
+        let busy = guard.dev.send_queue_busy(qpn);
         if wr
             .flags
             .contains(xroce_core::transport::verbs::SendFlags::INLINE)
@@ -395,14 +406,33 @@ impl Engine {
             let st = &mut *guard;
             st.dev.post_send(qpn, wr, &st.mem)?;
         }
-        self.send_now(guard);
+        self.after_post(guard, busy);
         Ok(())
+    }
+
+    /// After a WR was queued on a QP whose send queue was idle (`busy` false), its packets go
+    /// out at once from this thread: no hand-off, no wake-up on the latency path. On a QP that
+    /// is already streaming they wait for the next progress round (the application's next
+    /// `poll_cq`, or the progress thread), which sends everything queued together: one system
+    /// call and one ACK for the batch instead of one each.
+    fn after_post(&self, mut guard: MutexGuard<'_, State>, busy: bool) {
+        if !busy {
+            self.send_now(guard);
+            return;
+        }
+        guard.tx_deferred = true;
+        drop(guard);
+        let app_ns = self.shared.app_polled_at.load(Ordering::Relaxed);
+        if app_ns == 0 || self.shared.now().saturating_sub(app_ns) >= progress::APP_ACTIVE_NS {
+            // Nobody is polling: the progress thread sends.
+            self.shared.wake();
+        }
     }
 
     fn send_now(&self, mut guard: MutexGuard<'_, State>) {
         // An application posting sends its own packets (below), as one polling does.
         self.shared
-            .app_polled_at
+            .app_active_at
             .store(self.shared.now(), Ordering::Relaxed);
         let st = &mut *guard;
         // Send at once from this thread: no hand-off, no wake-up on the latency path.
@@ -428,10 +458,14 @@ impl Engine {
     ) -> Result<usize, VerbsError> {
         // Any poll, productive or not, says the application is driving progress: the progress
         // thread then keeps off the lock.
-        self.shared
-            .app_polled_at
-            .store(self.shared.now(), Ordering::Relaxed);
+        let now = self.shared.now();
+        self.shared.app_active_at.store(now, Ordering::Relaxed);
+        self.shared.app_polled_at.store(now, Ordering::Relaxed);
         let mut guard = self.lock();
+        if guard.tx_deferred && !guard.io.failed {
+            let st = &mut *guard;
+            progress::progress_once(&self.shared, st);
+        }
         let n = guard.dev.poll_cq(cq, max, out)?;
         if n > 0 || guard.io.failed {
             return Ok(n);

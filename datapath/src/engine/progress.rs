@@ -24,6 +24,10 @@ const ETH_HEADER: usize = 14;
 /// waits for the peer's WRITE to land): the progress thread must take over within about this
 /// long. (It was 1 ms: `ib_write_lat` then measured 1.3 ms.)
 pub(crate) const APP_ACTIVE_NS: u64 = 100_000;
+/// An application that polled a CQ within this long is a poller (see `run`).
+const APP_POLLER_NS: u64 = 10_000_000;
+/// How long the progress thread naps after a round of work next to a poller.
+const POLLER_NAP_NS: u64 = 50_000;
 /// How often a busy progress thread reads the address watcher.
 const WATCH_EVERY_NS: u64 = 1_000_000;
 
@@ -50,6 +54,7 @@ impl PortState {
 /// whether anything happened or is still in flight (so the caller keeps polling).
 pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> bool {
     let now = shared.now();
+    st.tx_deferred = false;
     let State {
         dev,
         mem,
@@ -156,12 +161,15 @@ pub(crate) fn run(
             break;
         }
         let now = shared.now();
-        // While an application polls its CQs it drives progress itself (see `Engine::poll_cq`);
-        // this thread then stays out of its way and only checks back now and then.
-        let app_ns = shared.app_polled_at.load(Ordering::Relaxed);
-        let since = now.saturating_sub(app_ns);
-        if app_ns != 0 && since < APP_ACTIVE_NS {
-            std::thread::sleep(Duration::from_nanos((APP_ACTIVE_NS - since).max(20_000)));
+        // While an application polls its CQs (or posts) it drives progress itself (see
+        // `Engine::poll_cq`); this thread then stays out of its way and only checks back now
+        // and then.
+        let active_ns = shared.app_active_at.load(Ordering::Relaxed);
+        let since_active = now.saturating_sub(active_ns);
+        if active_ns != 0 && since_active < APP_ACTIVE_NS {
+            std::thread::sleep(Duration::from_nanos(
+                (APP_ACTIVE_NS - since_active).max(20_000),
+            ));
             continue;
         }
         let work = {
@@ -181,14 +189,25 @@ pub(crate) fn run(
             }
             work
         };
+        if work && shared.progress_waiters.load(Ordering::SeqCst) > 0 {
+            shared.progressed.notify_all();
+        }
+        // An application that polls its CQs (a poller: it polled in the last few ms) is
+        // preempted now and then; this thread covers for it, one round at a time, but never
+        // busy-spins next to it: on two cores a third spinning thread takes the CPU the
+        // application and its peer need. After a round with work it naps briefly (the
+        // application usually takes over); without work it sleeps in poll(), which the next
+        // frame, timer or kick ends.
+        let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
+        let poller = polled_ns != 0 && now.saturating_sub(polled_ns) < APP_POLLER_NS;
         if work {
-            if shared.progress_waiters.load(Ordering::SeqCst) > 0 {
-                shared.progressed.notify_all();
-            }
             last_work = now;
+            if poller {
+                std::thread::sleep(Duration::from_nanos(POLLER_NAP_NS));
+            }
             continue;
         }
-        if now.saturating_sub(last_work) < spin_ns {
+        if !poller && now.saturating_sub(last_work) < spin_ns {
             std::hint::spin_loop();
             continue;
         }
@@ -212,6 +231,7 @@ fn sleep(shared: &Shared, wait_fd: RawFd, watcher: &AddressWatcher) {
     }
     let timeout_ms: i32 = {
         let st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+
         match st.dev.poll_timeout() {
             None => -1,
             Some(t) => {
