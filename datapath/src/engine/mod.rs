@@ -14,7 +14,7 @@ mod progress;
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -117,8 +117,10 @@ pub(crate) struct Shared {
     /// (a condition variable's notify is a system call even with nobody waiting).
     pub(crate) progress_waiters: AtomicUsize,
     pub(crate) counters: EngineCounters,
-    /// When an application last drove progress itself, by polling a CQ or by posting (engine
-    /// nanoseconds; 0 = never): the progress thread keeps off the lock for a while after.
+    /// Application threads inside a verb that moves frames itself (`poll_cq`, `post_send`):
+    /// while there are any, the progress thread keeps off the lock.
+    pub(crate) app_in_verbs: AtomicU32,
+    /// When the last application thread left such a verb (engine nanoseconds; 0 = never).
     pub(crate) app_active_at: AtomicU64,
     /// When an application last polled a CQ (0 = never). Only an application that polls is
     /// counted on to come back and drive progress (see `progress::run`).
@@ -147,6 +149,13 @@ impl Shared {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// Marks the calling application thread as inside a verb that moves frames itself, until
+    /// the returned guard is dropped.
+    pub(crate) fn enter_verbs(&self) -> InVerbs<'_> {
+        self.app_in_verbs.fetch_add(1, Ordering::SeqCst);
+        InVerbs { shared: self }
+    }
+
     /// Makes sure the progress thread looks at new work soon.
     pub(crate) fn wake(&self) {
         self.kick.store(true, Ordering::SeqCst);
@@ -162,6 +171,20 @@ impl Shared {
                 )
             };
         }
+    }
+}
+
+/// An application thread inside a verb (see [`Shared::enter_verbs`]).
+pub(crate) struct InVerbs<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for InVerbs<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .app_active_at
+            .store(self.shared.now(), Ordering::Relaxed);
+        self.shared.app_in_verbs.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -222,6 +245,7 @@ impl Engine {
             progressed: Condvar::new(),
             progress_waiters: AtomicUsize::new(0),
             counters: EngineCounters::default(),
+            app_in_verbs: AtomicU32::new(0),
             app_active_at: AtomicU64::new(0),
             app_polled_at: AtomicU64::new(0),
             progress_tid: std::sync::atomic::AtomicI32::new(0),
@@ -293,6 +317,15 @@ impl Engine {
         let r = f(&mut self.lock().dev);
         self.shared.wake();
         r
+    }
+
+    /// Runs a data-path verb that gives the progress thread nothing to send (posting a
+    /// receive, arming a CQ) on the device, without waking it: a wake-up per `post_recv`
+    /// would take the core of an application that polls (one per iteration of
+    /// `ib_send_lat`).
+    pub fn with_device_quiet<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
+        let _in_verbs = self.shared.enter_verbs();
+        f(&mut self.lock().dev)
     }
 
     /// The GID table (index = GID index; IPv4 addresses stand for IPv4-mapped GIDs).
@@ -379,6 +412,7 @@ impl Engine {
     }
 
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let _in_verbs = self.shared.enter_verbs();
         let mut guard = self.lock();
         let st = &mut *guard;
         let busy = st.dev.send_queue_busy(qpn);
@@ -395,6 +429,7 @@ impl Engine {
     /// If `wr` asks for inline data, every SGE of it must name memory readable for its length
     /// for the duration of the call.
     pub unsafe fn post_send_caller_inline(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let _in_verbs = self.shared.enter_verbs();
         let mut guard = self.lock();
         let busy = guard.dev.send_queue_busy(qpn);
         if wr
@@ -422,28 +457,26 @@ impl Engine {
         }
         guard.tx_deferred = true;
         drop(guard);
-        let app_ns = self.shared.app_polled_at.load(Ordering::Relaxed);
-        if app_ns == 0 || self.shared.now().saturating_sub(app_ns) >= progress::APP_ACTIVE_NS {
+        let now = self.shared.now();
+        let polled_ns = self.shared.app_polled_at.load(Ordering::Relaxed);
+        if polled_ns == 0 || now.saturating_sub(polled_ns) >= progress::APP_POLLER_NS {
             // Nobody is polling: the progress thread sends.
             self.shared.wake();
         }
     }
 
     fn send_now(&self, mut guard: MutexGuard<'_, State>) {
-        // An application posting sends its own packets (below), as one polling does.
-        self.shared
-            .app_active_at
-            .store(self.shared.now(), Ordering::Relaxed);
         let st = &mut *guard;
-        // Send at once from this thread: no hand-off, no wake-up on the latency path.
-        if progress::progress_once(&self.shared, st) {
+        // Send at once from this thread: no hand-off, no wake-up on the latency path. The
+        // progress thread is woken only for what this round left over (a long message).
+        if progress::progress_once(&self.shared, st).more {
             drop(guard);
             self.shared.wake();
         }
     }
 
     pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
-        self.with_device(|d| d.post_recv(qpn, wr))
+        self.with_device_quiet(|d| d.post_recv(qpn, wr))
     }
 
     /// `ibv_poll_cq`. When the CQ is empty the calling thread runs one round of progress
@@ -458,9 +491,10 @@ impl Engine {
     ) -> Result<usize, VerbsError> {
         // Any poll, productive or not, says the application is driving progress: the progress
         // thread then keeps off the lock.
-        let now = self.shared.now();
-        self.shared.app_active_at.store(now, Ordering::Relaxed);
-        self.shared.app_polled_at.store(now, Ordering::Relaxed);
+        let _in_verbs = self.shared.enter_verbs();
+        self.shared
+            .app_polled_at
+            .store(self.shared.now(), Ordering::Relaxed);
         let mut guard = self.lock();
         if guard.tx_deferred && !guard.io.failed {
             let st = &mut *guard;

@@ -3,7 +3,6 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use xroce_core::transport::Event;
 use xroce_core::wire::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, IpAddress};
@@ -19,15 +18,23 @@ const RX_BATCH: usize = 64;
 const TX_BATCH: usize = 64;
 /// Ethernet header without VLAN tag (xroce sends untagged).
 const ETH_HEADER: usize = 14;
-/// An application that polled an empty CQ within this long counts as actively polling. Short,
-/// because an application may stop polling its CQ and spin on memory instead (`ib_write_lat`
-/// waits for the peer's WRITE to land): the progress thread must take over within about this
-/// long. (It was 1 ms: `ib_write_lat` then measured 1.3 ms.)
-pub(crate) const APP_ACTIVE_NS: u64 = 100_000;
+/// An application thread that left a verb (`poll_cq`, `post_send`) less than this long ago is
+/// still in its verbs loop (a polling loop comes back within a microsecond or so) and moves
+/// frames itself. Short, because an application may stop polling and spin on memory instead
+/// (`ib_write_lat` waits for the peer's WRITE to land): the progress thread must take over at
+/// once. (It was 1 ms, then 100 µs, measured from the last entry: `ib_write_lat` measured
+/// 1.3 ms, then 138 µs.)
+pub(crate) const APP_ACTIVE_NS: u64 = 3_000;
+/// First check interval while the application is in its verbs loop (doubling up to
+/// `MAX_NAP_NS` while it stays there).
+const NAP_NS: u64 = 10_000;
 /// An application that polled a CQ within this long is a poller (see `run`).
-const APP_POLLER_NS: u64 = 10_000_000;
-/// How long the progress thread naps after a round of work next to a poller.
-const POLLER_NAP_NS: u64 = 50_000;
+pub(crate) const APP_POLLER_NS: u64 = 10_000_000;
+/// Longest check interval while an application keeps polling.
+const MAX_NAP_NS: u64 = 1_000_000;
+/// The progress thread's timer slack (the kernel's default, 50 µs, would stretch its short
+/// sleeps several times over).
+const TIMER_SLACK_NS: libc::c_ulong = 1_000;
 /// How often a busy progress thread reads the address watcher.
 const WATCH_EVERY_NS: u64 = 1_000_000;
 
@@ -50,9 +57,18 @@ impl PortState {
     }
 }
 
-/// One round of work: receive a batch, run due timers, transmit a batch, flush. Returns
-/// whether anything happened or is still in flight (so the caller keeps polling).
-pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> bool {
+/// What a round of progress did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Round {
+    /// Anything happened (frames in or out, timers, events): poll again soon.
+    pub(crate) work: bool,
+    /// Something is left that needs another round without new input: the transmit batch was
+    /// cut short, or frames wait in the port.
+    pub(crate) more: bool,
+}
+
+/// One round of work: receive a batch, run due timers, transmit a batch, flush.
+pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
     let now = shared.now();
     st.tx_deferred = false;
     let State {
@@ -137,9 +153,16 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> bool {
     if let Err(e) = io.port.flush() {
         io.failed = true;
         st.failed = Some(format!("the interface stopped accepting frames: {e}"));
-        return false;
+        return Round {
+            work: false,
+            more: false,
+        };
     }
-    work || io.tx_full || io.port.tx_pending()
+    let more = built == TX_BATCH || io.tx_full || io.port.tx_pending();
+    Round {
+        work: work || more,
+        more,
+    }
 }
 
 pub(crate) fn run(
@@ -151,6 +174,15 @@ pub(crate) fn run(
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     shared.progress_tid.store(tid, Ordering::Relaxed);
+    // Short sleeps must be short: the default timer slack adds up to 50 µs to each.
+    // SAFETY: prctl(PR_SET_TIMERSLACK) takes a plain integer and affects only this thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0) };
+    let mut wake_priority = WakePriority::new();
+    // Check interval while the application stays in its verbs loop (NAP_NS doubling up to
+    // MAX_NAP_NS).
+    let mut nap_ns = NAP_NS;
+    // The application was busy at the last look (see below).
+    let mut confirm_quiet = false;
     let spin_ns = shared.config.spin.as_nanos() as u64;
     let mut last_work = shared.now();
     // 0: read the address watcher on the next round.
@@ -161,24 +193,41 @@ pub(crate) fn run(
             break;
         }
         let now = shared.now();
-        // While an application polls its CQs (or posts) it drives progress itself (see
-        // `Engine::poll_cq`); this thread then stays out of its way and only checks back now
-        // and then.
-        let active_ns = shared.app_active_at.load(Ordering::Relaxed);
-        let since_active = now.saturating_sub(active_ns);
-        if active_ns != 0 && since_active < APP_ACTIVE_NS {
-            std::thread::sleep(Duration::from_nanos(
-                (APP_ACTIVE_NS - since_active).max(20_000),
-            ));
+        // While an application is inside its verbs (polling a CQ, posting) it moves frames
+        // itself (see `Engine::poll_cq`); this thread keeps off the lock and looks again a
+        // moment later. Only kicks and address changes wake it meanwhile: every received frame
+        // would otherwise wake it for nothing.
+        let app_busy = app_busy(&shared, now)
+            // Quiet now, but perhaps only because this thread's wake-up took its core:
+            // step aside once and look again before taking over (an application spinning on
+            // memory is still quiet then; one in a polling loop is back in its verbs).
+            || (confirm_quiet && {
+                wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS)));
+                app_busy(&shared, shared.now())
+            });
+        confirm_quiet = app_busy;
+        // A held lock means the application is at work too.
+        let guard = if app_busy {
+            None
+        } else {
+            match shared.state.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        };
+        let Some(mut guard) = guard else {
+            wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(nap_ns)));
+            nap_ns = (nap_ns * 2).min(MAX_NAP_NS);
             continue;
-        }
+        };
+        nap_ns = NAP_NS;
         let work = {
-            let mut guard = shared.state.lock().unwrap_or_else(|p| p.into_inner());
             let st = &mut *guard;
             if st.io.failed {
                 break;
             }
-            let work = progress_once(&shared, st);
+            let work = progress_once(&shared, st).work;
             // Address and neighbour changes are rare: while busy, look every millisecond
             // rather than paying a system call per round.
             if now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
@@ -189,29 +238,27 @@ pub(crate) fn run(
             }
             work
         };
-        if work && shared.progress_waiters.load(Ordering::SeqCst) > 0 {
-            shared.progressed.notify_all();
-        }
-        // An application that polls its CQs (a poller: it polled in the last few ms) is
-        // preempted now and then; this thread covers for it, one round at a time, but never
-        // busy-spins next to it: on two cores a third spinning thread takes the CPU the
-        // application and its peer need. After a round with work it naps briefly (the
-        // application usually takes over); without work it sleeps in poll(), which the next
-        // frame, timer or kick ends.
-        let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
-        let poller = polled_ns != 0 && now.saturating_sub(polled_ns) < APP_POLLER_NS;
+        drop(guard);
         if work {
-            last_work = now;
-            if poller {
-                std::thread::sleep(Duration::from_nanos(POLLER_NAP_NS));
+            if shared.progress_waiters.load(Ordering::SeqCst) > 0 {
+                shared.progressed.notify_all();
             }
+            last_work = now;
             continue;
         }
+        // Nothing to do. Next to an application that polls its CQs (a poller: it polled in
+        // the last few ms) this thread never busy-waits: on two cores a third spinning thread
+        // takes the CPU the application and its peer need. It blocks until the next frame,
+        // timer or kick instead; a woken thread that has slept preempts a spinning
+        // application at once (ib_write_lat spins on memory between its polls). Otherwise
+        // (an application sleeping in ibv_get_cq_event, say) it spins a little longer first.
+        let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
+        let poller = polled_ns != 0 && now.saturating_sub(polled_ns) < APP_POLLER_NS;
         if !poller && now.saturating_sub(last_work) < spin_ns {
             std::hint::spin_loop();
             continue;
         }
-        sleep(&shared, wait_fd, &watcher);
+        wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watcher, None));
         last_work = shared.now().saturating_sub(spin_ns);
         last_watch = 0;
     }
@@ -220,35 +267,98 @@ pub(crate) fn run(
     shared.progressed.notify_all();
 }
 
-/// Sleeps until a frame arrives, the application kicks, an address changes or the next
-/// transport timer is due.
-fn sleep(shared: &Shared, wait_fd: RawFd, watcher: &AddressWatcher) {
+/// The application is in its verbs loop: a thread is inside a verb, or one left less than
+/// `APP_ACTIVE_NS` ago.
+fn app_busy(shared: &Shared, now: u64) -> bool {
+    let active_ns = shared.app_active_at.load(Ordering::Relaxed);
+    shared.app_in_verbs.load(Ordering::SeqCst) > 0
+        || (active_ns != 0 && now.saturating_sub(active_ns) < APP_ACTIVE_NS)
+}
+
+/// The progress thread sleeps with real-time priority (`SCHED_FIFO` 1) and works with normal
+/// priority. An application that spins on memory (ib_write_lat waits for the peer's WRITE to
+/// land in its buffer) holds its core without a break, and on two cores both do: a woken
+/// thread of normal priority then waits for the scheduler's tick (milliseconds) before it
+/// can receive the frame the application waits for. Woken at real-time priority it runs at
+/// once; it drops to normal priority before it does any work, so it never holds a core at
+/// real-time priority for longer than a wake-up, and a bug cannot turn it into a spinning
+/// real-time thread. Without the privilege (CAP_SYS_NICE) or with `XROCE_PROGRESS_RT=0` it
+/// sleeps at normal priority.
+struct WakePriority {
+    enabled: bool,
+}
+
+impl WakePriority {
+    fn new() -> Self {
+        let wanted = std::env::var_os("XROCE_PROGRESS_RT").is_none_or(|v| v != "0");
+        let mut p = WakePriority { enabled: wanted };
+        // Find out now whether the switch is allowed, so that it is not tried per sleep.
+        if p.enabled && !p.set(libc::SCHED_FIFO) {
+            p.enabled = false;
+        }
+        p.set(libc::SCHED_OTHER);
+        p
+    }
+
+    fn set(&self, policy: libc::c_int) -> bool {
+        let param = libc::sched_param {
+            sched_priority: if policy == libc::SCHED_FIFO { 1 } else { 0 },
+        };
+        // SAFETY: sched_setscheduler on the calling thread (pid 0) with a valid parameter.
+        unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
+    }
+
+    fn sleep(&mut self, sleep: impl FnOnce()) {
+        if self.enabled {
+            self.set(libc::SCHED_FIFO);
+        }
+        sleep();
+        if self.enabled {
+            self.set(libc::SCHED_OTHER);
+        }
+    }
+}
+
+/// Sleeps until the application kicks, an address changes, a frame arrives (when `frames`
+/// names the socket), the next transport timer is due, or `at_most_ns` passes.
+fn sleep(
+    shared: &Shared,
+    frames: Option<RawFd>,
+    watcher: &AddressWatcher,
+    at_most_ns: Option<u64>,
+) {
     shared.sleeping.store(true, Ordering::SeqCst);
     // Work queued between our last look and `sleeping` being visible must not be slept through.
     if shared.kick.swap(false, Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
         shared.sleeping.store(false, Ordering::SeqCst);
         return;
     }
-    let timeout_ms: i32 = {
+    let timer_ns = {
         let st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
-
-        match st.dev.poll_timeout() {
-            None => -1,
-            Some(t) => {
-                let now = shared.now();
-                let ns = t.saturating_sub(now);
-                // Round up so we do not wake a hair early and spin.
-                i32::try_from(ns.div_ceil(1_000_000)).unwrap_or(i32::MAX)
-            }
-        }
+        st.dev
+            .poll_timeout()
+            .map(|t| t.saturating_sub(shared.now()))
+    };
+    let timeout_ns = match (timer_ns, at_most_ns) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     };
     let mut fds = [
         pollfd(shared.wake.as_raw_fd()),
         pollfd(watcher.as_raw_fd()),
-        pollfd(wait_fd),
+        pollfd(frames.unwrap_or(-1)),
     ];
-    // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    let nfds = if frames.is_some() { 3 } else { 2 };
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `fds` holds at least `nfds` valid pollfds and `ts_ptr` is null or points at a
+    // timespec that lives across the call; no signal mask is changed.
+    unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, ts_ptr, std::ptr::null()) };
     shared.sleeping.store(false, Ordering::SeqCst);
     shared.kick.store(false, Ordering::SeqCst);
     if fds[0].revents != 0 {

@@ -167,7 +167,7 @@ pub unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) ->
     match x
         .engine
         .engine
-        .with_device(|d| d.req_notify_cq(x.id, solicited_only != 0))
+        .with_device_quiet(|d| d.req_notify_cq(x.id, solicited_only != 0))
     {
         Ok(()) => 0,
         Err(e) => errno(&e),

@@ -196,7 +196,7 @@ pub unsafe extern "C" fn post_srq_recv(
         post_recv_chain(wr, bad_wr, |r| {
             x.engine
                 .engine
-                .with_device(|d| d.post_srq_recv(x.id, r))
+                .with_device_quiet(|d| d.post_srq_recv(x.id, r))
                 .map_err(|e| errno(&e))
         })
     }
