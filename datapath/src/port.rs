@@ -50,3 +50,32 @@ impl Port for XskSocket {
         Some(self.as_raw_fd())
     }
 }
+
+/// A port that is gone (the engine stopped): nothing comes in, nothing goes out.
+pub struct ClosedPort;
+
+impl Port for ClosedPort {
+    fn recv(&mut self, _max: usize, _deliver: &mut dyn FnMut(&[u8])) -> usize {
+        0
+    }
+
+    fn send(&mut self, _frame: &[u8]) -> bool {
+        true
+    }
+
+    fn send_with(&mut self, _build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
+        false
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn tx_pending(&self) -> bool {
+        false
+    }
+
+    fn wait_fd(&self) -> Option<RawFd> {
+        None
+    }
+}

@@ -174,7 +174,16 @@ pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
     // verbs_uninit_context, then the allocation it made is freed with free(3).
     unsafe {
         let xctx = (ctx as *mut u8).sub(offset) as *mut XroceContext;
-        drop(Box::from_raw((*xctx).state));
+        let state = Box::from_raw((*xctx).state);
+        let engine = state
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(e) = engine {
+            e.release_context();
+        }
+        drop(state);
         (private.uninit_context)(&mut (*xctx).vctx);
         libc::free(xctx as *mut c_void);
     }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use libc::c_int;
@@ -25,6 +25,75 @@ use crate::device::ContextState;
 pub struct EngineRef {
     pub id: u64,
     pub engine: Engine,
+    /// The netdev it drives.
+    pub netdev: String,
+    /// Contexts using it (see [`EngineRef::release_context`]).
+    contexts: AtomicUsize,
+    finished: AtomicBool,
+    stats_written: AtomicBool,
+}
+
+/// Environment variable naming a file to which each engine appends its counters when it
+/// stops or the process exits, whichever comes first (one line: `netdev=NAME pid=PID
+/// name=value ...`), for tests and for people who want to see what a program did on the wire.
+pub const STATS_FILE_ENV: &str = "XROCE_STATS_FILE";
+
+fn stats_file() -> Option<std::ffi::OsString> {
+    std::env::var_os(STATS_FILE_ENV).filter(|p| !p.is_empty())
+}
+
+impl EngineRef {
+    /// A context stopped using this engine. When none is left the engine stops, whatever
+    /// objects the application did not destroy (perftest's ib_send_bw client leaks a CQ): as
+    /// closing a kernel device's command file cleans up after the application, closing the
+    /// last context ends the engine.
+    pub fn release_context(&self) {
+        if self.contexts.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.finish();
+        }
+    }
+
+    /// Stops the engine and reports its counters (once).
+    fn finish(&self) {
+        if self.finished.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.engine.stop();
+        self.write_stats();
+    }
+
+    /// Appends the counters to the stats file, if one is asked for (once per engine).
+    fn write_stats(&self) {
+        let Some(path) = stats_file() else {
+            return;
+        };
+        if self.stats_written.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let line = format!(
+            "netdev={} pid={} {}\n",
+            self.netdev,
+            std::process::id(),
+            self.engine.stats_line()
+        );
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!(
+                "xroce: cannot write counters to {}: {e}",
+                std::path::Path::new(&path).display()
+            );
+        }
+    }
+}
+
+impl Drop for EngineRef {
+    fn drop(&mut self) {
+        self.finish();
+    }
 }
 
 static ENGINES: Mutex<Vec<(String, Weak<EngineRef>)>> = Mutex::new(Vec::new());
@@ -47,7 +116,9 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
         .iter()
         .find(|(n, _)| *n == ctx.netdev)
         .and_then(|(_, w)| w.upgrade())
+        .filter(|e| !e.finished.load(Ordering::SeqCst))
     {
+        e.contexts.fetch_add(1, Ordering::SeqCst);
         *mine = Some(e.clone());
         return Ok(e);
     }
@@ -56,8 +127,18 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     config.on_event = Some(EventSink(Arc::new(move |ev| route(id, ev))));
     match Engine::start(config) {
         Ok(engine) => {
-            let e = Arc::new(EngineRef { id, engine });
+            let e = Arc::new(EngineRef {
+                id,
+                engine,
+                netdev: ctx.netdev.clone(),
+                contexts: AtomicUsize::new(1),
+                finished: AtomicBool::new(false),
+                stats_written: AtomicBool::new(false),
+            });
             all.push((ctx.netdev.clone(), Arc::downgrade(&e)));
+            if stats_file().is_some() {
+                report_stats_at_exit();
+            }
             *mine = Some(e.clone());
             Ok(e)
         }
@@ -74,6 +155,31 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
             })
         }
     }
+}
+
+/// Programs that exit without closing their device (perftest's `ib_atomic_lat` server does)
+/// never stop their engine; their counters are written when the process exits instead.
+fn report_stats_at_exit() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    extern "C" fn at_exit() {
+        // try_lock: exit() may run while another thread is inside engine_for; then its
+        // engines' counters are lost rather than the exit hanging.
+        let all = match ENGINES.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        for e in all.iter().filter_map(|(_, w)| w.upgrade()) {
+            e.write_stats();
+        }
+    }
+    REGISTERED.call_once(|| {
+        // SAFETY: registers a function with no captured state; it only takes locks and
+        // writes a file, which is allowed during exit().
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            eprintln!("xroce: cannot register the exit handler; counters may not be written");
+        }
+    });
 }
 
 /// Where the events of one CQ go.

@@ -452,6 +452,7 @@ fn application_errors_get_verbs_errors() {
         "cq_overflow_qp_fatal",
         "deregistered_lkey",
         "dealloc_pd_in_use",
+        "reopen_after_leaked_objects",
     ] {
         assert!(
             text.lines().any(|l| l == format!("ok {check}")),

@@ -92,6 +92,39 @@ pub struct Counters {
     pub cq_overflows: u64,
 }
 
+impl Counters {
+    /// Every counter with its name, in declaration order (for reports and statistics files).
+    pub fn fields(&self) -> [(&'static str, u64); 25] {
+        [
+            ("rx_packets", self.rx_packets),
+            ("tx_requests", self.tx_requests),
+            ("tx_responses", self.tx_responses),
+            ("malformed", self.malformed),
+            ("bad_icrc", self.bad_icrc),
+            ("not_local", self.not_local),
+            ("bad_pkey", self.bad_pkey),
+            ("unknown_qp", self.unknown_qp),
+            ("wrong_transport", self.wrong_transport),
+            ("wrong_address", self.wrong_address),
+            ("cnp_received", self.cnp_received),
+            ("duplicates", self.duplicates),
+            ("seq_naks_sent", self.seq_naks_sent),
+            ("seq_naks_received", self.seq_naks_received),
+            ("rnr_naks_sent", self.rnr_naks_sent),
+            ("rnr_naks_received", self.rnr_naks_received),
+            ("error_naks_sent", self.error_naks_sent),
+            ("retransmissions", self.retransmissions),
+            ("timeouts", self.timeouts),
+            ("retry_exceeded", self.retry_exceeded),
+            ("qkey_violations", self.qkey_violations),
+            ("ud_no_receive", self.ud_no_receive),
+            ("ud_too_long", self.ud_too_long),
+            ("uc_messages_dropped", self.uc_messages_dropped),
+            ("cq_overflows", self.cq_overflows),
+        ]
+    }
+}
+
 /// Everything a QP touches besides itself.
 pub(crate) struct Shared {
     pub mem: MemoryTable,

@@ -192,7 +192,7 @@ impl Drop for InVerbs<'_> {
 /// then go to the kernel again).
 pub struct Engine {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
     ifindex: u32,
     queue: u32,
     zero_copy: bool,
@@ -259,7 +259,7 @@ impl Engine {
             .map_err(EngineError::Thread)?;
         Ok(Engine {
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
             ifindex,
             queue,
             zero_copy,
@@ -299,6 +299,29 @@ impl Engine {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         let hz = u64::try_from(hz).ok().filter(|h| *h > 0)?;
         Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+    }
+
+    /// The transport's and the engine's counters as `name=value` pairs separated by spaces.
+    pub fn stats_line(&self) -> String {
+        let c = &self.shared.counters;
+        let mut fields: Vec<(&str, u64)> = self.lock().dev.counters().fields().to_vec();
+        fields.extend([
+            ("rx_frames", c.rx_frames.load(Ordering::Relaxed)),
+            ("rx_not_roce", c.rx_not_roce.load(Ordering::Relaxed)),
+            ("tx_frames", c.tx_frames.load(Ordering::Relaxed)),
+            ("tx_loopback", c.tx_loopback.load(Ordering::Relaxed)),
+            ("tx_no_neighbour", c.tx_no_neighbour.load(Ordering::Relaxed)),
+            (
+                "tx_wrong_interface",
+                c.tx_wrong_interface.load(Ordering::Relaxed),
+            ),
+            ("wakeups", c.wakeups.load(Ordering::Relaxed)),
+        ]);
+        fields
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Why the progress thread stopped, if it did.
@@ -571,14 +594,27 @@ pub enum VerbError {
     Addressing(AddressingError),
 }
 
-impl Drop for Engine {
-    fn drop(&mut self) {
+impl Engine {
+    /// Stops the progress thread and hands the queue back to the kernel (RoCEv2 frames go to
+    /// the kernel's stack again). Verbs still reach the device afterwards, but nothing moves
+    /// frames for it. Stopping twice is harmless; dropping the engine stops it.
+    pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.sleeping.store(true, Ordering::SeqCst);
         self.shared.wake();
-        if let Some(t) = self.thread.take() {
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = thread {
             let _ = t.join();
         }
+        // Close the socket now (not when the last reference goes): the queue is free for the
+        // next engine, in this process or another.
+        self.lock().io.port = Box::new(crate::port::ClosedPort);
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

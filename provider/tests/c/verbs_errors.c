@@ -405,7 +405,22 @@ int main(int argc, char **argv)
 
     ibv_dereg_mr(mr);
     ibv_dealloc_pd(pd);
+    /* Objects an application never destroyed do not keep the device busy: closing the
+     * context ends the engine (as closing a kernel device's file would), and the device opens
+     * and works again. */
+    struct ibv_cq *leaked = ibv_create_cq(ctx, 4, NULL, NULL, 0);
     ibv_close_device(ctx);
+    ctx = ibv_open_device(list[0]);
+    pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+    struct ibv_cq *again = ctx ? ibv_create_cq(ctx, 4, NULL, NULL, 0) : NULL;
+    CHECK("reopen_after_leaked_objects", leaked && pd && again, "leaked %p pd %p cq %p",
+          (void *)leaked, (void *)pd, (void *)again);
+    if (again)
+        ibv_destroy_cq(again);
+    if (pd)
+        ibv_dealloc_pd(pd);
+    if (ctx)
+        ibv_close_device(ctx);
     ibv_free_device_list(list);
     printf("%s: %d failed\n", failures ? "FAILED" : "passed", failures);
     return failures ? 1 : 0;

@@ -1,0 +1,524 @@
+//! The guest image: a Debian 12 kernel and a cached base initramfs.
+//!
+//! Only the kernel package is downloaded (`apt-get download linux-image-<version>-amd64`, the
+//! one `linux-image-amd64` depends on). The initramfs holds the kernel modules the guests need
+//! (RDMA, virtio, and `crc32_generic`, which rdma_rxe needs without declaring it) with their
+//! dependencies, and the host's own programs and libraries (the host is Debian 12 too): bash,
+//! kmod, iproute2, libibverbs with rdma-core's providers, ibverbs-utils and perftest. The result
+//! is cached under a key made of the kernel package and the host files it copied, so it is
+//! rebuilt only when one of them changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use crate::cpio::CpioWriter;
+use crate::{run_checked, PeerError, Result};
+
+/// Kernel modules loaded in every guest (their dependencies come along).
+pub const MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "crc32_generic",
+    "rdma_rxe",
+    "ib_uverbs",
+    "ib_core",
+    "rdma_ucm",
+    "ib_umad",
+];
+
+/// Host programs every guest has: (program, Debian package that provides it).
+pub const PROGRAMS: &[(&str, &str)] = &[
+    ("bash", "bash"),
+    ("mount", "mount"),
+    ("umount", "mount"),
+    ("dmesg", "util-linux"),
+    ("mkdir", "coreutils"),
+    ("cat", "coreutils"),
+    ("ls", "coreutils"),
+    ("ln", "coreutils"),
+    ("cp", "coreutils"),
+    ("rm", "coreutils"),
+    ("sleep", "coreutils"),
+    ("timeout", "coreutils"),
+    ("head", "coreutils"),
+    ("tail", "coreutils"),
+    ("tr", "coreutils"),
+    ("cut", "coreutils"),
+    ("wc", "coreutils"),
+    ("sort", "coreutils"),
+    ("uname", "coreutils"),
+    ("env", "coreutils"),
+    ("seq", "coreutils"),
+    ("date", "coreutils"),
+    ("chmod", "coreutils"),
+    ("stat", "coreutils"),
+    ("mknod", "coreutils"),
+    ("grep", "grep"),
+    ("sed", "sed"),
+    ("ps", "procps"),
+    ("sysctl", "procps"),
+    ("kmod", "kmod"),
+    ("ip", "iproute2"),
+    ("rdma", "iproute2"),
+    ("ibv_devices", "ibverbs-utils"),
+    ("ibv_devinfo", "ibverbs-utils"),
+    ("ibv_rc_pingpong", "ibverbs-utils"),
+    ("ibv_uc_pingpong", "ibverbs-utils"),
+    ("ibv_ud_pingpong", "ibverbs-utils"),
+    ("ibv_srq_pingpong", "ibverbs-utils"),
+    ("ibv_asyncwatch", "ibverbs-utils"),
+    ("ib_send_bw", "perftest"),
+    ("ib_send_lat", "perftest"),
+    ("ib_write_bw", "perftest"),
+    ("ib_write_lat", "perftest"),
+    ("ib_read_bw", "perftest"),
+    ("ib_read_lat", "perftest"),
+    ("ib_atomic_bw", "perftest"),
+    ("ib_atomic_lat", "perftest"),
+];
+
+/// Libraries the per-boot programs (the agent, the xroce binaries) need beyond the C library.
+const EXTRA_LIBRARIES: &[&str] = &["/usr/lib/x86_64-linux-gnu/libgcc_s.so.1"];
+
+/// Names kmod answers to (symbolic links to it).
+const KMOD_NAMES: &[&str] = &["modprobe", "insmod", "rmmod", "lsmod", "depmod", "modinfo"];
+
+/// Where the guest's libibverbs looks for providers (loaded with dlopen, so not found by ldd).
+const PROVIDER_DIR: &str = "/usr/lib/x86_64-linux-gnu/libibverbs";
+const DRIVER_DIR: &str = "/etc/libibverbs.d";
+
+/// Bump when the image layout or the init script changes, so caches are rebuilt.
+const LAYOUT_VERSION: u32 = 2;
+
+/// A built guest image.
+#[derive(Debug, Clone)]
+pub struct Image {
+    /// The kernel (`vmlinuz`).
+    pub kernel: PathBuf,
+    /// The base initramfs (uncompressed cpio); per-boot files are appended to a copy.
+    pub initrd: PathBuf,
+    /// e.g. `6.1.0-56-amd64`.
+    pub kernel_version: String,
+}
+
+/// Builds the image under `cache/` unless a current one is there, reporting progress through
+/// `say`. Needs root (apt-get), kmod (depmod) and the host programs in [`PROGRAMS`].
+pub fn ensure_image(cache: &Path, say: &mut dyn FnMut(&str)) -> Result<Image> {
+    let kernel_pkg = kernel_package()?;
+    let files = host_files()?;
+    let key = {
+        let mut h = DefaultHasher::new();
+        LAYOUT_VERSION.hash(&mut h);
+        kernel_pkg.hash(&mut h);
+        for (path, meta) in &files {
+            path.hash(&mut h);
+            meta.hash(&mut h);
+        }
+        format!("{kernel_pkg}-{:016x}", h.finish())
+    };
+    let dir = cache.join(&key);
+    let done = dir.join("complete");
+    if let Ok(version) = fs::read_to_string(&done) {
+        say(&format!("guest image: cached in {}", dir.display()));
+        return Ok(Image {
+            kernel: dir.join("vmlinuz"),
+            initrd: dir.join("initrd.cpio"),
+            kernel_version: version.trim().to_string(),
+        });
+    }
+    let start = Instant::now();
+    let _ = fs::remove_dir_all(&dir);
+    mkdirs(&dir)?;
+    say(&format!(
+        "guest image: downloading {kernel_pkg} (about 70 MB)"
+    ));
+    let dl = dir.join("download");
+    mkdirs(&dl)?;
+    run_checked(
+        Command::new("apt-get")
+            .args(["download", &kernel_pkg])
+            .current_dir(&dl),
+        &format!("apt-get download {kernel_pkg}"),
+    )?;
+    let deb = fs::read_dir(&dl)
+        .map_err(|e| PeerError::io("listing the download", e))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| PeerError::Command {
+            what: format!("apt-get download {kernel_pkg}"),
+            status: "no .deb".into(),
+            stderr: String::new(),
+        })?;
+    say("guest image: extracting the kernel and its modules");
+    let root = dir.join("kernel-root");
+    run_checked(
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root),
+        "dpkg-deb -x",
+    )?;
+    let version = kernel_version(&root)?;
+    fs::copy(
+        root.join(format!("boot/vmlinuz-{version}")),
+        dir.join("vmlinuz"),
+    )
+    .map_err(|e| PeerError::io("copying vmlinuz", e))?;
+    let modules = module_closure(&root, &version)?;
+    say(&format!(
+        "guest image: {} kernel modules, {} host files; writing the initramfs",
+        modules.len(),
+        files.len()
+    ));
+    let staged = stage_modules(&dir, &root, &version, &modules)?;
+    write_base_cpio(&dir.join("initrd.cpio"), &staged, &version, &files)?;
+    let _ = fs::remove_dir_all(&root);
+    let _ = fs::remove_dir_all(&dl);
+    let _ = fs::remove_dir_all(&staged);
+    fs::write(&done, &version).map_err(|e| PeerError::io("marking the image complete", e))?;
+    say(&format!(
+        "guest image: built in {:.1} s ({})",
+        start.elapsed().as_secs_f64(),
+        dir.display()
+    ));
+    Ok(Image {
+        kernel: dir.join("vmlinuz"),
+        initrd: dir.join("initrd.cpio"),
+        kernel_version: version,
+    })
+}
+
+fn mkdirs(p: &Path) -> Result<()> {
+    fs::create_dir_all(p).map_err(|e| PeerError::io(format!("creating {}", p.display()), e))
+}
+
+/// The concrete kernel package `linux-image-amd64` depends on.
+fn kernel_package() -> Result<String> {
+    let out = run_checked(
+        Command::new("apt-cache").args(["depends", "linux-image-amd64"]),
+        "apt-cache depends linux-image-amd64 (run apt-get update first)",
+    )?;
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-") && p.ends_with("-amd64"))
+        .map(str::to_string)
+        .ok_or_else(|| PeerError::Command {
+            what: "finding the kernel package".into(),
+            status: "no linux-image-*-amd64 dependency".into(),
+            stderr: out,
+        })
+}
+
+fn kernel_version(root: &Path) -> Result<String> {
+    let dir = root.join("lib/modules");
+    fs::read_dir(&dir)
+        .map_err(|e| PeerError::io(format!("reading {}", dir.display()), e))?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .next()
+        .ok_or_else(|| PeerError::io("no kernel modules", std::io::ErrorKind::NotFound.into()))
+}
+
+/// The `.ko` files (relative to the modules directory) of [`MODULES`] and their
+/// dependencies.
+fn module_closure(root: &Path, version: &str) -> Result<BTreeSet<PathBuf>> {
+    run_checked(
+        Command::new("depmod").arg("-b").arg(root).arg(version),
+        "depmod (package kmod)",
+    )?;
+    let base = root.join("lib/modules").join(version);
+    let mut set = BTreeSet::new();
+    for m in MODULES {
+        let out = run_checked(
+            Command::new("modprobe")
+                .arg("-d")
+                .arg(root)
+                .args(["-S", version, "--show-depends", m]),
+            &format!("modprobe --show-depends {m}"),
+        )?;
+        for line in out.lines() {
+            if let Some(path) = line.strip_prefix("insmod ") {
+                let path = Path::new(path.trim());
+                if let Ok(rel) = path.strip_prefix(&base) {
+                    set.insert(rel.to_path_buf());
+                }
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// A module tree with just `modules`, and depmod's index for exactly those.
+fn stage_modules(
+    dir: &Path,
+    root: &Path,
+    version: &str,
+    modules: &BTreeSet<PathBuf>,
+) -> Result<PathBuf> {
+    let staged = dir.join("modules-root");
+    let from = root.join("lib/modules").join(version);
+    let to = staged.join("lib/modules").join(version);
+    for m in modules {
+        let dst = to.join(m);
+        if let Some(p) = dst.parent() {
+            mkdirs(p)?;
+        }
+        fs::copy(from.join(m), &dst)
+            .map_err(|e| PeerError::io(format!("copying module {}", m.display()), e))?;
+    }
+    for f in [
+        "modules.builtin",
+        "modules.builtin.modinfo",
+        "modules.order",
+    ] {
+        let _ = fs::copy(from.join(f), to.join(f));
+    }
+    run_checked(
+        Command::new("depmod").arg("-b").arg(&staged).arg(version),
+        "depmod of the guest's modules",
+    )?;
+    Ok(staged)
+}
+
+/// A host file to copy: its path and (size, mtime) for the cache key.
+type HostFiles = BTreeMap<PathBuf, (u64, i64)>;
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// The host files the guests get: [`PROGRAMS`], rdma-core's providers and driver files, and
+/// every shared library they need.
+fn host_files() -> Result<HostFiles> {
+    let mut roots = Vec::new();
+    for (prog, pkg) in PROGRAMS {
+        match find_program(prog) {
+            Some(p) => roots.push(p),
+            None => return Err(PeerError::MissingTool(prog.to_string(), pkg.to_string())),
+        }
+    }
+    let providers: Vec<PathBuf> = fs::read_dir(PROVIDER_DIR)
+        .map_err(|e| PeerError::io(format!("{PROVIDER_DIR} (package ibverbs-providers)"), e))?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    roots.extend(providers);
+    let mut files = HostFiles::new();
+    let add = |p: &Path, files: &mut HostFiles| -> Result<()> {
+        let m = fs::metadata(p).map_err(|e| PeerError::io(format!("{}", p.display()), e))?;
+        files.insert(p.to_path_buf(), (m.size(), m.mtime()));
+        Ok(())
+    };
+    for r in &roots {
+        add(r, &mut files)?;
+        for lib in shared_libraries(r)? {
+            add(&lib, &mut files)?;
+        }
+    }
+    // Every Rust program (the agent, xroce itself) needs the unwinder library.
+    for lib in EXTRA_LIBRARIES {
+        add(Path::new(lib), &mut files)?;
+    }
+    for e in fs::read_dir(DRIVER_DIR)
+        .map_err(|e| PeerError::io(DRIVER_DIR, e))?
+        .flatten()
+    {
+        add(&e.path(), &mut files)?;
+    }
+    Ok(files)
+}
+
+/// The shared libraries `ldd` names for `binary` (with the dynamic loader).
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|e| PeerError::io("running ldd", e))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux... (0x...)"
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            libs.push(PathBuf::from(p));
+        }
+    }
+    Ok(libs)
+}
+
+/// Where a host file goes in the guest: its directory resolved (a usrmerge system reaches
+/// `/lib/...` through a symbolic link) and its own name kept (a library's SONAME link name).
+fn guest_path(host: &Path) -> PathBuf {
+    let dir = host
+        .parent()
+        .and_then(|d| fs::canonicalize(d).ok())
+        .unwrap_or_else(|| host.parent().unwrap_or(Path::new("/")).to_path_buf());
+    dir.join(host.file_name().unwrap_or_default())
+}
+
+/// The guest's `/init`: mounts, modules, address and MTU from the kernel command line, rxe0
+/// when asked, then the agent (whose children it reaps).
+pub(crate) const INIT: &str = r#"#!/bin/bash
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /dev/pts /dev/shm /run /tmp /var/tmp
+mount -t tmpfs run /run
+mount -t tmpfs tmp /tmp
+mount -t bpf bpf /sys/fs/bpf 2>/dev/null
+ulimit -l unlimited
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in
+    xroce.ip=*) IP="${arg#xroce.ip=}" ;;
+    xroce.mtu=*) MTU="${arg#xroce.mtu=}" ;;
+    xroce.rxe=*) RXE="${arg#xroce.rxe=}" ;;
+    xroce.name=*) NAME="${arg#xroce.name=}" ;;
+  esac
+done
+hostname "${NAME:-guest}" 2>/dev/null
+for m in virtio_pci virtio_net crc32_generic; do modprobe "$m"; done
+for i in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
+ip link set lo up
+ip link set eth0 mtu "${MTU:-1500}" up
+ip addr add "$IP" dev eth0
+if [ "$RXE" = 1 ]; then
+  modprobe rdma_rxe && modprobe ib_uverbs && rdma link add rxe0 type rxe netdev eth0 \
+    || echo "XROCE-RXE-FAILED" > /dev/ttyS0
+fi
+/xroce/agent > /dev/ttyS0 2>&1 &
+echo "XROCE-READY $NAME $IP" > /dev/ttyS0
+while true; do wait; sleep 1; done
+"#;
+
+fn write_base_cpio(out: &Path, modules: &Path, version: &str, files: &HostFiles) -> Result<()> {
+    let f = fs::File::create(out).map_err(|e| PeerError::io("creating the initramfs", e))?;
+    let mut w = CpioWriter::new(std::io::BufWriter::new(f));
+    let io = |e| PeerError::io("writing the initramfs", e);
+    let mut dirs = BTreeSet::new();
+    for d in [
+        "/usr",
+        "/usr/bin",
+        "/usr/sbin",
+        "/usr/lib",
+        "/usr/lib64",
+        "/etc",
+        "/proc",
+        "/sys",
+        "/dev",
+        "/run",
+        "/tmp",
+        "/root",
+        "/xroce",
+    ] {
+        dirs.insert(PathBuf::from(d));
+    }
+    let mut entries: Vec<(PathBuf, PathBuf)> = files
+        .keys()
+        .map(|host| (guest_path(host), host.clone()))
+        .collect();
+    let module_base = modules.join("lib/modules").join(version);
+    let mut module_files = Vec::new();
+    collect(&module_base, &mut module_files)?;
+    for m in &module_files {
+        if let Ok(rel) = m.strip_prefix(modules) {
+            entries.push((Path::new("/usr").join(rel), m.clone()));
+        }
+    }
+    for (guest, _) in &entries {
+        let mut p = guest.parent();
+        while let Some(d) = p.filter(|d| *d != Path::new("/")) {
+            dirs.insert(d.to_path_buf());
+            p = d.parent();
+        }
+    }
+    for d in &dirs {
+        w.dir(&d.to_string_lossy(), 0o755).map_err(io)?;
+    }
+    // usrmerge, as on the host.
+    for (link, target) in [
+        ("/bin", "usr/bin"),
+        ("/sbin", "usr/sbin"),
+        ("/lib", "usr/lib"),
+        ("/lib64", "usr/lib64"),
+    ] {
+        w.symlink(link, target).map_err(io)?;
+    }
+    for (guest, host) in &entries {
+        let data = fs::read(host).map_err(|e| PeerError::io(format!("{}", host.display()), e))?;
+        let mode = fs::metadata(host)
+            .map(|m| m.permissions().mode())
+            .unwrap_or(0o755);
+        w.file(&guest.to_string_lossy(), mode, &data).map_err(io)?;
+    }
+    for name in KMOD_NAMES {
+        w.symlink(&format!("/usr/sbin/{name}"), "../bin/kmod")
+            .map_err(io)?;
+    }
+    w.symlink("/usr/bin/sh", "bash").map_err(io)?;
+    w.file("/etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/bash\n")
+        .map_err(io)?;
+    w.file("/etc/group", 0o644, b"root:x:0:\n").map_err(io)?;
+    w.file("/init", 0o755, INIT.as_bytes()).map_err(io)?;
+    w.finish().and_then(|mut b| b.flush()).map_err(io)?;
+    Ok(())
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for e in fs::read_dir(dir)
+        .map_err(|e| PeerError::io(format!("{}", dir.display()), e))?
+        .flatten()
+    {
+        let p = e.path();
+        if p.is_dir() {
+            collect(&p, out)?;
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the archive appended to the base for one boot: the agent and `extra` files (host
+/// path, guest path).
+pub(crate) fn write_boot_cpio(
+    out: &mut impl Write,
+    agent: &Path,
+    extra: &[(PathBuf, String)],
+) -> Result<()> {
+    let io = |e| PeerError::io("writing the boot archive", e);
+    let mut w = CpioWriter::new(out);
+    let agent_bytes =
+        fs::read(agent).map_err(|e| PeerError::io(format!("{}", agent.display()), e))?;
+    w.file("/xroce/agent", 0o755, &agent_bytes).map_err(io)?;
+    let mut dirs = BTreeSet::new();
+    for (_, guest) in extra {
+        let mut p = Path::new(guest).parent();
+        while let Some(d) = p.filter(|d| *d != Path::new("/")) {
+            dirs.insert(d.to_path_buf());
+            p = d.parent();
+        }
+    }
+    for d in &dirs {
+        w.dir(&d.to_string_lossy(), 0o755).map_err(io)?;
+    }
+    for (host, guest) in extra {
+        let data = fs::read(host).map_err(|e| PeerError::io(format!("{}", host.display()), e))?;
+        let mode = fs::metadata(host)
+            .map(|m| m.permissions().mode())
+            .unwrap_or(0o644);
+        w.file(guest, mode, &data).map_err(io)?;
+    }
+    w.finish().map_err(io)?;
+    Ok(())
+}
