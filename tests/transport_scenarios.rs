@@ -854,6 +854,7 @@ fn remote_access_violations_fail_and_flush_both_sides() {
             "{name}: the responder's receives flush"
         );
         assert_eq!(counters(&sim, 1).error_naks_sent, 1, "{name}");
+        assert_eq!(counters(&sim, 0).error_naks_received, 1, "{name}");
         // Nothing was written anywhere on the responder, and no READ data came back.
         assert!(
             sim.nodes[1].bytes(&r.all).iter().all(|&x| x == 0xab),

@@ -9,6 +9,7 @@
 //!   elsewhere).
 //! - [`engine`]: the progress loop joining a port, the kernel's addressing and the transport.
 //! - [`registry`]: xroce RDMA devices (`xroce link`) and the sysfs tree libibverbs finds them by.
+//! - [`netns`], [`test_support`]: fixtures for the end-to-end tests of this and other crates.
 
 pub mod afxdp;
 pub mod engine;
@@ -16,4 +17,5 @@ pub mod netlink;
 pub mod netns;
 pub mod port;
 pub mod registry;
+pub mod test_support;
 pub mod xdp;

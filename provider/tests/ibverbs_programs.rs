@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use xroce_datapath::netns::{root_or_skip, run_bounded, NetnsPair};
+use xroce_datapath::test_support::{self, built};
 
 /// Longest one program may run.
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
@@ -17,25 +18,6 @@ const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
 const DEV: &str = "xr0";
 /// rdma-core examples and perftest both listen on this TCP port by default.
 const PORT: u16 = 18515;
-
-/// `target/<profile>`, where cargo put the xroce binary and the provider library.
-fn build_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("test executable lives in target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn built(name: &str) -> PathBuf {
-    let p = build_dir().join(name);
-    assert!(
-        p.exists(),
-        "{} is missing; build the workspace first (cargo build --workspace)",
-        p.display()
-    );
-    p
-}
 
 /// The programs measure and compete for the 2 CPUs of a CI machine (perftest calibrates its
 /// clock at start-up); one rig at a time keeps their runs independent of each other.
@@ -393,26 +375,11 @@ fn valgrind_finds_no_invalid_accesses() {
 /// Compiles `provider/tests/c/NAME.c` against the system's libibverbs into the build
 /// directory and returns the executable.
 fn compile_c(name: &str) -> PathBuf {
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c")
-        .join(format!("{name}.c"));
-    let dir = build_dir().join("c-tests");
-    std::fs::create_dir_all(&dir).expect("create target/<profile>/c-tests");
-    let exe = dir.join(name);
-    let out = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .arg("-libverbs")
-        .output()
-        .expect("run cc (install gcc and libibverbs-dev)");
-    assert!(
-        out.status.success(),
-        "compiling {}:\n{}",
-        source.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    test_support::compile_c(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/c")
+            .join(format!("{name}.c")),
+    )
 }
 
 #[test]

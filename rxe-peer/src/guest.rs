@@ -323,8 +323,13 @@ fn start(
         .arg("-device")
         .arg(format!("virtio-net-pci,netdev=n0,mac={mac}"))
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::null());
+    // qemu's own messages go to a file, not a pipe: a guest left running (`cargo xtask
+    // rxe-peer up`) outlives this process, and a write to a closed pipe would kill it.
+    let qemu_log = dir.join(format!("qemu-{accel}.log"));
+    let log = fs::File::create(&qemu_log)
+        .map_err(|e| PeerError::io(format!("creating {}", qemu_log.display()), e))?;
+    cmd.stderr(log);
     let mut child = cmd
         .spawn()
         .map_err(|e| PeerError::io("starting qemu-system-x86_64 (package qemu-system-x86)", e))?;
@@ -341,10 +346,7 @@ fn start(
     let addr = SocketAddr::from((ip, AGENT_PORT));
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
+            let err = fs::read_to_string(&qemu_log).unwrap_or_default();
             return Err(PeerError::QemuExited {
                 name: config.name.clone(),
                 status: format!("{status}: {}", err.trim()),
@@ -384,6 +386,20 @@ fn start(
         console,
         accel,
     })
+}
+
+/// Whether `pid` is a running qemu of guest `name` (checked on its command line, so that a
+/// reused PID is never taken for a guest).
+pub(crate) fn is_our_qemu(pid: u32, name: &str) -> bool {
+    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    args.first()
+        .is_some_and(|a| a.ends_with(b"qemu-system-x86_64"))
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"-name" && w[1] == name.as_bytes())
 }
 
 /// SIGKILLs the qemu processes with these PIDs and waits (briefly) for them to go.

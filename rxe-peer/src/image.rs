@@ -94,7 +94,7 @@ const PROVIDER_DIR: &str = "/usr/lib/x86_64-linux-gnu/libibverbs";
 const DRIVER_DIR: &str = "/etc/libibverbs.d";
 
 /// Bump when the image layout or the init script changes, so caches are rebuilt.
-const LAYOUT_VERSION: u32 = 2;
+const LAYOUT_VERSION: u32 = 3;
 
 /// A built guest image.
 #[derive(Debug, Clone)]
@@ -180,6 +180,13 @@ pub fn ensure_image(cache: &Path, say: &mut dyn FnMut(&str)) -> Result<Image> {
     let _ = fs::remove_dir_all(&dl);
     let _ = fs::remove_dir_all(&staged);
     fs::write(&done, &version).map_err(|e| PeerError::io("marking the image complete", e))?;
+    // Images of earlier kernels or host files are out of date now.
+    for old in fs::read_dir(cache).into_iter().flatten().flatten() {
+        let name = old.file_name();
+        if name.to_string_lossy().starts_with("linux-image-") && name != *key {
+            let _ = fs::remove_dir_all(old.path());
+        }
+    }
     say(&format!(
         "guest image: built in {:.1} s ({})",
         start.elapsed().as_secs_f64(),
@@ -284,8 +291,38 @@ fn stage_modules(
     Ok(staged)
 }
 
-/// A host file to copy: its path and (size, mtime) for the cache key.
-type HostFiles = BTreeMap<PathBuf, (u64, i64)>;
+/// A host file the guests get, by its host path.
+#[derive(Debug, Clone, Hash)]
+enum HostFile {
+    /// Copied; (size, mtime) for the cache key.
+    Regular(u64, i64),
+    /// A symbolic link, kept as one (libibverbs tells its rdma-core release by the name its
+    /// `libibverbs.so.1` link points to, as on any Debian system).
+    Link(PathBuf),
+}
+
+type HostFiles = BTreeMap<PathBuf, HostFile>;
+
+/// Adds `path` to `files`, following and recording symbolic links to the file they name.
+fn add_host_file(path: &Path, files: &mut HostFiles) -> Result<()> {
+    let mut p = path.to_path_buf();
+    for _ in 0..16 {
+        let m =
+            fs::symlink_metadata(&p).map_err(|e| PeerError::io(format!("{}", p.display()), e))?;
+        if !m.file_type().is_symlink() {
+            files.insert(p, HostFile::Regular(m.size(), m.mtime()));
+            return Ok(());
+        }
+        let target = fs::read_link(&p).map_err(|e| PeerError::io(format!("{}", p.display()), e))?;
+        let next = p.parent().unwrap_or(Path::new("/")).join(&target);
+        files.insert(p, HostFile::Link(target));
+        p = next;
+    }
+    Err(PeerError::io(
+        format!("{}: too many levels of symbolic links", path.display()),
+        std::io::ErrorKind::InvalidData.into(),
+    ))
+}
 
 fn find_program(name: &str) -> Option<PathBuf> {
     ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
@@ -311,11 +348,7 @@ fn host_files() -> Result<HostFiles> {
         .collect();
     roots.extend(providers);
     let mut files = HostFiles::new();
-    let add = |p: &Path, files: &mut HostFiles| -> Result<()> {
-        let m = fs::metadata(p).map_err(|e| PeerError::io(format!("{}", p.display()), e))?;
-        files.insert(p.to_path_buf(), (m.size(), m.mtime()));
-        Ok(())
-    };
+    let add = add_host_file;
     for r in &roots {
         add(r, &mut files)?;
         for lib in shared_libraries(r)? {
@@ -423,10 +456,14 @@ fn write_base_cpio(out: &Path, modules: &Path, version: &str, files: &HostFiles)
     ] {
         dirs.insert(PathBuf::from(d));
     }
-    let mut entries: Vec<(PathBuf, PathBuf)> = files
-        .keys()
-        .map(|host| (guest_path(host), host.clone()))
-        .collect();
+    let mut entries: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut links: Vec<(PathBuf, &Path)> = Vec::new();
+    for (host, f) in files {
+        match f {
+            HostFile::Regular(..) => entries.push((guest_path(host), host.clone())),
+            HostFile::Link(target) => links.push((guest_path(host), target)),
+        }
+    }
     let module_base = modules.join("lib/modules").join(version);
     let mut module_files = Vec::new();
     collect(&module_base, &mut module_files)?;
@@ -435,7 +472,11 @@ fn write_base_cpio(out: &Path, modules: &Path, version: &str, files: &HostFiles)
             entries.push((Path::new("/usr").join(rel), m.clone()));
         }
     }
-    for (guest, _) in &entries {
+    for guest in entries
+        .iter()
+        .map(|(g, _)| g)
+        .chain(links.iter().map(|(g, _)| g))
+    {
         let mut p = guest.parent();
         while let Some(d) = p.filter(|d| *d != Path::new("/")) {
             dirs.insert(d.to_path_buf());
@@ -461,6 +502,10 @@ fn write_base_cpio(out: &Path, modules: &Path, version: &str, files: &HostFiles)
             .unwrap_or(0o755);
         w.file(&guest.to_string_lossy(), mode, &data).map_err(io)?;
     }
+    for (guest, target) in &links {
+        w.symlink(&guest.to_string_lossy(), &target.to_string_lossy())
+            .map_err(io)?;
+    }
     for name in KMOD_NAMES {
         w.symlink(&format!("/usr/sbin/{name}"), "../bin/kmod")
             .map_err(io)?;
@@ -472,6 +517,30 @@ fn write_base_cpio(out: &Path, modules: &Path, version: &str, files: &HostFiles)
     w.file("/init", 0o755, INIT.as_bytes()).map_err(io)?;
     w.finish().and_then(|mut b| b.flush()).map_err(io)?;
     Ok(())
+}
+
+/// The bytes of `path`; for an ELF file without its debug information (`objcopy
+/// --strip-debug`), since a debug build of xroce is mostly that and the initramfs lives in the
+/// guest's memory. Falls back to the file as it is when objcopy is not there or fails.
+fn without_debug_info(path: &Path) -> Result<Vec<u8>> {
+    let data = fs::read(path).map_err(|e| PeerError::io(format!("{}", path.display()), e))?;
+    if !data.starts_with(b"\x7fELF") {
+        return Ok(data);
+    }
+    let tmp = std::env::temp_dir().join(format!(
+        "xroce-strip-{}-{}",
+        std::process::id(),
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    let stripped = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(path)
+        .arg(&tmp)
+        .status()
+        .is_ok_and(|s| s.success());
+    let result = if stripped { fs::read(&tmp).ok() } else { None };
+    let _ = fs::remove_file(&tmp);
+    Ok(result.unwrap_or(data))
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
@@ -513,7 +582,7 @@ pub(crate) fn write_boot_cpio(
         w.dir(&d.to_string_lossy(), 0o755).map_err(io)?;
     }
     for (host, guest) in extra {
-        let data = fs::read(host).map_err(|e| PeerError::io(format!("{}", host.display()), e))?;
+        let data = without_debug_info(host)?;
         let mode = fs::metadata(host)
             .map(|m| m.permissions().mode())
             .unwrap_or(0o644);

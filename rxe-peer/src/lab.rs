@@ -33,7 +33,7 @@ pub struct Lab {
     /// PIDs of every qemu started here, killed on drop even if a `Guest` was leaked.
     pub(crate) qemus: Arc<Mutex<Vec<u32>>>,
     /// Veth ends created in other namespaces (deleted on drop).
-    veths: Mutex<Vec<(String, String)>>,
+    veths: Mutex<Vec<(String, String, Ipv4Addr)>>,
     keep: bool,
 }
 
@@ -123,12 +123,13 @@ impl Lab {
             "netns",
             netns,
         ])?;
-        self.veths
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((netns.to_string(), ifname.to_string()));
-        self.ip_in(&["link", "set", &lab_end, "master", BRIDGE, "up"])?;
         let addr = self.address(host);
+        self.veths.lock().unwrap_or_else(|p| p.into_inner()).push((
+            netns.to_string(),
+            ifname.to_string(),
+            addr,
+        ));
+        self.ip_in(&["link", "set", &lab_end, "master", BRIDGE, "up"])?;
         let cidr = format!("{addr}/24");
         ip(&["-n", netns, "addr", "add", &cidr, "dev", ifname])?;
         ip(&["-n", netns, "link", "set", ifname, "up"])?;
@@ -164,6 +165,19 @@ impl Lab {
         })
     }
 
+    /// The bridge's ports (the taps of the guests and the lab's ends of the veths), e.g. for
+    /// putting a fault injector on the path.
+    pub fn bridge_ports(&self) -> Result<Vec<String>> {
+        let out = self.ip_in(&["-o", "link", "show", "master", BRIDGE])?;
+        // "5: tap1: <BROADCAST,...> mtu 1500 master br0 ..." (a veth shows as "vl0@if4").
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split(':').nth(1))
+            .map(|name| name.trim().split('@').next().unwrap_or("").to_string())
+            .filter(|name| !name.is_empty())
+            .collect())
+    }
+
     pub(crate) fn image(&self) -> &Image {
         &self.image
     }
@@ -172,10 +186,26 @@ impl Lab {
         &self.agent
     }
 
-    /// Leaves the namespace and its guests running when dropped (`cargo xtask rxe-peer up`);
-    /// [`teardown`] removes them later.
-    pub fn keep_running(&mut self) {
+    /// Leaves the namespace and `guests` running after this process ends (`cargo xtask
+    /// rxe-peer up`) and returns what another process needs to reach them and, later, to
+    /// [`RunningLab::teardown`] them.
+    pub fn keep_running(mut self, guests: Vec<Guest>) -> RunningLab {
         self.keep = true;
+        let guests = guests
+            .into_iter()
+            .filter_map(|mut g| {
+                let (name, ip) = (g.name().to_string(), g.ipv4());
+                g.detach().map(|pid| (name, ip, pid))
+            })
+            .collect();
+        let attached = std::mem::take(&mut *self.veths.lock().unwrap_or_else(|p| p.into_inner()));
+        RunningLab {
+            ns: self.ns.clone(),
+            mtu: self.mtu,
+            guests,
+            attached,
+            created: Vec::new(),
+        }
     }
 
     /// Connects to `addr` from inside the lab namespace.
@@ -195,7 +225,7 @@ impl Drop for Lab {
         }
         let pids = std::mem::take(&mut *self.qemus.lock().unwrap_or_else(|p| p.into_inner()));
         guest::kill_all(&pids);
-        for (ns, ifname) in self
+        for (ns, ifname, _) in self
             .veths
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -208,11 +238,121 @@ impl Drop for Lab {
     }
 }
 
-/// Tears down a lab left running: kills `qemu_pids` and deletes namespace `ns`.
-pub fn teardown(ns: &str, qemu_pids: &[u32]) {
-    guest::kill_all(qemu_pids);
-    let _ = ip(&["netns", "del", ns]);
-    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("xroce-lab-{ns}")));
+/// A lab another process left running: its namespace, its guests (name, address, qemu PID)
+/// and the veth ends it put into other namespaces (namespace, interface, address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningLab {
+    pub ns: String,
+    pub mtu: u32,
+    pub guests: Vec<(String, Ipv4Addr, u32)>,
+    pub attached: Vec<(String, String, Ipv4Addr)>,
+    /// Namespaces created for the lab (deleted with it).
+    pub created: Vec<String>,
+}
+
+impl RunningLab {
+    /// Writes the record (one line per fact) to `path`.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut text = format!("ns {}\nmtu {}\n", self.ns, self.mtu);
+        for (name, ip, pid) in &self.guests {
+            text.push_str(&format!("guest {name} {ip} {pid}\n"));
+        }
+        for (ns, ifname, ip) in &self.attached {
+            text.push_str(&format!("veth {ns} {ifname} {ip}\n"));
+        }
+        for ns in &self.created {
+            text.push_str(&format!("created {ns}\n"));
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| PeerError::io(format!("creating {}", dir.display()), e))?;
+        }
+        std::fs::write(path, text)
+            .map_err(|e| PeerError::io(format!("writing {}", path.display()), e))
+    }
+
+    /// Reads a record written by [`RunningLab::save`]; `None` when there is none.
+    pub fn load(path: &Path) -> Result<Option<RunningLab>> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(PeerError::io(format!("reading {}", path.display()), e)),
+        };
+        let bad = |line: &str| {
+            PeerError::io(
+                format!("{}: cannot read line {line:?}", path.display()),
+                std::io::ErrorKind::InvalidData.into(),
+            )
+        };
+        let mut lab = RunningLab {
+            ns: String::new(),
+            mtu: 0,
+            guests: Vec::new(),
+            attached: Vec::new(),
+            created: Vec::new(),
+        };
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            match f.as_slice() {
+                ["ns", ns] => lab.ns = ns.to_string(),
+                ["mtu", mtu] => lab.mtu = mtu.parse().map_err(|_| bad(line))?,
+                ["guest", name, ip, pid] => lab.guests.push((
+                    name.to_string(),
+                    ip.parse().map_err(|_| bad(line))?,
+                    pid.parse().map_err(|_| bad(line))?,
+                )),
+                ["veth", ns, ifname, ip] => lab.attached.push((
+                    ns.to_string(),
+                    ifname.to_string(),
+                    ip.parse().map_err(|_| bad(line))?,
+                )),
+                ["created", ns] => lab.created.push(ns.to_string()),
+                [] => {}
+                _ => return Err(bad(line)),
+            }
+        }
+        if lab.ns.is_empty() {
+            return Err(bad("(no ns line)"));
+        }
+        Ok(Some(lab))
+    }
+
+    /// A handle on guest `name` for running commands.
+    pub fn guest(&self, name: &str) -> Option<Guest> {
+        self.guests
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(n, ip, _)| Guest::attach(n, &self.ns, *ip))
+    }
+
+    /// Whether each guest's qemu still runs.
+    pub fn alive(&self) -> Vec<bool> {
+        self.guests
+            .iter()
+            .map(|(name, _, pid)| guest::is_our_qemu(*pid, name))
+            .collect()
+    }
+
+    /// Kills the guests, deletes the veths and the namespace (and with it the bridge and
+    /// the taps) and the lab's files. Only processes that are still this lab's qemu are
+    /// killed (a PID may have been reused since).
+    pub fn teardown(self) {
+        let pids: Vec<u32> = self
+            .guests
+            .iter()
+            .filter(|(name, _, pid)| guest::is_our_qemu(*pid, name))
+            .map(|(_, _, pid)| *pid)
+            .collect();
+        guest::kill_all(&pids);
+        for (ns, ifname, _) in &self.attached {
+            let _ = ip(&["-n", ns, "link", "del", ifname]);
+        }
+        for ns in self.created.iter().chain(std::iter::once(&self.ns)) {
+            let _ = ip(&["netns", "del", ns]);
+        }
+        let _ =
+            std::fs::remove_dir_all(std::env::temp_dir().join(format!("xroce-lab-{}", self.ns)));
+    }
 }
 
 pub(crate) fn ip(args: &[&str]) -> Result<String> {
@@ -265,4 +405,36 @@ pub fn find_agent() -> Result<PathBuf> {
         }
     }
     Err(PeerError::NoAgent(looked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_lab_record_round_trips() {
+        let lab = RunningLab {
+            ns: "xroce-peer-1-0".into(),
+            mtu: 9000,
+            guests: vec![
+                ("rxe1".into(), Ipv4Addr::new(10, 201, 0, 11), 4242),
+                ("rxe2".into(), Ipv4Addr::new(10, 201, 0, 12), 4243),
+            ],
+            attached: vec![(
+                "xr".into(),
+                "rxepeer0".into(),
+                Ipv4Addr::new(10, 201, 0, 100),
+            )],
+            created: vec!["xr".into()],
+        };
+        let path = std::env::temp_dir().join(format!("xroce-lab-record-{}", std::process::id()));
+        lab.save(&path).unwrap();
+        let back = RunningLab::load(&path).unwrap();
+        std::fs::write(&path, "ns a\nguest x not-an-ip 1\n").unwrap();
+        let bad = RunningLab::load(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(back, Some(lab));
+        assert!(bad.is_err());
+        assert_eq!(RunningLab::load(&path).unwrap(), None);
+    }
 }

@@ -26,7 +26,7 @@ pub mod protocol;
 
 pub use guest::{Background, Guest, GuestConfig, Output};
 pub use image::{ensure_image, Image};
-pub use lab::{find_agent, Lab};
+pub use lab::{find_agent, Lab, RunningLab};
 
 /// Where images are cached: `$XROCE_RXE_PEER_CACHE`, else `target/rxe-peer` of this workspace.
 pub fn default_cache_dir() -> PathBuf {

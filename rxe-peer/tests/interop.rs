@@ -1,18 +1,22 @@
 //! Interoperability with Linux's rdma_rxe: xroce in a network namespace on the same bridge as
-//! rdma_rxe guests, unmodified rdma-core examples and perftest on both sides, in both
-//! directions (xroce as server and as client).
+//! an rdma_rxe guest, unmodified rdma-core examples and perftest on both sides, in both
+//! directions (xroce as server and as client), at netdev MTU 1500 and 9000; the same with 1 %
+//! of frames dropped on the path; a peer that dies mid-transfer; and xroce inside a guest
+//! running Debian's stock kernel (RDMA as loadable modules) talking to an rdma_rxe guest.
 //!
 //! Needs root and the workspace built (`cargo build --workspace`: the `xroce` binary and the
 //! provider library); fails without root unless `XROCE_SKIP_ROOT_TESTS=1`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output as ProcOutput};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use xroce_datapath::netns::{root_or_skip, run_bounded};
+use xroce_datapath::netns::{self, root_or_skip, run_bounded};
+use xroce_datapath::test_support::{built, compile_c};
+use xroce_datapath::xdp;
 use xroce_rxe_peer::{default_cache_dir, ensure_image, find_agent, Guest, GuestConfig, Lab};
 
 /// Longest one program may run (the rxe side is an emulated CPU).
@@ -25,23 +29,141 @@ static NS: AtomicU32 = AtomicU32::new(0);
 /// One rig at a time: the guests are emulated CPUs and the machine has two cores.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// `target/<profile>`, where cargo put the xroce binary and the provider library.
-fn build_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("test executable lives in target/<profile>/deps")
-        .to_path_buf()
+fn lab(prefix: &str, mtu: u32) -> Lab {
+    let image = ensure_image(&default_cache_dir(), &mut |m| eprintln!("{m}")).expect("image");
+    Lab::new(prefix, mtu, image, find_agent().expect("agent")).expect("lab")
 }
 
-fn built(name: &str) -> PathBuf {
-    let p = build_dir().join(name);
-    assert!(
-        p.exists(),
-        "{} is missing; build the workspace first (cargo build --workspace)",
-        p.display()
+fn text(o: &ProcOutput) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Waits until a program in `guest` listens on [`PORT`].
+fn wait_listening_in(guest: &Guest) {
+    // /proc/net/tcp lists listening sockets (state 0A) with the port in hex.
+    let probe = format!(
+        "for i in $(seq 300); do grep -qi ':{PORT:04X} .* 0A ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1"
     );
-    p
+    let out = guest.run(&probe, Duration::from_secs(40)).expect("probe");
+    assert!(
+        out.success(),
+        "nothing listened on {PORT} in guest {}",
+        guest.name()
+    );
+}
+
+/// rdma_rxe's counters that grew between two readings (those that did not are left out).
+fn grown(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0).min(*v)))
+        .filter(|(_, v)| *v != 0)
+        .collect()
+}
+
+/// The engine counters the xroce side wrote (`XROCE_STATS_FILE`) since the file was last
+/// removed, summed over the engines that wrote them.
+fn read_stats(path: &Path) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut sum = BTreeMap::new();
+    for line in text.lines() {
+        for (k, v) in line.split_whitespace().filter_map(|f| f.split_once('=')) {
+            if let Ok(v) = v.parse::<u64>() {
+                *sum.entry(k.to_string()).or_insert(0) += v;
+            }
+        }
+    }
+    sum
+}
+
+fn get(m: &BTreeMap<String, u64>, k: &str) -> u64 {
+    m.get(k).copied().unwrap_or(0)
+}
+
+/// What one run did: the client's output and both sides' counters.
+struct Run {
+    what: String,
+    client: String,
+    /// rdma_rxe's counters that grew during the run.
+    rxe: BTreeMap<String, u64>,
+    /// xroce's engine counters of the run.
+    xroce: BTreeMap<String, u64>,
+}
+
+impl Run {
+    fn describe(&self) -> String {
+        format!(
+            "{}: rxe {:?} xroce {:?}",
+            self.what,
+            self.rxe,
+            self.xroce
+                .iter()
+                .filter(|(_, v)| **v != 0)
+                .collect::<BTreeMap<_, _>>()
+        )
+    }
+
+    /// The checks every run on a clean path must pass: rdma_rxe saw no out-of-sequence
+    /// request from xroce and NAKed none of its packets as out of sequence, xroce saw nothing
+    /// malformed, no bad ICRC and no sequence NAK, and what each side counts as sent the other
+    /// counts as received.
+    fn assert_clean(&self) {
+        let what = self.describe();
+        let (r, x) = (|k| get(&self.rxe, k), |k| get(&self.xroce, k));
+        assert!(x("tx_frames") > 0, "no xroce counters: {what}");
+        assert_eq!(r("out_of_seq_request"), 0, "{what}");
+        assert_eq!(r("rcvd_seq_err"), 0, "{what}");
+        assert_eq!(x("bad_icrc") + x("malformed"), 0, "{what}");
+        assert_eq!(x("seq_naks_received") + x("seq_naks_sent"), 0, "{what}");
+        // Neither side refused a request of the other's (invalid request, access or
+        // operational error NAKs): rxe's responder counts none in its counters, so xroce's
+        // completer counts the NAKs it got, and xroce's responder those it sent.
+        assert_eq!(x("error_naks_received") + x("error_naks_sent"), 0, "{what}");
+        // What one side sent, the other received: exactly, but for a few packets at the end
+        // (a last ACK reaching a QP already destroyed) and for retransmissions a sender's
+        // timer made after the receiving program had exited (the emulated rxe guest is slow
+        // enough for its timer to fire spuriously, which the acceptance allows). Never more
+        // received than sent.
+        let agrees = |sent: u64, received: u64, sender_retries: u64| {
+            received <= sent + 2 && sent - received.min(sent) <= 4 + 64 * sender_retries
+        };
+        assert!(
+            agrees(x("tx_frames"), r("rcvd_pkts"), x("timeouts")),
+            "rxe received {} of the {} frames xroce sent: {what}",
+            r("rcvd_pkts"),
+            x("tx_frames")
+        );
+        assert!(
+            agrees(r("sent_pkts"), x("rx_frames"), r("completer_retry_err")),
+            "xroce received {} of the {} packets rxe sent: {what}",
+            x("rx_frames"),
+            r("sent_pkts")
+        );
+    }
+
+    fn report(&self) {
+        let (r, x) = (|k| get(&self.rxe, k), |k| get(&self.xroce, k));
+        eprintln!(
+            "ok: {}: {} out, {} in; retries: xroce {}, rxe {}; duplicates: xroce {}, rxe {}; {}",
+            self.what,
+            x("tx_frames"),
+            x("rx_frames"),
+            x("timeouts"),
+            r("completer_retry_err"),
+            x("duplicates"),
+            r("duplicate_request"),
+            self.client
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty() && !l.starts_with('-'))
+                .unwrap_or("")
+                .trim()
+        );
+    }
 }
 
 /// An rdma_rxe guest and xroce (device `xr0` on veth `xr0`) on one bridge.
@@ -53,15 +175,14 @@ struct Rig {
     stats: PathBuf,
     guest: Guest,
     // Dropped last: kills the guest and deletes the bridge namespace.
-    _lab: Lab,
+    lab: Lab,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Rig {
     fn new(prefix: &str, mtu: u32) -> Rig {
         let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        let image = ensure_image(&default_cache_dir(), &mut |m| eprintln!("{m}")).expect("image");
-        let lab = Lab::new(prefix, mtu, image, find_agent().expect("agent")).expect("lab");
+        let lab = lab(prefix, mtu);
         let xroce_ns = format!(
             "{prefix}x-{}-{}",
             std::process::id(),
@@ -84,15 +205,11 @@ impl Rig {
             provider: built("libxroce_provider.so"),
             stats,
             guest,
-            _lab: lab,
+            lab,
             _serial: serial,
         };
         let out = rig.xroce_cmd(&["link", "add", "xr0", "netdev", "xr0"]);
-        assert!(
-            out.status.success(),
-            "xroce link add: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "xroce link add: {}", text(&out));
         rig
     }
 
@@ -105,7 +222,7 @@ impl Rig {
         run_bounded(c, PROGRAM_TIMEOUT).expect("run xroce")
     }
 
-    /// `xroce exec -- program...` in xroce's namespace.
+    /// `xroce exec -- program...` in xroce's namespace, reporting counters to `self.stats`.
     fn on_xroce(&self, program: &str) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.xroce_ns])
@@ -119,15 +236,8 @@ impl Rig {
     }
 
     /// Runs `program` as the server on one side and `program <server ip>` as the client on
-    /// the other; both must succeed. Returns (server output, client output).
-    fn server_client(&self, program: &str, xroce_serves: bool) -> (String, String) {
-        let text = |o: &ProcOutput| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        };
+    /// the other; both must succeed. Returns the client's output.
+    fn server_client(&self, program: &str, xroce_serves: bool) -> String {
         let (server, client) = if xroce_serves {
             let cmd = self.on_xroce(program);
             let server = std::thread::spawn(move || run_bounded(cmd, PROGRAM_TIMEOUT));
@@ -143,7 +253,7 @@ impl Rig {
             )
         } else {
             let server = self.guest.spawn(program, PROGRAM_TIMEOUT);
-            self.wait_listening_guest();
+            wait_listening_in(&self.guest);
             let client = run_bounded(
                 self.on_xroce(&format!("{program} {}", self.guest.ipv4())),
                 PROGRAM_TIMEOUT,
@@ -162,7 +272,7 @@ impl Rig {
             server.1,
             client.1
         );
-        (server.1, client.1)
+        client.1
     }
 
     fn wait_listening_xroce(&self) {
@@ -181,109 +291,29 @@ impl Rig {
         panic!("the xroce side did not listen on {PORT} within 30 s");
     }
 
-    fn wait_listening_guest(&self) {
-        // /proc/net/tcp lists listening sockets (state 0A) with the port in hex.
-        let probe = format!(
-            "for i in $(seq 300); do grep -qi ':{PORT:04X} .* 0A ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1"
-        );
-        let out = self
-            .guest
-            .run(&probe, Duration::from_secs(40))
-            .expect("probe");
-        assert!(out.success(), "the guest did not listen on {PORT}");
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        let _ = self.xroce_cmd(&["link", "del", "xr0"]);
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.xroce_ns])
-            .status();
+    /// Runs `program` with xroce as server or client and collects both sides' counters.
+    fn run(&self, program: &str, xroce_serves: bool) -> Run {
         let _ = std::fs::remove_file(&self.stats);
-    }
-}
-
-/// The engine counters the xroce side wrote (`XROCE_STATS_FILE`) since the file was last
-/// removed, summed over the engines that wrote them.
-fn read_stats(path: &std::path::Path) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut sum = BTreeMap::new();
-    for line in text.lines() {
-        for (k, v) in line.split_whitespace().filter_map(|f| f.split_once('=')) {
-            if let Ok(v) = v.parse::<u64>() {
-                *sum.entry(k.to_string()).or_insert(0) += v;
-            }
+        let before = self.guest.rxe_counters().expect("rxe counters");
+        let client = self.server_client(program, xroce_serves);
+        let after = self.guest.rxe_counters().expect("rxe counters");
+        Run {
+            what: format!(
+                "{program} (xroce {})",
+                if xroce_serves { "serves" } else { "connects" }
+            ),
+            client,
+            rxe: grown(&after, &before),
+            xroce: read_stats(&self.stats),
         }
     }
-    sum
-}
 
-fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>, k: &str) -> u64 {
-    after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
-}
-
-impl Rig {
-    /// Runs `program` both ways round and checks both sides' counters after each run: rdma_rxe
-    /// saw no out-of-sequence request from xroce and NAKed none of its packets as out of
-    /// sequence, xroce saw nothing malformed and no bad ICRC, and what each side counts as
-    /// sent the other counts as received (within a few packets: a last ACK may reach a QP the
-    /// other side has already destroyed).
+    /// Runs `program` both ways round; every run must be clean (see [`Run::assert_clean`]).
     fn both_ways(&self, program: &str) {
         for xroce_serves in [true, false] {
-            let _ = std::fs::remove_file(&self.stats);
-            let before = self.guest.rxe_counters().expect("rxe counters");
-            let (_, client) = self.server_client(program, xroce_serves);
-            let after = self.guest.rxe_counters().expect("rxe counters");
-            let x = read_stats(&self.stats);
-            let d = |k: &str| delta(&after, &before, k);
-            let xs = |k: &str| x.get(k).copied().unwrap_or(0);
-            let what = format!(
-                "{program} (xroce {}): rxe {:?} xroce {:?}",
-                if xroce_serves { "server" } else { "client" },
-                after
-                    .keys()
-                    .map(|k| (k.as_str(), d(k)))
-                    .filter(|(_, v)| *v != 0)
-                    .collect::<Vec<_>>(),
-                x.iter().filter(|(_, v)| **v != 0).collect::<Vec<_>>()
-            );
-            assert!(xs("tx_frames") > 0, "no xroce counters: {what}");
-            assert_eq!(d("out_of_seq_request"), 0, "{what}");
-            assert_eq!(d("rcvd_seq_err"), 0, "{what}");
-            assert_eq!(xs("bad_icrc") + xs("malformed"), 0, "{what}");
-            assert_eq!(xs("seq_naks_received") + xs("seq_naks_sent"), 0, "{what}");
-            // What one side sent, the other received: exactly, but for a few packets at the
-            // end (a last ACK reaching a QP already destroyed) and for retransmissions a
-            // sender's timer made after the receiving program had exited (the emulated rxe
-            // guest is slow enough for its timer to fire spuriously, which the acceptance
-            // allows). Never more received than sent.
-            let agrees = |sent: u64, received: u64, sender_retries: u64| {
-                received <= sent + 2 && sent - received.min(sent) <= 4 + 64 * sender_retries
-            };
-            assert!(
-                agrees(xs("tx_frames"), d("rcvd_pkts"), xs("timeouts")),
-                "rxe received {} of the {} frames xroce sent: {what}",
-                d("rcvd_pkts"),
-                xs("tx_frames")
-            );
-            assert!(
-                agrees(d("sent_pkts"), xs("rx_frames"), d("completer_retry_err")),
-                "xroce received {} of the {} packets rxe sent: {what}",
-                xs("rx_frames"),
-                d("sent_pkts")
-            );
-            eprintln!(
-                "ok: {program} (xroce {}): {} out, {} in; retries: xroce {}, rxe {}; duplicates: xroce {}, rxe {}; {}",
-                if xroce_serves { "serves" } else { "connects" },
-                xs("tx_frames"),
-                xs("rx_frames"),
-                xs("timeouts"),
-                d("completer_retry_err"),
-                xs("duplicates"),
-                d("duplicate_request"),
-                client.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with('-')).unwrap_or("").trim()
-            );
+            let run = self.run(program, xroce_serves);
+            run.assert_clean();
+            run.report();
         }
     }
 
@@ -300,19 +330,78 @@ impl Rig {
             out.stdout
         );
     }
+
+    /// Drops 1 in `one_in` RoCEv2 frames in both directions on the bridge, with xroce's XDP
+    /// program (its test-only knob) on every bridge port: the guest's tap drops frames on
+    /// their way from rxe, the lab's veth end drops frames on their way from xroce. Neither
+    /// end knows. Returns the ports.
+    fn drop_on_path(&self, one_in: u32) -> Vec<String> {
+        let ports = self.lab.bridge_ports().expect("bridge ports");
+        assert_eq!(ports.len(), 2, "expected a tap and a veth: {ports:?}");
+        in_netns(self.lab.netns(), {
+            let ports = ports.clone();
+            move || {
+                for port in &ports {
+                    xdp::load(&xdp::LoadOptions::new(port))
+                        .unwrap_or_else(|e| panic!("XDP on {port}: {e}"));
+                    xdp::set_drop_one_in(port, one_in).expect("drop knob");
+                }
+            }
+        });
+        ports
+    }
+
+    /// Frames the bridge ports' drop knobs have dropped so far.
+    fn dropped_on_path(&self, ports: &[String]) -> u64 {
+        let ports = ports.to_vec();
+        in_netns(self.lab.netns(), move || {
+            ports
+                .iter()
+                .map(|p| xdp::read_counters(p).expect("XDP counters").dropped_by_knob)
+                .sum()
+        })
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = self.xroce_cmd(&["link", "del", "xr0"]);
+        if let Ok(ports) = self.lab.bridge_ports() {
+            in_netns(self.lab.netns(), move || {
+                for port in &ports {
+                    let _ = xdp::unload(port);
+                }
+            });
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.xroce_ns])
+            .status();
+        let _ = std::fs::remove_file(&self.stats);
+    }
+}
+
+/// Runs `f` on a thread inside network namespace `ns`.
+fn in_netns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        netns::enter(&ns).expect("enter the lab namespace");
+        f()
+    })
+    .join()
+    .expect("namespace thread")
 }
 
 /// Every program of the acceptance list, both ways, at one netdev MTU.
-fn programs_at(mtu: u32) {
+fn programs_at(mtu: u32, extra: &[&str]) {
     if !root_or_skip() {
         return;
     }
     let rig = Rig::new(&format!("xri{mtu}"), mtu);
     for program in [
-        "ibv_rc_pingpong -g 1 -s 1 -n 1000",
-        "ibv_rc_pingpong -g 1 -s 64 -n 1000",
-        "ibv_rc_pingpong -g 1 -s 4096 -n 1000",
-        "ibv_rc_pingpong -g 1 -s 65536 -n 1000",
+        "ibv_rc_pingpong -g 1 -c -s 1 -n 1000",
+        "ibv_rc_pingpong -g 1 -c -s 64 -n 1000",
+        "ibv_rc_pingpong -g 1 -c -s 4096 -n 1000",
+        "ibv_rc_pingpong -g 1 -c -s 65536 -n 1000",
         "ibv_rc_pingpong -g 1 -e -n 1000",
         "ibv_uc_pingpong -g 1",
         "ibv_ud_pingpong -g 1",
@@ -325,7 +414,10 @@ fn programs_at(mtu: u32) {
         "ib_write_lat",
         "ib_read_lat",
         "ib_atomic_lat",
-    ] {
+    ]
+    .iter()
+    .chain(extra)
+    {
         rig.both_ways(program);
     }
     rig.assert_no_icrc_errors();
@@ -333,10 +425,210 @@ fn programs_at(mtu: u32) {
 
 #[test]
 fn programs_interoperate_at_mtu_1500() {
-    programs_at(1500);
+    programs_at(1500, &[]);
 }
 
+/// perftest takes the active MTU (4096 on a 9000-byte netdev); the pingpongs default to 1024,
+/// so one of them asks for 4096 too.
 #[test]
 fn programs_interoperate_at_mtu_9000() {
-    programs_at(9000);
+    programs_at(9000, &["ibv_rc_pingpong -g 1 -c -m 4096 -s 65536 -n 300"]);
+}
+
+/// 1 % of RoCEv2 frames dropped on the bridge, both directions: the transfers still complete,
+/// the drops really happened, and the two sides recovered from them (sequence NAKs or
+/// retransmissions).
+#[test]
+fn transfers_survive_one_percent_loss_on_the_path() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xrloss", 1500);
+    let ports = rig.drop_on_path(100);
+    for program in ["ibv_rc_pingpong -g 1 -c -n 1000", "ib_write_bw"] {
+        for xroce_serves in [true, false] {
+            let dropped_before = rig.dropped_on_path(&ports);
+            let run = rig.run(program, xroce_serves);
+            let dropped = rig.dropped_on_path(&ports) - dropped_before;
+            let what = run.describe();
+            let (r, x) = (|k| get(&run.rxe, k), |k| get(&run.xroce, k));
+            assert!(dropped > 0, "nothing was dropped: {what}");
+            let recoveries = x("retransmissions")
+                + x("seq_naks_sent")
+                + x("duplicates")
+                + r("completer_retry_err")
+                + r("out_of_seq_request")
+                + r("duplicate_request");
+            assert!(
+                recoveries > 0,
+                "{dropped} dropped, no recovery seen: {what}"
+            );
+            assert_eq!(x("bad_icrc") + x("malformed"), 0, "{what}");
+            run.report();
+            eprintln!("   {dropped} frames dropped on the path");
+        }
+    }
+    rig.assert_no_icrc_errors();
+}
+
+/// The rdma_rxe guest dies in the middle of a ping-pong: xroce's QP completes the send in
+/// flight with IBV_WC_RETRY_EXC_ERR after exactly the retries its settings allow, and the
+/// program then tears down and exits normally. (`ibv_rc_pingpong` itself asks for retry_cnt 7,
+/// which rdma_rxe and xroce treat as "retry forever", so the client is a small program with
+/// the same exchange and a finite retry count: timeout 14 = 67 ms, 3 retries.)
+#[test]
+fn a_dead_peer_ends_in_retry_exceeded() {
+    if !root_or_skip() {
+        return;
+    }
+    let client =
+        compile_c(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/rc_retry_client.c"));
+    let mut rig = Rig::new("xrdead", 1500);
+    let server = rig
+        .guest
+        .spawn("ibv_rc_pingpong -g 1 -n 100000000", PROGRAM_TIMEOUT);
+    wait_listening_in(&rig.guest);
+    let (timeout, retry_cnt) = (14u32, 3u32);
+    let cmd = rig.on_xroce(&format!(
+        "{} 1 {} {timeout} {retry_cnt}",
+        client.display(),
+        rig.guest.ipv4()
+    ));
+    let running = std::thread::spawn(move || run_bounded(cmd, Duration::from_secs(120)));
+    // Let the exchange run, then pull the plug.
+    std::thread::sleep(Duration::from_secs(3));
+    rig.guest.kill();
+    let out = running
+        .join()
+        .expect("client thread")
+        .expect("client finished in time");
+    // The server's command died with its guest; its agent connection would only time out.
+    drop(server);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success()
+            && stdout.contains("failed status 12 (transport retry counter exceeded)")
+            && stdout.contains("closed cleanly"),
+        "{}",
+        text(&out)
+    );
+    let exchanges: u64 = stdout
+        .split("after ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("exchange count");
+    assert!(exchanges > 0, "the ping-pong never ran: {stdout}");
+    // Every retransmission the settings allow happened, then the error: retry_cnt timeouts
+    // with a retransmission each, and the last one that gives up. (The emulated peer is slow
+    // enough to cause a spurious timeout now and then before it dies, hence "at least".)
+    let x = read_stats(&rig.stats);
+    assert_eq!(get(&x, "retry_exceeded"), 1, "{x:?}");
+    assert!(get(&x, "timeouts") > u64::from(retry_cnt), "{x:?}");
+    assert!(get(&x, "retransmissions") >= u64::from(retry_cnt), "{x:?}");
+    // The error came no earlier than the settings imply ((retry_cnt + 1) timeouts of
+    // 4.096 us << timeout after the last packet was sent, which was after the last good
+    // completion), and (far) sooner than a hang.
+    let ms: f64 = stdout
+        .split(", ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("time after the last good completion");
+    let implied_ms = f64::from(retry_cnt + 1) * 4.096e-3 * f64::from(1u32 << timeout);
+    assert!(
+        ms >= implied_ms * 0.95 && ms < implied_ms + 10_000.0,
+        "RETRY_EXC_ERR {ms} ms after the last good completion; the settings imply {implied_ms:.0} ms"
+    );
+    eprintln!(
+        "ok: {exchanges} exchanges, then RETRY_EXC_ERR {ms} ms after the last good one (settings: {implied_ms:.0} ms)"
+    );
+}
+
+/// A guest on Debian's own kernel, where `ib_core` is a loadable module that opening an RDMA
+/// netlink socket loads (so libibverbs lists devices from the kernel, not from sysfs): xroce
+/// is added there as the README says, `xroce exec -- ibv_devices` lists it, and
+/// `ibv_rc_pingpong` runs between it and rdma_rxe in another guest, both ways round.
+#[test]
+fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
+    if !root_or_skip() {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let lab = lab("xrstock", 1500);
+    let mut xroce_cfg = GuestConfig::rxe("xroce-guest", 20);
+    xroce_cfg.rxe = false;
+    xroce_cfg.extra_files = vec![
+        (built("xroce"), "/opt/xroce/xroce".into()),
+        (
+            built("libxroce_provider.so"),
+            "/opt/xroce/libxroce_provider.so".into(),
+        ),
+    ];
+    let guests = lab
+        .boot_all(vec![xroce_cfg, GuestConfig::rxe("rxe", 21)])
+        .expect("boot the guests");
+    let (xg, rxe) = (&guests[0], &guests[1]);
+    let sh = |g: &Guest, cmd: &str| {
+        let out = g.run(cmd, PROGRAM_TIMEOUT).expect("guest command");
+        assert!(out.success(), "{} in {}: {}", cmd, g.name(), out.text());
+        out.stdout
+    };
+
+    let uname = sh(xg, "uname -r");
+    let add = sh(xg, "/opt/xroce/xroce link add xr0 netdev eth0");
+    // libibverbs on its own asks the kernel, which loads ib_core to answer: the device is not
+    // listed there...
+    let plain = sh(xg, "ibv_devices; grep -w ^ib_core /proc/modules");
+    assert!(
+        plain.contains("ib_core") && !plain.contains("xr0"),
+        "plain ibv_devices on {uname}: {plain}"
+    );
+    // ...but the documented way lists it.
+    let listed = sh(xg, "/opt/xroce/xroce exec -- ibv_devices");
+    assert!(
+        listed.contains("xr0"),
+        "xroce exec -- ibv_devices: {listed}\n{add}"
+    );
+    let info = sh(xg, "/opt/xroce/xroce exec -- ibv_devinfo -d xr0");
+    assert!(info.contains("PORT_ACTIVE"), "{info}");
+
+    let pingpong = "ibv_rc_pingpong -g 1 -c -n 200";
+    for xroce_serves in [true, false] {
+        let (server, client) = if xroce_serves { (xg, rxe) } else { (rxe, xg) };
+        let on = |g: &Guest, cmd: String| {
+            if std::ptr::eq(g, xg) {
+                format!("/opt/xroce/xroce exec -- {cmd}")
+            } else {
+                cmd
+            }
+        };
+        let s = server.spawn(&on(server, pingpong.to_string()), PROGRAM_TIMEOUT);
+        wait_listening_in(server);
+        let c = client
+            .run(
+                &on(client, format!("{pingpong} {}", server.ipv4())),
+                PROGRAM_TIMEOUT,
+            )
+            .expect("client");
+        let s = s.wait().expect("server");
+        assert!(
+            s.success() && c.success() && c.stdout.contains("200 iters"),
+            "xroce on {uname} as {}:\n--- server:\n{}\n--- client:\n{}",
+            if xroce_serves { "server" } else { "client" },
+            s.text(),
+            c.text()
+        );
+        eprintln!(
+            "ok: xroce on {} ({}) {} rxe: {}",
+            uname.trim(),
+            xg.accelerator(),
+            if xroce_serves {
+                "serves"
+            } else {
+                "connects to"
+            },
+            c.stdout.lines().last().unwrap_or("")
+        );
+    }
 }

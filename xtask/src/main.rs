@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod demo;
 mod packages;
+mod rxe_peer;
 #[cfg(feature = "xdp")]
 mod xdp;
 
@@ -42,6 +43,11 @@ enum Task {
     /// unloading need root and act on the network namespace the command runs in (use
     /// `ip netns exec NS cargo xtask xdp ...` for an interface inside a namespace).
     Xdp(XdpArgs),
+    /// Real rdma_rxe peers: Debian-kernel guests under QEMU on a bridge in a network
+    /// namespace (root). `image` builds the guest image, `up` boots guests and leaves them
+    /// running, `run` runs a command in one, `status` shows them, `down` removes them.
+    #[command(subcommand)]
+    RxePeer(rxe_peer::RxePeerCommand),
     /// Benchmarks. `datapath`: on a veth pair between two namespaces (root), xroce RC SEND
     /// ping-pong and RC WRITE streaming next to raw AF_XDP and kernel UDP doing the same
     /// exchange, as ratios; writes bench/results/datapath.md.
@@ -128,6 +134,7 @@ fn main() -> ExitCode {
         Task::Test => test(&root),
         Task::Demo => demo(&root),
         Task::Xdp(args) => run_xdp(&root, args.command),
+        Task::RxePeer(command) => rxe_peer::run(&root, command),
         Task::Bench { what } => bench(&root, &what),
     };
     match result {

@@ -80,6 +80,24 @@ const TEST_PACKAGES: &[Package] = &[
         why: "checks the provider's memory accesses under ibv_rc_pingpong",
     },
     Package {
+        name: "qemu-system-x86",
+        alternatives: &[],
+        required: true,
+        why: "runs the rdma_rxe peers of the interoperability tests (cargo xtask rxe-peer)",
+    },
+    Package {
+        name: "kmod",
+        alternatives: &[],
+        required: true,
+        why: "depmod/modprobe pick the rdma_rxe guest's kernel modules",
+    },
+    Package {
+        name: "binutils",
+        alternatives: &[],
+        required: true,
+        why: "objcopy strips debug information from the xroce files put into guests",
+    },
+    Package {
         name: "bpftool",
         alternatives: &[],
         required: false,

@@ -131,6 +131,7 @@ impl Qp {
                     self.start_retry(sh, false);
                 }
                 Some(AethSyndrome::Nak(code)) => {
+                    sh.counters.error_naks_received += 1;
                     let status = match code {
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,
                         NakCode::RemoteAccessError => WcStatus::RemAccessErr,

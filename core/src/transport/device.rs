@@ -82,6 +82,8 @@ pub struct Counters {
     pub rnr_naks_sent: u64,
     pub rnr_naks_received: u64,
     pub error_naks_sent: u64,
+    /// NAKs for invalid requests, remote access and remote operational errors.
+    pub error_naks_received: u64,
     pub retransmissions: u64,
     pub timeouts: u64,
     pub retry_exceeded: u64,
@@ -94,7 +96,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 25] {
+    pub fn fields(&self) -> [(&'static str, u64); 26] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -113,6 +115,7 @@ impl Counters {
             ("rnr_naks_sent", self.rnr_naks_sent),
             ("rnr_naks_received", self.rnr_naks_received),
             ("error_naks_sent", self.error_naks_sent),
+            ("error_naks_received", self.error_naks_received),
             ("retransmissions", self.retransmissions),
             ("timeouts", self.timeouts),
             ("retry_exceeded", self.retry_exceeded),

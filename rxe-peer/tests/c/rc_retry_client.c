@@ -7,8 +7,9 @@
  * Usage: rc_retry_client GID_INDEX SERVER [TIMEOUT RETRY_CNT]
  * Ping-pongs until a completion fails; then prints
  *   "failed status N (text) after K exchanges, M ms after the last good completion"
- * and exits 0 if that status is IBV_WC_RETRY_EXC_ERR, 1 otherwise. Exits 2 on setup errors,
- * 3 if nothing failed within 120 s.
+ * destroys the QP, CQ, MR and PD, closes the device, prints "closed cleanly" (or "teardown
+ * failed") and exits 0 if the status was IBV_WC_RETRY_EXC_ERR and the teardown worked, 1
+ * otherwise. Exits 2 on setup errors, 3 if nothing failed within 120 s.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -146,8 +147,13 @@ int main(int argc, char **argv)
             printf("failed status %d (%s) after %ld exchanges, %.0f ms after the last good "
                    "completion\n",
                    wc.status, ibv_wc_status_str(wc.status), exchanges, now_ms() - last_good);
+            /* The QP is in ERROR now; everything is torn down as after a normal run. */
+            int torn = ibv_destroy_qp(qp) || ibv_destroy_cq(cq) || ibv_dereg_mr(mr) ||
+                       ibv_dealloc_pd(pd) || ibv_close_device(ctx);
+            ibv_free_device_list(list);
+            printf("%s\n", torn ? "teardown failed" : "closed cleanly");
             fflush(stdout);
-            return wc.status == IBV_WC_RETRY_EXC_ERR ? 0 : 1;
+            return wc.status == IBV_WC_RETRY_EXC_ERR && !torn ? 0 : 1;
         }
         last_good = now_ms();
         if (wc.wr_id == 1) {
