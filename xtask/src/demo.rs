@@ -53,7 +53,7 @@ pub fn run(root: &Path) -> Result<(), String> {
         );
     }
     catch_signals();
-    crate::packages::ensure_test_packages()?;
+    crate::packages::ensure_demo_packages()?;
     let cargo = crate::cargo();
     crate::step(
         root,

@@ -16,6 +16,8 @@ struct Package {
     required: bool,
     /// What it is for, printed when it is missing.
     why: &'static str,
+    /// The demo needs it too (the demo installs only those).
+    demo: bool,
 }
 
 const TEST_PACKAGES: &[Package] = &[
@@ -24,84 +26,98 @@ const TEST_PACKAGES: &[Package] = &[
         alternatives: &["clang-14", "clang-15", "clang-16", "clang-19"],
         required: true,
         why: "compiles the XDP program (xdp-prog/build.sh)",
+        demo: true,
     },
     Package {
         name: "libbpf-dev",
         alternatives: &[],
         required: true,
         why: "bpf/bpf_helpers.h for the XDP program",
+        demo: true,
     },
     Package {
         name: "linux-libc-dev",
         alternatives: &[],
         required: true,
         why: "linux/bpf.h and asm/types.h for the XDP program",
+        demo: true,
     },
     Package {
         name: "iproute2",
         alternatives: &[],
         required: true,
         why: "`ip`: network namespaces and veth pairs in the tests",
+        demo: true,
     },
     Package {
         name: "iputils-ping",
         alternatives: &[],
         required: true,
         why: "`ping` in the namespace tests",
+        demo: false,
     },
     Package {
         name: "libibverbs-dev",
         alternatives: &[],
         required: true,
         why: "libibverbs and its headers: the provider's layout test and the C verbs tests",
+        demo: true,
     },
     Package {
         name: "ibverbs-utils",
         alternatives: &[],
         required: true,
         why: "ibv_devices, ibv_devinfo and the ibv_*_pingpong programs run over xroce",
+        demo: true,
     },
     Package {
         name: "perftest",
         alternatives: &[],
         required: true,
         why: "ib_send_bw, ib_write_lat, ... run over xroce",
+        demo: true,
     },
     Package {
         name: "strace",
         alternatives: &[],
         required: true,
         why: "shows that programs under xroce exec never ask the kernel's RDMA netlink",
+        demo: false,
     },
     Package {
         name: "valgrind",
         alternatives: &[],
         required: true,
         why: "checks the provider's memory accesses under ibv_rc_pingpong",
+        demo: false,
     },
     Package {
         name: "qemu-system-x86",
         alternatives: &[],
         required: true,
         why: "runs the rdma_rxe peers of the interoperability tests (cargo xtask rxe-peer)",
+        demo: false,
     },
     Package {
         name: "kmod",
         alternatives: &[],
         required: true,
         why: "depmod/modprobe pick the rdma_rxe guest's kernel modules",
+        demo: false,
     },
     Package {
         name: "binutils",
         alternatives: &[],
         required: true,
         why: "objcopy strips debug information from the xroce files put into guests",
+        demo: false,
     },
     Package {
         name: "bpftool",
         alternatives: &[],
         required: false,
         why: "inspecting programs and maps by hand (optional)",
+        demo: false,
     },
 ];
 
@@ -111,18 +127,23 @@ const APT_OPTIONS: &[&str] = &["install", "-y", "--no-install-recommends"];
 /// apt-get when running as root, otherwise prints the command and fails if a required one is
 /// missing.
 pub fn ensure_test_packages() -> Result<(), String> {
+    ensure_packages(&TEST_PACKAGES.iter().collect::<Vec<_>>())
+}
+
+/// The same for the packages the demo needs (no emulator, no valgrind).
+pub fn ensure_demo_packages() -> Result<(), String> {
+    ensure_packages(&TEST_PACKAGES.iter().filter(|p| p.demo).collect::<Vec<_>>())
+}
+
+fn ensure_packages(wanted: &[&Package]) -> Result<(), String> {
     if !have_command("dpkg-query") {
         println!(
             "==> packages: no dpkg-query (not Debian/Ubuntu?); make sure these are installed: {}",
-            TEST_PACKAGES
-                .iter()
-                .map(|p| p.name)
-                .collect::<Vec<_>>()
-                .join(", ")
+            wanted.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
         );
         return Ok(());
     }
-    let missing: Vec<&Package> = TEST_PACKAGES.iter().filter(|p| !satisfied(p)).collect();
+    let missing: Vec<&Package> = wanted.iter().copied().filter(|p| !satisfied(p)).collect();
     if missing.is_empty() {
         println!("==> packages: all installed");
         return Ok(());
