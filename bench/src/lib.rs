@@ -1,2 +1,14 @@
 //! xroce benchmarks. The criterion micro-benchmarks are in `benches/`; the side-by-side
-//! comparisons against raw AF_XDP, kernel sockets and rdma_rxe come with the datapath.
+//! comparisons (`cargo xtask bench`) are the `suite` and `datapath` binaries, built from:
+//!
+//! - [`baseline`]: raw AF_XDP, kernel UDP and kernel TCP doing the same exchanges.
+//! - [`perftest`]: perftest over xroce between two namespaces, and its result lines.
+//! - [`guests`]: rdma_rxe↔rdma_rxe next to xroce↔xroce in identical QEMU guests.
+//! - [`report`]: the measured numbers and goals of one run, and their Markdown rendering.
+//! - [`plot`]: the same report drawn as one SVG image.
+
+pub mod baseline;
+pub mod guests;
+pub mod perftest;
+pub mod plot;
+pub mod report;

@@ -48,12 +48,24 @@ enum Task {
     /// running, `run` runs a command in one, `status` shows them, `down` removes them.
     #[command(subcommand)]
     RxePeer(rxe_peer::RxePeerCommand),
-    /// Benchmarks. `datapath`: on a veth pair between two namespaces (root), xroce RC SEND
-    /// ping-pong and RC WRITE streaming next to raw AF_XDP and kernel UDP doing the same
-    /// exchange, as ratios; writes bench/results/datapath.md.
+    /// The performance suite (root): perftest over xroce between two namespaces on a veth
+    /// pair (latency, bandwidth at path MTU 1024 and 4096, message rate, many QPs, CPU per
+    /// Gbit/s, idle CPU, memory) next to raw AF_XDP, kernel UDP and kernel TCP on the same pair,
+    /// and rdma_rxe↔rdma_rxe next to xroce↔xroce in identical QEMU guests. Builds in release
+    /// mode, takes about 4 minutes, and writes bench/results/perf.md and perf.svg.
+    /// `cargo xtask bench datapath` runs the older engine-level comparison instead
+    /// (bench/results/datapath.md).
     Bench {
+        /// `datapath` for the engine-level comparison; nothing for the suite.
         #[arg(value_parser = ["datapath"])]
-        what: String,
+        what: Option<String>,
+        /// Fewer sizes, 1-second runs, no guests: a quick look while optimising (results go
+        /// to target/perf-quick/ instead of bench/results/).
+        #[arg(long)]
+        quick: bool,
+        /// Skip the QEMU guest comparison.
+        #[arg(long)]
+        no_guests: bool,
     },
 }
 
@@ -135,7 +147,14 @@ fn main() -> ExitCode {
         Task::Demo => demo(&root),
         Task::Xdp(args) => run_xdp(&root, args.command),
         Task::RxePeer(command) => rxe_peer::run(&root, command),
-        Task::Bench { what } => bench(&root, &what),
+        Task::Bench {
+            what,
+            quick,
+            no_guests,
+        } => match what.as_deref() {
+            Some("datapath") => bench(&root, "datapath"),
+            _ => bench_suite(&root, quick, no_guests),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -246,6 +265,67 @@ fn test(root: &Path) -> Result<(), String> {
     step(root, "tests", &cargo, &["test", "--workspace"])?;
     println!("==> all checks passed");
     Ok(())
+}
+
+/// `cargo xtask bench`: builds xroce, the provider, the guest agent and the suite in release
+/// mode and runs the suite.
+fn bench_suite(root: &Path, quick: bool, no_guests: bool) -> Result<(), String> {
+    if !packages::is_root() {
+        return Err("the benchmarks create network namespaces and load XDP: run as root".into());
+    }
+    packages::ensure_test_packages()?;
+    step(
+        root,
+        "build (release)",
+        &cargo(),
+        &[
+            "build",
+            "--release",
+            "-p",
+            "xroce-cli",
+            "-p",
+            "xroce-provider",
+            "-p",
+            "xroce-rxe-peer",
+            "-p",
+            "xroce-bench",
+        ],
+    )?;
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .current_dir(root)
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    let mut cmd = Command::new(root.join("target/release/suite"));
+    cmd.current_dir(root).env(
+        "XROCE_COMMIT",
+        if dirty {
+            format!("{commit} (+ uncommitted changes)")
+        } else {
+            commit
+        },
+    );
+    if quick {
+        cmd.args(["--quick", "--out", "target/perf-quick"]);
+    } else if no_guests {
+        cmd.arg("--no-guests");
+    }
+    println!("==> run: target/release/suite (progress below)");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run the suite: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("the suite failed ({status})"))
+    }
 }
 
 fn demo(root: &Path) -> Result<(), String> {

@@ -11,19 +11,18 @@
 //!
 //! Needs root. Timings are noisy; only ratios from one run mean anything.
 
-use std::net::{Ipv4Addr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use xroce_bench::baseline::{self, RoundTrip};
 use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
 use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
 use xroce_core::transport::verbs::{RecvWr, SendOp, SendWr, Sge, WcStatus};
 use xroce_core::transport::{AddressVector, AttrMask, CqId, PathMtu, QpState, QpType};
 use xroce_core::wire::IpAddress;
-use xroce_datapath::afxdp::{XskConfig, XskSocket};
 use xroce_datapath::engine::{Engine, EngineConfig};
-use xroce_datapath::netlink;
 use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::xdp;
 
@@ -80,12 +79,12 @@ fn main() {
     }
     let mut rows: Vec<(String, String, f64, String)> = Vec::new();
     eprintln!("==> ping-pong, 64 B ({PINGS} round trips each)");
-    let udp_rtt = udp_pingpong(&pair);
+    let udp_rtt = rt(baseline::udp_pingpong(&pair, 64, PINGS));
     eprintln!(
         "    kernel UDP   p50 {:.1} µs  p99 {:.1} µs",
         udp_rtt.0, udp_rtt.1
     );
-    let xsk_rtt = xsk_pingpong(&pair);
+    let xsk_rtt = rt(baseline::xsk_pingpong(&pair, 64, PINGS));
     eprintln!(
         "    raw AF_XDP   p50 {:.1} µs  p99 {:.1} µs",
         xsk_rtt.0, xsk_rtt.1
@@ -133,9 +132,10 @@ fn main() {
         );
         // A UDP datagram carries at most 65507 bytes: kernel UDP streams the same bytes as
         // 4 KiB datagrams (one per 4 KiB frame, as xroce and raw AF_XDP put them on the wire).
-        let udp = udp_stream(&pair, size.min(4096));
+        let udp = baseline::udp_stream(&pair, size.min(4096), stream_for()).mb_per_s;
         eprintln!("    kernel UDP   {:.0} MB/s", udp);
-        let xsk = xsk_stream(&pair, size);
+        // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096).
+        let xsk = baseline::xsk_stream(&pair, size.min(4096), stream_for()).mb_per_s;
         eprintln!("    raw AF_XDP   {:.0} MB/s", xsk);
         let roce = xroce_write_stream(&pair, size);
         eprintln!("    xroce WRITE  {:.0} MB/s", roce);
@@ -160,6 +160,10 @@ fn main() {
     }
 }
 
+fn rt(r: RoundTrip) -> (f64, f64) {
+    (r.p50, r.p99)
+}
+
 /// CPU time (user + system) this process has used, in seconds.
 fn process_cpu() -> f64 {
     // SAFETY: getrusage fills the struct it is given.
@@ -168,231 +172,6 @@ fn process_cpu() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(u.ru_utime) + tv(u.ru_stime)
-}
-
-fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let p = |q: f64| v[((v.len() as f64 - 1.0) * q) as usize];
-    (p(0.5), p(0.99))
-}
-
-// ---------------------------------------------------------------- kernel UDP
-
-fn udp_pingpong(pair: &NetnsPair) -> (f64, f64) {
-    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let echo = pair.spawn_in(1, move || {
-        let s = UdpSocket::bind((b, 7001)).expect("bind");
-        s.set_read_timeout(Some(Duration::from_millis(100))).ok();
-        let mut buf = [0u8; 2048];
-        while !stop2.load(Ordering::Relaxed) {
-            if let Ok((n, from)) = s.recv_from(&mut buf) {
-                let _ = s.send_to(&buf[..n], from);
-            }
-        }
-    });
-    std::thread::sleep(Duration::from_millis(100));
-    let rtts = pair.run_in(0, move || {
-        let s = UdpSocket::bind((a, 0)).expect("bind");
-        s.connect((b, 7001)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(1))).ok();
-        let msg = [7u8; 64];
-        let mut buf = [0u8; 2048];
-        let mut rtts = Vec::with_capacity(PINGS);
-        for _ in 0..PINGS {
-            let t = Instant::now();
-            s.send(&msg).expect("send");
-            s.recv(&mut buf).expect("echo");
-            rtts.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        rtts
-    });
-    stop.store(true, Ordering::Relaxed);
-    echo.join().expect("echo");
-    percentiles(rtts)
-}
-
-fn udp_stream(pair: &NetnsPair, size: usize) -> f64 {
-    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
-    let received = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (r2, s2) = (received.clone(), stop.clone());
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let sink = pair.spawn_in(1, move || {
-        let s = UdpSocket::bind((b, 7002)).expect("bind");
-        s.set_read_timeout(Some(Duration::from_millis(100))).ok();
-        ready_tx.send(()).ok();
-        let mut buf = vec![0u8; 70_000];
-        while !s2.load(Ordering::Relaxed) {
-            if let Ok(n) = s.recv(&mut buf) {
-                r2.fetch_add(n as u64, Ordering::Relaxed);
-            }
-        }
-    });
-    ready_rx.recv().ok();
-    let elapsed = pair.run_in(0, move || {
-        let s = UdpSocket::bind((a, 0)).expect("bind");
-        s.connect((b, 7002)).expect("connect");
-        let msg = vec![1u8; size];
-        let t = Instant::now();
-        while t.elapsed() < stream_for() {
-            let _ = s.send(&msg);
-        }
-        t.elapsed()
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    stop.store(true, Ordering::Relaxed);
-    sink.join().expect("sink");
-    received.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64() / 1e6
-}
-
-// ---------------------------------------------------------------- raw AF_XDP
-
-/// Ethernet + IPv4 + UDP (to port 4791, so the XDP program redirects it) around `payload` bytes.
-fn udp_frame(
-    src_mac: [u8; 6],
-    dst_mac: [u8; 6],
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    payload: usize,
-) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 8 + payload];
-    f[0..6].copy_from_slice(&dst_mac);
-    f[6..12].copy_from_slice(&src_mac);
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    let ip_len = (20 + 8 + payload) as u16;
-    let ip = &mut f[14..34];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
-    ip[6] = 0x40;
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&src.octets());
-    ip[16..20].copy_from_slice(&dst.octets());
-    let mut sum = 0u32;
-    for c in ip.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    let udp = &mut f[34..42];
-    udp[0..2].copy_from_slice(&4791u16.to_be_bytes());
-    udp[2..4].copy_from_slice(&4791u16.to_be_bytes());
-    udp[4..6].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
-    f
-}
-
-struct RawEnd {
-    sock: XskSocket,
-    _map: xdp::XsksMap,
-    mac: [u8; 6],
-    peer_mac: [u8; 6],
-}
-
-fn raw_end(iface: &str, peer: Ipv4Addr) -> RawEnd {
-    let i = netlink::interface_by_name(iface).expect("interface");
-    let peer_mac =
-        netlink::resolve(i.index, peer.into(), None, Duration::from_secs(3)).expect("peer MAC");
-    let sock = XskSocket::open(i.index, XskConfig::default()).expect("AF_XDP socket");
-    let mut map = xdp::XsksMap::open(iface).expect("xsks_map");
-    use std::os::fd::AsRawFd;
-    map.set(0, sock.as_raw_fd()).expect("register socket");
-    RawEnd {
-        sock,
-        _map: map,
-        mac: i.mac,
-        peer_mac,
-    }
-}
-
-fn xsk_pingpong(pair: &NetnsPair) -> (f64, f64) {
-    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
-    let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let echo = pair.spawn_in(1, move || {
-        let mut end = raw_end(&ib, a);
-        let reply = udp_frame(end.mac, end.peer_mac, b, a, 64);
-        ready_tx.send(()).ok();
-        while !stop2.load(Ordering::Relaxed) {
-            let mut got = 0;
-            end.sock.recv(64, &mut |_| got += 1);
-            for _ in 0..got {
-                while !end.sock.send(&reply) {
-                    let _ = end.sock.flush();
-                }
-            }
-            if got > 0 {
-                let _ = end.sock.flush();
-            }
-        }
-    });
-    ready_rx.recv().ok();
-    let rtts = pair.run_in(0, move || {
-        let mut end = raw_end(&ia, b);
-        let ping = udp_frame(end.mac, end.peer_mac, a, b, 64);
-        let mut rtts = Vec::with_capacity(PINGS);
-        for _ in 0..PINGS {
-            let t = Instant::now();
-            while !end.sock.send(&ping) {
-                let _ = end.sock.flush();
-            }
-            let _ = end.sock.flush();
-            let mut got = 0;
-            while got == 0 {
-                end.sock.recv(1, &mut |_| got += 1);
-                assert!(t.elapsed() < Duration::from_secs(2), "raw AF_XDP echo lost");
-            }
-            rtts.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        rtts
-    });
-    stop.store(true, Ordering::Relaxed);
-    echo.join().expect("echo");
-    percentiles(rtts)
-}
-
-fn xsk_stream(pair: &NetnsPair, size: usize) -> f64 {
-    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
-    let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
-    let received = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (r2, s2) = (received.clone(), stop.clone());
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let sink = pair.spawn_in(1, move || {
-        let mut end = raw_end(&ib, a);
-        ready_tx.send(()).ok();
-        while !s2.load(Ordering::Relaxed) {
-            end.sock.recv(64, &mut |f| {
-                r2.fetch_add(f.len().saturating_sub(42) as u64, Ordering::Relaxed);
-            });
-        }
-    });
-    ready_rx.recv().ok();
-    // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096).
-    let frame_payload = size.min(4096);
-    let elapsed = pair.run_in(0, move || {
-        let mut end = raw_end(&ia, b);
-        let frame = udp_frame(end.mac, end.peer_mac, a, b, frame_payload);
-        let t = Instant::now();
-        while t.elapsed() < stream_for() {
-            for _ in 0..32 {
-                if !end.sock.send(&frame) {
-                    break;
-                }
-            }
-            let _ = end.sock.flush();
-        }
-        t.elapsed()
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    stop.store(true, Ordering::Relaxed);
-    sink.join().expect("sink");
-    received.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64() / 1e6
 }
 
 // ---------------------------------------------------------------- xroce
@@ -656,7 +435,7 @@ fn xroce_pingpong(pair: &NetnsPair) -> (f64, f64) {
             rtts
         },
     );
-    percentiles(rtts)
+    rt(RoundTrip::from_samples(rtts))
 }
 
 fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {

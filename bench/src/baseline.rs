@@ -1,0 +1,432 @@
+//! The baselines xroce is measured against, on the same veth pair in the same run: raw AF_XDP
+//! (xroce's own socket code moving bare UDP frames, the ceiling for any stack on this path),
+//! kernel UDP and kernel TCP sockets doing the same exchanges.
+//!
+//! Every function runs the far end in namespace 1 and the near end in namespace 0 of a
+//! [`NetnsPair`] whose interfaces carry xroce's XDP program (the raw AF_XDP ends register
+//! their sockets in its map, as xroce's engine does). Needs root.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use xroce_datapath::afxdp::{XskConfig, XskSocket};
+use xroce_datapath::netlink;
+use xroce_datapath::netns::NetnsPair;
+use xroce_datapath::xdp;
+
+/// Round-trip times of a ping-pong, in µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundTrip {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+impl RoundTrip {
+    /// From samples in µs (sorted here).
+    pub fn from_samples(mut v: Vec<f64>) -> RoundTrip {
+        if v.is_empty() {
+            return RoundTrip {
+                p50: f64::NAN,
+                p99: f64::NAN,
+            };
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let p = |q: f64| v[((v.len() as f64 - 1.0) * q) as usize];
+        RoundTrip {
+            p50: p(0.5),
+            p99: p(0.99),
+        }
+    }
+}
+
+/// What a one-way stream delivered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stream {
+    /// Payload bytes received per second, in 10^6.
+    pub mb_per_s: f64,
+    /// Messages (datagrams, frames, writes) received per second, in millions.
+    pub mpps: f64,
+}
+
+/// UDP port the socket baselines use (not 4791: the kernel's own stack carries them).
+const UDP_PORT: u16 = 7001;
+const TCP_PORT: u16 = 7003;
+
+// ---------------------------------------------------------------- kernel UDP
+
+/// `count` round trips of `payload`-byte datagrams, echoed by a socket in namespace 1
+/// (blocking receives on both ends, as an application would).
+pub fn udp_pingpong(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let echo = pair.spawn_in(1, move || {
+        let s = UdpSocket::bind((b, UDP_PORT)).expect("bind");
+        s.set_read_timeout(Some(Duration::from_millis(100))).ok();
+        ready_tx.send(()).ok();
+        let mut buf = vec![0u8; 65536];
+        while !stop2.load(Ordering::Relaxed) {
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(&buf[..n], from);
+            }
+        }
+    });
+    ready_rx.recv().ok();
+    let rtts = pair.run_in(0, move || {
+        let s = UdpSocket::bind((a, 0)).expect("bind");
+        s.connect((b, UDP_PORT)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok();
+        let msg = vec![7u8; payload];
+        let mut buf = vec![0u8; 65536];
+        let mut rtts = Vec::with_capacity(count);
+        for _ in 0..count {
+            let t = Instant::now();
+            s.send(&msg).expect("send");
+            if s.recv(&mut buf).is_err() {
+                continue; // a lost datagram: no sample
+            }
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        rtts
+    });
+    stop.store(true, Ordering::Relaxed);
+    echo.join().expect("echo");
+    RoundTrip::from_samples(rtts)
+}
+
+/// `payload`-byte datagrams sent as fast as the socket takes them for `duration`.
+pub fn udp_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Stream {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let sink = Counter::new();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let counter = sink.clone();
+    let receiver = pair.spawn_in(1, move || {
+        let s = UdpSocket::bind((b, UDP_PORT + 1)).expect("bind");
+        s.set_read_timeout(Some(Duration::from_millis(100))).ok();
+        ready_tx.send(()).ok();
+        let mut buf = vec![0u8; 65536];
+        while !counter.stopped() {
+            if let Ok(n) = s.recv(&mut buf) {
+                counter.add(n);
+            }
+        }
+    });
+    ready_rx.recv().ok();
+    let elapsed = pair.run_in(0, move || {
+        let s = UdpSocket::bind((a, 0)).expect("bind");
+        s.connect((b, UDP_PORT + 1)).expect("connect");
+        let msg = vec![1u8; payload];
+        let t = Instant::now();
+        while t.elapsed() < duration {
+            for _ in 0..64 {
+                let _ = s.send(&msg);
+            }
+        }
+        t.elapsed()
+    });
+    sink.finish(receiver, elapsed)
+}
+
+// ---------------------------------------------------------------- kernel TCP
+
+/// `count` round trips of `payload` bytes over one TCP connection (TCP_NODELAY).
+pub fn tcp_pingpong(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let echo = pair.spawn_in(1, move || {
+        let l = TcpListener::bind((b, TCP_PORT)).expect("listen");
+        ready_tx.send(()).ok();
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_nodelay(true).ok();
+        let mut buf = vec![0u8; payload];
+        while s.read_exact(&mut buf).is_ok() {
+            if s.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    ready_rx.recv().ok();
+    let rtts = pair.run_in(0, move || {
+        let _ = a;
+        let mut s = TcpStream::connect((b, TCP_PORT)).expect("connect");
+        s.set_nodelay(true).ok();
+        let msg = vec![7u8; payload];
+        let mut buf = vec![0u8; payload];
+        let mut rtts = Vec::with_capacity(count);
+        for _ in 0..count {
+            let t = Instant::now();
+            s.write_all(&msg).expect("send");
+            s.read_exact(&mut buf).expect("echo");
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        rtts
+    });
+    echo.join().expect("echo");
+    RoundTrip::from_samples(rtts)
+}
+
+/// `write_size`-byte writes into one TCP connection for `duration`; `mpps` counts writes'
+/// worth of bytes received.
+pub fn tcp_stream(pair: &NetnsPair, write_size: usize, duration: Duration) -> Stream {
+    let b = pair.ipv4(1);
+    let sink = Counter::new();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let counter = sink.clone();
+    let receiver = pair.spawn_in(1, move || {
+        let l = TcpListener::bind((b, TCP_PORT + 1)).expect("listen");
+        ready_tx.send(()).ok();
+        let (mut s, _) = l.accept().expect("accept");
+        let mut buf = vec![0u8; 1 << 20];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            counter.add(n);
+        }
+    });
+    ready_rx.recv().ok();
+    let elapsed = pair.run_in(0, move || {
+        let mut s = TcpStream::connect((b, TCP_PORT + 1)).expect("connect");
+        let msg = vec![1u8; write_size];
+        let t = Instant::now();
+        while t.elapsed() < duration {
+            if s.write_all(&msg).is_err() {
+                break;
+            }
+        }
+        t.elapsed()
+    });
+    let mut st = sink.finish(receiver, elapsed);
+    st.mpps = st.mb_per_s / write_size as f64;
+    st
+}
+
+// ---------------------------------------------------------------- raw AF_XDP
+
+/// Ethernet + IPv4 + UDP to port 4791 (so the XDP program redirects it) around `payload` bytes.
+pub fn udp_frame(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    payload: usize,
+) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 8 + payload];
+    f[0..6].copy_from_slice(&dst_mac);
+    f[6..12].copy_from_slice(&src_mac);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip_len = (20 + 8 + payload) as u16;
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let mut sum = 0u32;
+    for c in ip.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let udp = &mut f[34..42];
+    udp[0..2].copy_from_slice(&4791u16.to_be_bytes());
+    udp[2..4].copy_from_slice(&4791u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+    f
+}
+
+/// One end of a raw AF_XDP exchange: a socket on queue 0, registered in the XDP program's map.
+struct RawEnd {
+    sock: XskSocket,
+    _map: xdp::XsksMap,
+    mac: [u8; 6],
+    peer_mac: [u8; 6],
+}
+
+fn raw_end(iface: &str, peer: Ipv4Addr) -> RawEnd {
+    let i = netlink::interface_by_name(iface).expect("interface");
+    let peer_mac =
+        netlink::resolve(i.index, peer.into(), None, Duration::from_secs(3)).expect("peer MAC");
+    let sock = XskSocket::open(i.index, XskConfig::default()).expect("AF_XDP socket");
+    let mut map = xdp::XsksMap::open(iface).expect("xsks_map");
+    map.set(0, sock.as_raw_fd()).expect("register socket");
+    RawEnd {
+        sock,
+        _map: map,
+        mac: i.mac,
+        peer_mac,
+    }
+}
+
+/// `count` round trips of frames with `payload` bytes of UDP payload, both ends busy-polling
+/// their rings.
+pub fn xsk_pingpong(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let echo = pair.spawn_in(1, move || {
+        let mut end = raw_end(&ib, a);
+        let reply = udp_frame(end.mac, end.peer_mac, b, a, payload);
+        ready_tx.send(()).ok();
+        while !stop2.load(Ordering::Relaxed) {
+            let mut got = 0;
+            end.sock.recv(64, &mut |_| got += 1);
+            for _ in 0..got {
+                while !end.sock.send(&reply) {
+                    let _ = end.sock.flush();
+                }
+            }
+            if got > 0 {
+                let _ = end.sock.flush();
+            }
+        }
+    });
+    ready_rx.recv().ok();
+    let rtts = pair.run_in(0, move || {
+        let mut end = raw_end(&ia, b);
+        let ping = udp_frame(end.mac, end.peer_mac, a, b, payload);
+        let mut rtts = Vec::with_capacity(count);
+        'pings: for _ in 0..count {
+            let t = Instant::now();
+            while !end.sock.send(&ping) {
+                let _ = end.sock.flush();
+            }
+            let _ = end.sock.flush();
+            let mut got = 0;
+            while got == 0 {
+                end.sock.recv(1, &mut |_| got += 1);
+                if t.elapsed() > Duration::from_secs(1) {
+                    continue 'pings; // lost: no sample
+                }
+            }
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        rtts
+    });
+    stop.store(true, Ordering::Relaxed);
+    echo.join().expect("echo");
+    RoundTrip::from_samples(rtts)
+}
+
+/// Frames with `payload` bytes of UDP payload (up to 4096: one frame of a 4096 path MTU, two
+/// UMEM descriptors), sent for `duration` in batches as fast as the transmit ring takes them;
+/// the same frame each time, so this is the ceiling of the path, not of a protocol.
+pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Stream {
+    let (a, b) = (pair.ipv4(0), pair.ipv4(1));
+    let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
+    let sink = Counter::new();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let counter = sink.clone();
+    let receiver = pair.spawn_in(1, move || {
+        let mut end = raw_end(&ib, a);
+        ready_tx.send(()).ok();
+        while !counter.stopped() {
+            end.sock
+                .recv(64, &mut |f| counter.add(f.len().saturating_sub(42)));
+        }
+    });
+    ready_rx.recv().ok();
+    let elapsed = pair.run_in(0, move || {
+        let mut end = raw_end(&ia, b);
+        let frame = udp_frame(end.mac, end.peer_mac, a, b, payload);
+        let t = Instant::now();
+        while t.elapsed() < duration {
+            for _ in 0..32 {
+                if !end.sock.send(&frame) {
+                    break;
+                }
+            }
+            let _ = end.sock.flush();
+        }
+        t.elapsed()
+    });
+    sink.finish(receiver, elapsed)
+}
+
+// ---------------------------------------------------------------- helpers
+
+/// Bytes and messages a receiver counted, and the flag that stops it.
+#[derive(Clone)]
+struct Counter {
+    bytes: Arc<AtomicU64>,
+    messages: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Counter {
+    fn new() -> Self {
+        Counter {
+            bytes: Arc::new(AtomicU64::new(0)),
+            messages: Arc::new(AtomicU64::new(0)),
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn add(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.messages.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Lets the last messages in flight arrive, stops the receiver and divides by the
+    /// sender's time.
+    fn finish(self, receiver: std::thread::JoinHandle<()>, elapsed: Duration) -> Stream {
+        std::thread::sleep(Duration::from_millis(50));
+        self.stop.store(true, Ordering::Relaxed);
+        receiver.join().expect("receiver");
+        let secs = elapsed.as_secs_f64();
+        Stream {
+            mb_per_s: self.bytes.load(Ordering::Relaxed) as f64 / secs / 1e6,
+            mpps: self.messages.load(Ordering::Relaxed) as f64 / secs / 1e6,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_samples() {
+        let rt = RoundTrip::from_samples((1..=100).rev().map(f64::from).collect());
+        assert_eq!(rt.p50, 50.0);
+        assert_eq!(rt.p99, 99.0);
+        assert!(RoundTrip::from_samples(Vec::new()).p50.is_nan());
+    }
+
+    #[test]
+    fn frames_carry_a_valid_ipv4_header() {
+        let f = udp_frame(
+            [1; 6],
+            [2; 6],
+            Ipv4Addr::new(10, 0, 0, 1),
+            Ipv4Addr::new(10, 0, 0, 2),
+            64,
+        );
+        assert_eq!(f.len(), 14 + 20 + 8 + 64);
+        // The header checksum makes the one's-complement sum of the header 0xffff.
+        let mut sum = 0u32;
+        for c in f[14..34].chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff);
+        assert_eq!(u16::from_be_bytes([f[36], f[37]]), 4791);
+    }
+}

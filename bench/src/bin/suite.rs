@@ -1,0 +1,602 @@
+//! `cargo xtask bench`: the performance suite. perftest over xroce between two network
+//! namespaces on a veth pair, next to raw AF_XDP, kernel UDP and kernel TCP doing the same
+//! exchanges on the same pair in the same run, and rdma_rxe↔rdma_rxe next to xroce↔xroce in
+//! identical QEMU guests. Writes a Markdown table and an SVG plot.
+//!
+//! Usage: suite [--quick] [--no-guests] [--out DIR]   (root; run by `cargo xtask bench`)
+//!   --quick      fewer sizes, shorter runs, no guests: a quick look while optimising
+//!   --no-guests  skip the QEMU comparison
+//!   --out DIR    where perf.md and perf.svg go (default bench/results)
+//! The `xroce` binary, the provider and the guest agent are taken from the directory of this
+//! executable (target/release when run by `cargo xtask bench`).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use xroce_bench::baseline::{self, RoundTrip};
+use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, XrocePair, DEV};
+use xroce_bench::report::{size_text, Goal, Kind, Report, Row};
+use xroce_bench::{guests, plot};
+
+struct Options {
+    quick: bool,
+    guests: bool,
+    out: PathBuf,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        quick: false,
+        guests: true,
+        out: PathBuf::from("bench/results"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => {
+                o.quick = true;
+                o.guests = false;
+            }
+            "--no-guests" => o.guests = false,
+            "--out" => match args.next() {
+                Some(d) => o.out = PathBuf::from(d),
+                None => usage("--out needs a directory"),
+            },
+            "-h" | "--help" => {
+                println!("usage: suite [--quick] [--no-guests] [--out DIR]");
+                std::process::exit(0);
+            }
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    o
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!("suite: {why}\nusage: suite [--quick] [--no-guests] [--out DIR]");
+    std::process::exit(2);
+}
+
+/// Progress on stderr, with the time since the start.
+struct Progress(Instant);
+
+impl Progress {
+    fn say(&self, what: &str) {
+        eprintln!("[{:6.1} s] {what}", self.0.elapsed().as_secs_f64());
+    }
+}
+
+const LAT: &str = "Latency, path MTU 4096 (netdev MTU 9000)";
+const BW4096: &str = "Bandwidth, path MTU 4096 (netdev MTU 9000)";
+const BW1024: &str = "Bandwidth, path MTU 1024 (netdev MTU 1500)";
+const RATE: &str = "Message rate, 64 B messages";
+const SCALE: &str = "Scale: ib_write_bw 64 KiB with many QPs, path MTU 4096";
+const COST: &str = "CPU and memory";
+const GUESTS: &str = "Identical QEMU guests (TCG, 1 vCPU each), path MTU 1024";
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("suite: needs root (network namespaces, XDP)");
+        std::process::exit(1);
+    }
+    let opts = options();
+    let p = Progress(Instant::now());
+    let bin_dir = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("target/release"));
+    let mut r = Report {
+        machine: machine(),
+        commit: std::env::var("XROCE_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        date: capture("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        ..Report::default()
+    };
+    let secs = if opts.quick { 1 } else { 3 };
+    let stream_for = Duration::from_secs(secs);
+    let pings = if opts.quick { 5_000 } else { 20_000 };
+
+    // ---------------------------------------------------------------- netdev MTU 9000
+    p.say("namespaces at MTU 9000 with an xroce device on each end");
+    let x = XrocePair::new("xrperf", 9000, &bin_dir).unwrap_or_else(|e| fail("set-up", e));
+    let _ = x
+        .pair
+        .exec(0, &format!("ping -c 1 -W 1 {}", x.pair.ipv4(1)));
+
+    p.say("baselines: 64 B round trips");
+    let xsk_rt = baseline::xsk_pingpong(&x.pair, 64, pings);
+    let udp_rt = baseline::udp_pingpong(&x.pair, 64, pings);
+    let tcp_rt = baseline::tcp_pingpong(&x.pair, 64, pings);
+    for (method, rt) in [
+        ("raw AF_XDP (busy-polled)", xsk_rt),
+        ("kernel UDP", udp_rt),
+        ("kernel TCP", tcp_rt),
+    ] {
+        r.rows.push(one_way(LAT, method, rt));
+    }
+    p.say("baselines: streams");
+    let xsk_4k = baseline::xsk_stream(&x.pair, 4096, stream_for);
+    let udp_4k = baseline::udp_stream(&x.pair, 4096, stream_for);
+    let tcp_64k = baseline::tcp_stream(&x.pair, 65536, stream_for);
+    let xsk_64 = baseline::xsk_stream(&x.pair, 64, stream_for);
+    let udp_64 = baseline::udp_stream(&x.pair, 64, stream_for);
+    for (test, size, method, mb) in [
+        ("4 KiB frames", 4096, "raw AF_XDP", xsk_4k.mb_per_s),
+        ("4 KiB datagrams", 4096, "kernel UDP", udp_4k.mb_per_s),
+        ("64 KiB writes", 65536, "kernel TCP", tcp_64k.mb_per_s),
+    ] {
+        r.rows.push(row(
+            BW4096,
+            test,
+            size,
+            method,
+            Kind::MegabytesPerSecond,
+            mb,
+        ));
+    }
+    for (test, method, mpps) in [
+        ("64 B frames", "raw AF_XDP", xsk_64.mpps),
+        ("64 B datagrams", "kernel UDP", udp_64.mpps),
+    ] {
+        r.rows.push(row(RATE, test, 64, method, Kind::Mpps, mpps));
+    }
+
+    let lat_sizes: &[u64] = if opts.quick {
+        &[64, 65536]
+    } else {
+        &[64, 4096, 65536]
+    };
+    for program in ["ib_send_lat", "ib_write_lat", "ib_read_lat"] {
+        for &size in lat_sizes {
+            p.say(&format!("{program} {} over xroce", size_text(size)));
+            let iters = if size >= 65536 { 2000 } else { 10_000 } / if opts.quick { 5 } else { 1 };
+            match x.run(
+                program,
+                &perftest_args(&["-s", &size.to_string(), "-n", &iters.to_string()]),
+                Duration::from_secs(300),
+            ) {
+                Ok(run) => match parse_lat(&run.client).first() {
+                    Some(l) => r.rows.push(Row {
+                        p99: Some(l.p99),
+                        ..row(LAT, program, size, "xroce", Kind::LatencyUs, l.typical)
+                    }),
+                    None => r.notes.push(format!("{program} {size}: no result line")),
+                },
+                Err(e) => r.notes.push(format!("{program} {size} failed: {e}")),
+            }
+        }
+    }
+
+    let bw_sizes: &[u64] = if opts.quick {
+        &[64, 65536]
+    } else {
+        &[64, 4096, 65536, 1 << 20]
+    };
+    for (program, l) in bandwidth(&x, &mut r, BW4096, bw_sizes, secs, &p) {
+        if l.size == 64 && program != "ib_read_bw" {
+            // 64 B message rates next to the 64 B packet baselines.
+            r.rows
+                .push(row(RATE, program, 64, "xroce", Kind::Mpps, l.mpps));
+        }
+    }
+
+    // Many QPs.
+    let qps: &[u32] = if opts.quick { &[1, 256] } else { &[1, 16, 256] };
+    for &q in qps {
+        p.say(&format!("ib_write_bw 64 KiB with {q} QPs over xroce"));
+        match x.run(
+            "ib_write_bw",
+            &perftest_args(&["-q", &q.to_string(), "-D", &secs.to_string()]),
+            Duration::from_secs(300),
+        ) {
+            Ok(run) => match parse_bw(&run.client).first() {
+                Some(l) => r.rows.push(row(
+                    SCALE,
+                    &format!("{q} QP{}", if q == 1 { "" } else { "s" }),
+                    65536,
+                    "xroce",
+                    Kind::MegabytesPerSecond,
+                    l.mb_per_s,
+                )),
+                None => r.notes.push(format!("ib_write_bw -q {q}: no result line")),
+            },
+            Err(e) => r.notes.push(format!("ib_write_bw -q {q} failed: {e}")),
+        }
+    }
+
+    // CPU per Gbit/s: both processes, all their threads, over a streaming WRITE run.
+    p.say("CPU cost of ib_write_bw 64 KiB (both ends)");
+    match x.run(
+        "ib_write_bw",
+        &perftest_args(&["-D", &secs.to_string()]),
+        Duration::from_secs(300),
+    ) {
+        Ok(run) => {
+            if let Some(l) = parse_bw(&run.client).first() {
+                let gbit = l.mb_per_s * 1e6 * 8.0 / 1e9 * secs as f64;
+                r.rows.push(row(
+                    COST,
+                    "ib_write_bw 64 KiB, both ends",
+                    65536,
+                    "xroce",
+                    Kind::CoresPerGbps,
+                    run.cpu_s / gbit,
+                ));
+                r.notes.push(format!(
+                    "CPU per Gbit/s: {:.2} CPU s for {gbit:.1} Gbit (the run's {:.1} s include \
+                     connection set-up)",
+                    run.cpu_s, run.wall_s
+                ));
+            }
+        }
+        Err(e) => r.notes.push(format!("CPU run failed: {e}")),
+    }
+    // Idle cost and memory with connected QPs (qp_scale.c, compiled here).
+    match compile_qp_scale() {
+        Ok(prog) => {
+            for n in [1u32, 1000] {
+                let idle = if opts.quick { 3 } else { 10 };
+                p.say(&format!(
+                    "{n} connected QP(s): memory, and idle CPU over {idle} s"
+                ));
+                let args = vec!["1".to_string(), n.to_string(), idle.to_string()];
+                let cmd = x.exec(0, &prog.to_string_lossy(), &args);
+                match xroce_datapath::netns::run_bounded(cmd, Duration::from_secs(120)) {
+                    Ok(o) if o.status.success() => {
+                        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                        let field = |k: &str| {
+                            text.split_whitespace()
+                                .find_map(|f| f.strip_prefix(k))
+                                .and_then(|v| v.parse::<f64>().ok())
+                                .unwrap_or(f64::NAN)
+                        };
+                        let label = format!("{n} QP{}", if n == 1 { "" } else { "s" });
+                        if n == 1 {
+                            r.rows.push(row(
+                                COST,
+                                "resident memory, device open",
+                                0,
+                                "xroce",
+                                Kind::Mebibytes,
+                                field("rss_base_kib=") / 1024.0,
+                            ));
+                        }
+                        r.rows.push(row(
+                            COST,
+                            &format!("resident memory, {label} connected"),
+                            0,
+                            "xroce",
+                            Kind::Mebibytes,
+                            field("rss_kib=") / 1024.0,
+                        ));
+                        r.rows.push(row(
+                            COST,
+                            &format!("idle CPU, {label} connected"),
+                            0,
+                            "xroce",
+                            Kind::CorePercent,
+                            field("idle_cpu_ms=") / 10.0 / idle as f64,
+                        ));
+                    }
+                    Ok(o) => r.notes.push(format!(
+                        "qp_scale {n} failed: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    )),
+                    Err(e) => r.notes.push(format!("qp_scale {n} failed: {e}")),
+                }
+            }
+        }
+        Err(e) => r.notes.push(format!("qp_scale not built: {e}")),
+    }
+    drop(x);
+
+    // ---------------------------------------------------------------- netdev MTU 1500
+    p.say("namespaces at MTU 1500");
+    let x = XrocePair::new("xrperf", 1500, &bin_dir).unwrap_or_else(|e| fail("set-up", e));
+    bandwidth(&x, &mut r, BW1024, bw_sizes, secs, &p);
+    drop(x);
+
+    // ---------------------------------------------------------------- guests
+    let mut guest_numbers = None;
+    if opts.guests {
+        p.say("QEMU guests: rdma_rxe vs xroce");
+        match guests::compare(&bin_dir, &mut |m| p.say(m)) {
+            Ok((rxe, xroce)) => {
+                for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
+                    r.rows.push(Row {
+                        p99: Some(n.send_lat_p99_us),
+                        ..row(
+                            GUESTS,
+                            "ib_send_lat",
+                            64,
+                            method,
+                            Kind::LatencyUs,
+                            n.send_lat_us,
+                        )
+                    });
+                }
+                for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
+                    r.rows.push(row(
+                        GUESTS,
+                        "ib_write_bw",
+                        65536,
+                        method,
+                        Kind::MegabytesPerSecond,
+                        n.write_bw_mb_s,
+                    ));
+                }
+                guest_numbers = Some((rxe, xroce));
+            }
+            Err(e) => r.notes.push(format!("guest comparison failed: {e}")),
+        }
+    } else {
+        r.notes
+            .push("QEMU guest comparison skipped (--quick or --no-guests)".into());
+    }
+
+    goals(&mut r, xsk_rt, udp_rt, guest_numbers);
+    r.notes.push(format!(
+        "Baselines: raw AF_XDP is xroce's own AF_XDP socket code sending the same prebuilt \
+         UDP frame (no protocol, no checksum) as fast as the ring takes it, round trips \
+         busy-polled on both ends; kernel UDP and TCP use blocking sockets. Latencies in the \
+         latency table are one-way (half the round trip), as perftest reports SEND and WRITE; \
+         perftest's READ latency is a full round trip. perftest's MB/s (MiB/s) are converted \
+         to 10^6 B/s. {} s per bandwidth run, {pings} round trips per baseline.",
+        secs
+    ));
+
+    if let Err(e) = std::fs::create_dir_all(&opts.out) {
+        fail("creating the output directory", e);
+    }
+    let svg_name = "perf.svg";
+    let md = r.markdown(Some(svg_name));
+    let md_path = opts.out.join("perf.md");
+    let svg_path = opts.out.join(svg_name);
+    std::fs::write(&md_path, &md).unwrap_or_else(|e| fail("writing perf.md", e));
+    std::fs::write(&svg_path, plot::svg(&r)).unwrap_or_else(|e| fail("writing perf.svg", e));
+    println!("{md}");
+    p.say(&format!(
+        "wrote {} and {}",
+        md_path.display(),
+        svg_path.display()
+    ));
+}
+
+/// perftest's options for every run: the xroce device, GID 1 (IPv4), no CPU-frequency check.
+fn perftest_args(extra: &[&str]) -> Vec<String> {
+    ["-d", DEV, "-x", "1", "-F"]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// SEND, WRITE and READ bandwidth at each size, as rows of `section`; returns every result
+/// line with its program.
+fn bandwidth(
+    x: &XrocePair,
+    r: &mut Report,
+    section: &str,
+    sizes: &[u64],
+    secs: u64,
+    p: &Progress,
+) -> Vec<(&'static str, BwLine)> {
+    let mut lines = Vec::new();
+    for program in ["ib_send_bw", "ib_write_bw", "ib_read_bw"] {
+        for &size in sizes {
+            p.say(&format!("{program} {} over xroce", size_text(size)));
+            match x.run(
+                program,
+                &perftest_args(&["-s", &size.to_string(), "-D", &secs.to_string()]),
+                Duration::from_secs(300),
+            ) {
+                Ok(run) => match parse_bw(&run.client).first() {
+                    Some(l) => {
+                        r.rows.push(row(
+                            section,
+                            program,
+                            size,
+                            "xroce",
+                            Kind::MegabytesPerSecond,
+                            l.mb_per_s,
+                        ));
+                        lines.push((program, *l));
+                    }
+                    None => r.notes.push(format!("{program} {size}: no result line")),
+                },
+                Err(e) => r.notes.push(format!("{program} {size} failed: {e}")),
+            }
+        }
+    }
+    lines
+}
+
+fn row(section: &str, test: &str, size: u64, method: &str, kind: Kind, value: f64) -> Row {
+    Row {
+        section: section.into(),
+        test: test.into(),
+        size,
+        method: method.into(),
+        kind,
+        value,
+        p99: None,
+    }
+}
+
+/// A baseline's round trip as one-way latency (half), like perftest's SEND/WRITE numbers.
+fn one_way(section: &str, method: &str, rt: RoundTrip) -> Row {
+    Row {
+        p99: Some(rt.p99 / 2.0),
+        ..row(
+            section,
+            "64 B ping-pong, one way",
+            64,
+            method,
+            Kind::LatencyUs,
+            rt.p50 / 2.0,
+        )
+    }
+}
+
+/// The issue's goals, each a ratio of two numbers of this run.
+fn goals(
+    r: &mut Report,
+    xsk_rt: RoundTrip,
+    udp_rt: RoundTrip,
+    guests: Option<(guests::GuestNumbers, guests::GuestNumbers)>,
+) {
+    let mut out = Vec::new();
+    let mut goal = |what: &str,
+                    num: Option<f64>,
+                    den: Option<f64>,
+                    target: f64,
+                    at_least: bool,
+                    unit: &str| {
+        if let (Some(n), Some(d)) = (num, den) {
+            out.push(Goal {
+                what: what.into(),
+                ratio: n / d,
+                target,
+                at_least,
+                detail: format!("{n:.2} / {d:.2} {unit}"),
+            });
+        }
+    };
+    let send_lat = r_value(r, LAT, "ib_send_lat", 64);
+    goal(
+        "64 B ib_send_lat vs raw AF_XDP one-way",
+        send_lat,
+        Some(xsk_rt.p50 / 2.0),
+        1.5,
+        false,
+        "µs",
+    );
+    goal(
+        "64 B ib_send_lat vs kernel UDP one-way",
+        send_lat,
+        Some(udp_rt.p50 / 2.0),
+        1.0,
+        false,
+        "µs",
+    );
+    let write_64k = r_value(r, BW4096, "ib_write_bw", 65536);
+    goal(
+        "ib_write_bw 64 KiB vs raw AF_XDP 4 KiB frames",
+        write_64k,
+        r.value(BW4096, "4 KiB frames", 4096, "raw AF_XDP"),
+        0.8,
+        true,
+        "MB/s",
+    );
+    goal(
+        "ib_write_bw 64 KiB vs kernel UDP 4 KiB datagrams",
+        write_64k,
+        r.value(BW4096, "4 KiB datagrams", 4096, "kernel UDP"),
+        1.5,
+        true,
+        "MB/s",
+    );
+    goal(
+        "64 B ib_send_bw message rate vs raw AF_XDP 64 B packets",
+        r.value(RATE, "ib_send_bw", 64, "xroce"),
+        r.value(RATE, "64 B frames", 64, "raw AF_XDP"),
+        0.8,
+        true,
+        "M/s",
+    );
+    goal(
+        "ib_write_bw 256 QPs vs 1 QP",
+        r.value(SCALE, "256 QPs", 65536, "xroce"),
+        r.value(SCALE, "1 QP", 65536, "xroce"),
+        0.8,
+        true,
+        "MB/s",
+    );
+    let idle = r
+        .rows
+        .iter()
+        .filter(|row| row.kind == Kind::CorePercent)
+        .map(|row| row.value)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    goal(
+        "idle CPU with connected QPs (% of a core)",
+        idle,
+        Some(1.0),
+        1.0,
+        false,
+        "%",
+    );
+    if let Some((rxe, xroce)) = guests {
+        goal(
+            "guests: xroce vs rdma_rxe ib_write_bw",
+            Some(xroce.write_bw_mb_s),
+            Some(rxe.write_bw_mb_s),
+            2.0,
+            true,
+            "MB/s",
+        );
+        goal(
+            "guests: xroce vs rdma_rxe ib_send_lat",
+            Some(xroce.send_lat_us),
+            Some(rxe.send_lat_us),
+            0.5,
+            false,
+            "µs",
+        );
+    }
+    r.goals.extend(out);
+}
+
+fn r_value(r: &Report, section: &str, test: &str, size: u64) -> Option<f64> {
+    r.value(section, test, size, "xroce")
+}
+
+/// Compiles `bench/c/qp_scale.c` next to this executable.
+fn compile_qp_scale() -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/qp_scale.c");
+    let exe = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("qp_scale");
+    let out = std::process::Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .arg("-libverbs")
+        .output()
+        .map_err(|e| format!("cannot run cc: {e}"))?;
+    if out.status.success() {
+        Ok(exe)
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    format!("{cpus} CPUs, {cpu}, kernel {}", capture("uname", &["-r"]))
+}
+
+fn capture(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("suite: {what}: {e}");
+    std::process::exit(1);
+}

@@ -1,0 +1,293 @@
+//! What `cargo xtask bench` measured, as data, and its Markdown rendering (the plot is in
+//! [`crate::plot`]).
+
+use std::fmt::Write as _;
+
+/// What a number is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Latency in µs (one-way, as perftest reports SEND and WRITE; READ is a round trip).
+    LatencyUs,
+    /// Throughput in MB/s (10^6 bytes per second of payload delivered).
+    MegabytesPerSecond,
+    /// Message or packet rate in millions per second.
+    Mpps,
+    /// CPU cores busy per Gbit/s of payload.
+    CoresPerGbps,
+    /// Share of one core, in percent.
+    CorePercent,
+    /// Resident memory in MiB.
+    Mebibytes,
+}
+
+impl Kind {
+    pub fn unit(self) -> &'static str {
+        match self {
+            Kind::LatencyUs => "µs",
+            Kind::MegabytesPerSecond => "MB/s",
+            Kind::Mpps => "M/s",
+            Kind::CoresPerGbps => "cores per Gbit/s",
+            Kind::CorePercent => "% of a core",
+            Kind::Mebibytes => "MiB",
+        }
+    }
+}
+
+/// One measured number.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// The table it belongs to, e.g. "Latency (path MTU 4096)".
+    pub section: String,
+    /// What was run, e.g. "ib_send_lat" or "64 B ping-pong".
+    pub test: String,
+    /// Message size in bytes (0 when it does not apply).
+    pub size: u64,
+    /// Who did it: "xroce", "raw AF_XDP", "kernel UDP", "kernel TCP", "rdma_rxe (guests)", ...
+    pub method: String,
+    pub kind: Kind,
+    /// The median (for latency) or the average (for rates).
+    pub value: f64,
+    /// The 99th percentile, for latency.
+    pub p99: Option<f64>,
+}
+
+/// A goal of the performance issue: a ratio between two numbers of the same run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Goal {
+    /// e.g. "64 B ib_send_lat vs raw AF_XDP one-way".
+    pub what: String,
+    /// The measured ratio.
+    pub ratio: f64,
+    /// The ratio the goal asks for.
+    pub target: f64,
+    /// `true` when the ratio must be at least `target` (throughput), `false` when at most
+    /// (latency).
+    pub at_least: bool,
+    /// How the ratio was formed, e.g. "5.6 µs / 2.2 µs".
+    pub detail: String,
+}
+
+impl Goal {
+    pub fn met(&self) -> bool {
+        if self.at_least {
+            self.ratio >= self.target
+        } else {
+            self.ratio <= self.target
+        }
+    }
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// e.g. "2 CPUs, Intel(R) Xeon(R) Processor, kernel 6.18.44".
+    pub machine: String,
+    pub commit: String,
+    pub date: String,
+    pub rows: Vec<Row>,
+    pub goals: Vec<Goal>,
+    /// Free-form remarks (what was skipped, how things were measured).
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// The rows of one section, in the order they were measured.
+    pub fn section<'a>(&'a self, section: &'a str) -> impl Iterator<Item = &'a Row> + 'a {
+        self.rows.iter().filter(move |r| r.section == section)
+    }
+
+    /// Section names in the order they first appear.
+    pub fn sections(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for r in &self.rows {
+            if !out.contains(&r.section.as_str()) {
+                out.push(&r.section);
+            }
+        }
+        out
+    }
+
+    /// The value of the first row matching, if measured.
+    pub fn value(&self, section: &str, test: &str, size: u64, method: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| {
+                r.section == section && r.test == test && r.size == size && r.method == method
+            })
+            .map(|r| r.value)
+    }
+
+    /// The report as Markdown: header, goals, then one table per section.
+    pub fn markdown(&self, plot_file: Option<&str>) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "# Performance: xroce next to the kernel, raw AF_XDP and rdma_rxe\n"
+        );
+        let _ = writeln!(
+            s,
+            "`cargo xtask bench`, one run: perftest over xroce between two network namespaces \
+             on a veth pair, with the baselines measured in the same run on the same pair. \
+             These machines are shared and noisy: only ratios within one run mean anything.\n"
+        );
+        let _ = writeln!(s, "- machine: {}", self.machine);
+        let _ = writeln!(s, "- commit: {}", self.commit);
+        let _ = writeln!(s, "- date: {}\n", self.date);
+        if let Some(plot) = plot_file {
+            let _ = writeln!(s, "![the numbers below, plotted]({plot})\n");
+        }
+        if !self.goals.is_empty() {
+            let _ = writeln!(s, "## Goals\n");
+            let _ = writeln!(s, "| goal | ratio | target | met | from |");
+            let _ = writeln!(s, "|---|---:|---|---|---|");
+            for g in &self.goals {
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.2} | {} {:.2} | {} | {} |",
+                    g.what,
+                    g.ratio,
+                    if g.at_least { "≥" } else { "≤" },
+                    g.target,
+                    if g.met() { "yes" } else { "**no**" },
+                    g.detail
+                );
+            }
+            let _ = writeln!(s);
+        }
+        for section in self.sections() {
+            let _ = writeln!(s, "## {section}\n");
+            let with_p99 = self.section(section).any(|r| r.p99.is_some());
+            if with_p99 {
+                let _ = writeln!(s, "| test | size | method | p50 | p99 | unit |");
+                let _ = writeln!(s, "|---|---:|---|---:|---:|---|");
+            } else {
+                let _ = writeln!(s, "| test | size | method | value | unit |");
+                let _ = writeln!(s, "|---|---:|---|---:|---|");
+            }
+            for r in self.section(section) {
+                let size = if r.size == 0 {
+                    String::new()
+                } else {
+                    size_text(r.size)
+                };
+                if with_p99 {
+                    let p99 = r.p99.map(number).unwrap_or_default();
+                    let _ = writeln!(
+                        s,
+                        "| {} | {size} | {} | {} | {p99} | {} |",
+                        r.test,
+                        r.method,
+                        number(r.value),
+                        r.kind.unit()
+                    );
+                } else {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {size} | {} | {} | {} |",
+                        r.test,
+                        r.method,
+                        number(r.value),
+                        r.kind.unit()
+                    );
+                }
+            }
+            let _ = writeln!(s);
+        }
+        if !self.notes.is_empty() {
+            let _ = writeln!(s, "## Notes\n");
+            for n in &self.notes {
+                let _ = writeln!(s, "- {n}");
+            }
+        }
+        s
+    }
+}
+
+/// "64 B", "4 KiB", "1 MiB".
+pub fn size_text(bytes: u64) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1 << 10 && bytes % (1 << 10) == 0 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// Three significant digits or so, without needless decimals.
+fn number(v: f64) -> String {
+    let a = v.abs();
+    if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.1 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(section: &str, test: &str, size: u64, method: &str, value: f64) -> Row {
+        Row {
+            section: section.into(),
+            test: test.into(),
+            size,
+            method: method.into(),
+            kind: Kind::LatencyUs,
+            value,
+            p99: Some(value * 2.0),
+        }
+    }
+
+    #[test]
+    fn markdown_has_goals_and_one_table_per_section() {
+        let r = Report {
+            machine: "m".into(),
+            commit: "c".into(),
+            date: "d".into(),
+            rows: vec![
+                row("Latency", "ib_send_lat", 64, "xroce", 5.6),
+                row("Latency", "64 B ping-pong", 64, "raw AF_XDP", 2.1),
+                row("Other", "x", 4096, "xroce", 123.4),
+            ],
+            goals: vec![Goal {
+                what: "lat".into(),
+                ratio: 2.67,
+                target: 1.5,
+                at_least: false,
+                detail: "5.6 / 2.1".into(),
+            }],
+            notes: vec!["n".into()],
+        };
+        let md = r.markdown(Some("perf.svg"));
+        assert!(
+            md.contains("| lat | 2.67 | ≤ 1.50 | **no** | 5.6 / 2.1 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| ib_send_lat | 64 B | xroce | 5.60 | 11.2 | µs |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| x | 4 KiB | xroce | 123 | 247 | µs |"),
+            "{md}"
+        );
+        assert_eq!(md.matches("## Latency").count(), 1);
+        assert!(md.contains("![the numbers below, plotted](perf.svg)"));
+        assert_eq!(r.value("Latency", "ib_send_lat", 64, "xroce"), Some(5.6));
+        assert_eq!(r.value("Latency", "ib_send_lat", 64, "rxe"), None);
+    }
+
+    #[test]
+    fn sizes_read_naturally() {
+        assert_eq!(size_text(64), "64 B");
+        assert_eq!(size_text(4096), "4 KiB");
+        assert_eq!(size_text(1 << 20), "1 MiB");
+        assert_eq!(size_text(1500), "1500 B");
+    }
+}
