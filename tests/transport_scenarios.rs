@@ -666,6 +666,48 @@ fn ack_req_once_per_burst() {
     assert_eq!((c.timeouts, c.retransmissions), (0, 0));
 }
 
+/// Next to many busy QPs a QP gets one packet per round of the device's round robin, so its
+/// packets are spread out in time: it must still ask for ACKs often enough that its
+/// retransmission timer never fires when nothing was lost. (64 packets between AckReqs took
+/// longer than the timeout here: perftest `ib_write_bw -q 256` saw 8 000 such timeouts.)
+#[test]
+fn many_busy_qps_ask_for_acks_before_their_timers_fire() {
+    const QPS: usize = 48;
+    const WRITES: u64 = 8;
+    const LEN: u32 = 16 * 1024;
+    let link = LinkConfig {
+        tx_burst: Some(64),
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(29, 2, link);
+    // timeout 8: 1 ms, while one round of all QPs' packets takes 48 × 1 KiB at 10 Gbit/s
+    // = 42 µs, and 65 rounds take 2.7 ms.
+    let o = ConnectOptions::default();
+    let qps: Vec<QpEnd> = (0..QPS).map(|_| connect(&mut sim, 0, 1, &o).0).collect();
+    let size = WRITES * u64::from(LEN);
+    let src = sim.nodes[0].alloc(size as usize, RW);
+    let dst = sim.nodes[1].alloc(size as usize, RW);
+    for q in &qps {
+        for i in 0..WRITES {
+            let off = i * u64::from(LEN);
+            sim.nodes[0]
+                .post_send(
+                    q.qpn,
+                    SendWr::new(i, write_op(&dst, off), vec![sge(&src, off, LEN)]),
+                )
+                .unwrap();
+        }
+    }
+    for q in &qps {
+        let wcs = wait_cq(&mut sim, 0, q.send_cq, WRITES as usize);
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    }
+    settle(&mut sim);
+    let c = counters(&sim, 0);
+    assert_eq!(c.tx_requests, QPS as u64 * WRITES * 16);
+    assert_eq!((c.timeouts, c.retransmissions), (0, 0));
+}
+
 // ----- 3. Remote access violations -----
 
 /// What the responder is asked to do wrong, and the status the requester must see.

@@ -151,6 +151,8 @@ pub(crate) struct Requester {
     pub noack_pkts: u32,
     /// Messages ended without AckReq since the last packet that asked for an ACK.
     pub noack_msgs: u32,
+    /// When the first packet without AckReq since the last one that asked went out.
+    pub noack_since: Option<Nanos>,
     pub rd_atomic_avail: u32,
     pub rd_atomic_max: u32,
     /// The completer asked for a go-back-N from `comp.psn`.
