@@ -19,6 +19,8 @@ pub struct GuestNumbers {
     /// `ib_send_lat` 64 B, median, µs.
     pub send_lat_us: f64,
     pub send_lat_p99_us: f64,
+    /// Its minimum: the cost of the path itself, without scheduling delays.
+    pub send_lat_min_us: f64,
     /// `ib_write_bw` 64 KiB, MB/s.
     pub write_bw_mb_s: f64,
 }
@@ -95,6 +97,7 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
     Ok(GuestNumbers {
         send_lat_us: lat.typical,
         send_lat_p99_us: lat.p99,
+        send_lat_min_us: lat.min,
         write_bw_mb_s: bw.mb_per_s,
     })
 }

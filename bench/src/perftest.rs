@@ -176,6 +176,7 @@ pub struct BwLine {
 pub struct LatLine {
     pub size: u64,
     pub iterations: u64,
+    pub min: f64,
     pub typical: f64,
     pub average: f64,
     pub p99: f64,
@@ -216,6 +217,7 @@ pub fn parse_lat(output: &str) -> Vec<LatLine> {
         .map(|f| LatLine {
             size: f[0] as u64,
             iterations: f[1] as u64,
+            min: f[2],
             typical: f[4],
             average: f[5],
             p99: f[7],
@@ -249,6 +251,7 @@ mod tests {
         let l = parse_lat(out);
         assert_eq!(l.len(), 1);
         assert_eq!((l[0].size, l[0].typical, l[0].p99), (2, 232.54, 2558.46));
+        assert_eq!(l[0].min, 106.04);
         // A bandwidth line is not a latency line.
         assert!(parse_lat(" 65536 5000 1.0 2.0 0.1\n").is_empty());
     }
