@@ -10,7 +10,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::report::{size_text, Goal, Report, Row};
+use crate::report::{number, size_text, Goal, Report, Row};
 
 const WIDTH: u32 = 1000;
 const HEADER_HEIGHT: u32 = 64;
@@ -741,24 +741,6 @@ fn shorten(text: &str, width: usize) -> String {
     out
 }
 
-/// A value as the tables show it: three significant digits or so.
-fn number(v: f64) -> String {
-    let a = v.abs();
-    if a == 0.0 {
-        "0".to_string()
-    } else if a >= 1e6 {
-        format!("{v:.2e}")
-    } else if a >= 100.0 {
-        format!("{v:.0}")
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 0.1 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.4}")
-    }
-}
-
 /// An axis label: like [`number`], without trailing zeros.
 fn tick(v: f64) -> String {
     if v != 0.0 && v.abs() < 0.001 {
@@ -777,27 +759,15 @@ mod tests {
     use super::*;
     use crate::report::Kind;
 
-    fn row(section: &str, test: &str, size: u64, method: &str, kind: Kind, value: f64) -> Row {
-        Row {
-            section: section.into(),
-            test: test.into(),
-            size,
-            method: method.into(),
-            kind,
-            value,
-            p99: None,
-        }
-    }
-
     fn lat(test: &str, size: u64, method: &str, value: f64) -> Row {
         Row {
             p99: Some(value * 1.6),
-            ..row("Latency", test, size, method, Kind::LatencyUs, value)
+            ..Row::new("Latency", test, size, method, Kind::LatencyUs, value)
         }
     }
 
     fn bw(test: &str, size: u64, method: &str, value: f64) -> Row {
-        row(
+        Row::new(
             "Bandwidth",
             test,
             size,

@@ -51,6 +51,21 @@ pub struct Row {
     pub p99: Option<f64>,
 }
 
+impl Row {
+    /// A row without a 99th percentile.
+    pub fn new(section: &str, test: &str, size: u64, method: &str, kind: Kind, value: f64) -> Row {
+        Row {
+            section: section.into(),
+            test: test.into(),
+            size,
+            method: method.into(),
+            kind,
+            value,
+            p99: None,
+        }
+    }
+}
+
 /// A goal of the performance issue: a ratio between two numbers of the same run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Goal {
@@ -214,10 +229,15 @@ pub fn size_text(bytes: u64) -> String {
     }
 }
 
-/// Three significant digits or so, without needless decimals.
-fn number(v: f64) -> String {
+/// A value as the tables and the plot show it: three significant digits or so, without
+/// needless decimals.
+pub fn number(v: f64) -> String {
     let a = v.abs();
-    if a >= 100.0 {
+    if a == 0.0 {
+        "0".to_string()
+    } else if a >= 1e6 {
+        format!("{v:.2e}")
+    } else if a >= 100.0 {
         format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")
@@ -234,13 +254,8 @@ mod tests {
 
     fn row(section: &str, test: &str, size: u64, method: &str, value: f64) -> Row {
         Row {
-            section: section.into(),
-            test: test.into(),
-            size,
-            method: method.into(),
-            kind: Kind::LatencyUs,
-            value,
             p99: Some(value * 2.0),
+            ..Row::new(section, test, size, method, Kind::LatencyUs, value)
         }
     }
 

@@ -128,7 +128,7 @@ fn main() {
         ("4 KiB datagrams", 4096, "kernel UDP", udp_4k.mb_per_s),
         ("64 KiB writes", 65536, "kernel TCP", tcp_64k.mb_per_s),
     ] {
-        r.rows.push(row(
+        r.rows.push(Row::new(
             BW4096,
             test,
             size,
@@ -141,7 +141,8 @@ fn main() {
         ("64 B frames", "raw AF_XDP", xsk_64.mpps),
         ("64 B datagrams", "kernel UDP", udp_64.mpps),
     ] {
-        r.rows.push(row(RATE, test, 64, method, Kind::Mpps, mpps));
+        r.rows
+            .push(Row::new(RATE, test, 64, method, Kind::Mpps, mpps));
     }
 
     let lat_sizes: &[u64] = if opts.quick {
@@ -161,7 +162,7 @@ fn main() {
                 Ok(run) => match parse_lat(&run.client).first() {
                     Some(l) => r.rows.push(Row {
                         p99: Some(l.p99),
-                        ..row(LAT, program, size, "xroce", Kind::LatencyUs, l.typical)
+                        ..Row::new(LAT, program, size, "xroce", Kind::LatencyUs, l.typical)
                     }),
                     None => r.notes.push(format!("{program} {size}: no result line")),
                 },
@@ -179,7 +180,7 @@ fn main() {
         if l.size == 64 && program != "ib_read_bw" {
             // 64 B message rates next to the 64 B packet baselines.
             r.rows
-                .push(row(RATE, program, 64, "xroce", Kind::Mpps, l.mpps));
+                .push(Row::new(RATE, program, 64, "xroce", Kind::Mpps, l.mpps));
         }
     }
 
@@ -193,7 +194,7 @@ fn main() {
             Duration::from_secs(300),
         ) {
             Ok(run) => match parse_bw(&run.client).first() {
-                Some(l) => r.rows.push(row(
+                Some(l) => r.rows.push(Row::new(
                     SCALE,
                     &format!("{q} QP{}", if q == 1 { "" } else { "s" }),
                     65536,
@@ -217,7 +218,7 @@ fn main() {
         Ok(run) => {
             if let Some(l) = parse_bw(&run.client).first() {
                 let gbit = l.mb_per_s * 1e6 * 8.0 / 1e9 * secs as f64;
-                r.rows.push(row(
+                r.rows.push(Row::new(
                     CPU,
                     "ib_write_bw 64 KiB, both ends",
                     65536,
@@ -255,7 +256,7 @@ fn main() {
                         };
                         let label = format!("{n} QP{}", if n == 1 { "" } else { "s" });
                         if n == 1 {
-                            r.rows.push(row(
+                            r.rows.push(Row::new(
                                 MEMORY,
                                 "device open",
                                 0,
@@ -264,7 +265,7 @@ fn main() {
                                 field("rss_base_kib=") / 1024.0,
                             ));
                         }
-                        r.rows.push(row(
+                        r.rows.push(Row::new(
                             MEMORY,
                             &format!("{label} connected"),
                             0,
@@ -272,7 +273,7 @@ fn main() {
                             Kind::Mebibytes,
                             field("rss_kib=") / 1024.0,
                         ));
-                        r.rows.push(row(
+                        r.rows.push(Row::new(
                             IDLE,
                             &format!("{label} connected"),
                             0,
@@ -308,7 +309,7 @@ fn main() {
                 for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
                     r.rows.push(Row {
                         p99: Some(n.send_lat_p99_us),
-                        ..row(
+                        ..Row::new(
                             GUESTS_LAT,
                             "ib_send_lat",
                             64,
@@ -319,7 +320,7 @@ fn main() {
                     });
                 }
                 for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
-                    r.rows.push(row(
+                    r.rows.push(Row::new(
                         GUESTS_BW,
                         "ib_write_bw",
                         65536,
@@ -401,7 +402,7 @@ fn bandwidth(
             ) {
                 Ok(run) => match parse_bw(&run.client).first() {
                     Some(l) => {
-                        r.rows.push(row(
+                        r.rows.push(Row::new(
                             section,
                             program,
                             size,
@@ -420,23 +421,11 @@ fn bandwidth(
     lines
 }
 
-fn row(section: &str, test: &str, size: u64, method: &str, kind: Kind, value: f64) -> Row {
-    Row {
-        section: section.into(),
-        test: test.into(),
-        size,
-        method: method.into(),
-        kind,
-        value,
-        p99: None,
-    }
-}
-
 /// A baseline's round trip as one-way latency (half), like perftest's SEND/WRITE numbers.
 fn one_way(section: &str, method: &str, rt: RoundTrip) -> Row {
     Row {
         p99: Some(rt.p99 / 2.0),
-        ..row(
+        ..Row::new(
             section,
             "64 B ping-pong, one way",
             64,
