@@ -666,6 +666,67 @@ fn ack_req_once_per_burst() {
     assert_eq!((c.timeouts, c.retransmissions), (0, 0));
 }
 
+/// A reply leaves ahead of the ACK for the message it answers: the peer is waiting for the
+/// reply, and the ACK only frees a send-queue slot. The engine lets the application see its
+/// receive completion before the ACK is sent, so in a ping-pong the two go out together, and
+/// this order puts the reply first. When a QP has both kinds queued it takes turns, so a
+/// stream of requests does not hold its ACKs back either.
+#[test]
+fn a_reply_goes_out_ahead_of_the_ack_for_the_message_it_answers() {
+    let mut sim = Sim::new(31, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let a_buf = sim.nodes[0].alloc(4096, RW);
+    let b_buf = sim.nodes[1].alloc(4096, RW);
+    sim.nodes[0]
+        .post_recv(a.qpn, recv_wr(1, &a_buf, 2048, 64))
+        .unwrap();
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(1, &b_buf, 2048, 64))
+        .unwrap();
+    let mut buf = vec![0u8; 8192];
+
+    // A's SEND reaches B; B has not transmitted since.
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, SendOp::Send, vec![sge(&a_buf, 0, 64)]),
+        )
+        .unwrap();
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    let t = node.dev.poll_transmit(now, &node.mem, &mut buf).unwrap();
+    let send = buf[..t.len].to_vec();
+    assert_eq!(bth_of(&send).0, Opcode::RC_SEND_ONLY);
+    let node = &mut sim.nodes[1];
+    node.dev.handle_packet(now, &send, &mut node.mem);
+    assert_eq!(sim.nodes[1].poll(b.recv_cq).len(), 1);
+
+    // B answers, then two more requests queue behind the answer.
+    for i in 0..3 {
+        sim.nodes[1]
+            .post_send(
+                b.qpn,
+                SendWr::new(10 + i, write_op(&a_buf, 1024), vec![sge(&b_buf, 0, 64)]),
+            )
+            .unwrap();
+    }
+    let node = &mut sim.nodes[1];
+    let mut order = Vec::new();
+    while let Some(t) = node.dev.poll_transmit(now, &node.mem, &mut buf) {
+        order.push(bth_of(&buf[..t.len]).0);
+    }
+    assert_eq!(
+        order,
+        [
+            Opcode::RC_RDMA_WRITE_ONLY,
+            Opcode::RC_ACKNOWLEDGE,
+            Opcode::RC_RDMA_WRITE_ONLY,
+            Opcode::RC_RDMA_WRITE_ONLY,
+        ],
+        "the answer first, then the ACK, then the rest of the queue"
+    );
+}
+
 /// Next to many busy QPs a QP gets one packet per round of the device's round robin, so its
 /// packets are spread out in time: it must still ask for ACKs often enough that its
 /// retransmission timer never fires when nothing was lost. (64 packets between AckReqs took

@@ -688,6 +688,107 @@ fn uc_and_ud_exchanges() {
     }
 }
 
+/// Polls `cq` from this thread (the application's own progress, as a spinning verbs program
+/// does) until one completion arrives.
+fn spin_for_one(engine: &Engine, cq: CqId, what: &str) -> WorkCompletion {
+    let deadline = Instant::now() + WAIT;
+    let mut out = Vec::with_capacity(1);
+    while out.is_empty() {
+        engine.poll_cq(cq, 1, &mut out).expect("poll_cq");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no completion after {WAIT:?}; counters {:?}",
+            engine.with_device(|d| d.counters())
+        );
+    }
+    assert_eq!(out[0].status, WcStatus::Success, "{what}: {:?}", out[0]);
+    out[0]
+}
+
+/// A SEND ping-pong with both applications spinning on their CQs: each side's ACK for the
+/// message it answers leaves in the same batch as the answer (one kick of the kernel), not in
+/// a batch of its own ahead of it. Before, every round cost each side two transmit batches.
+#[test]
+fn ping_pong_sends_each_ack_with_the_answer() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    const ROUNDS: usize = 2000;
+    const MSG: usize = 64;
+    let (tx0, rx1) = mpsc::channel::<Endpoint>();
+    let (tx1, rx0) = mpsc::channel::<Endpoint>();
+    let connected = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let mut handles = Vec::new();
+    for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
+        let connected = connected.clone();
+        let iface = setup.pair.iface(side).to_string();
+        let ip = IpAddress::V4(setup.pair.ipv4(side).into());
+        handles.push(setup.pair.spawn_in(side, move || {
+            let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+            let pd = engine.with_device(|d| d.alloc_pd());
+            let buf = Buffer::new(&engine, pd, 2 * ROUNDS * MSG);
+            let qp = create_qp(&engine, pd, QpType::Rc);
+            to_init(&engine, &qp);
+            for i in 0..ROUNDS {
+                let wr = RecvWr {
+                    wr_id: i as u64,
+                    sg_list: vec![buf.sge(ROUNDS * MSG + i * MSG, MSG)],
+                };
+                engine.post_recv(qp.qpn, wr).expect("post_recv");
+            }
+            let me = Endpoint {
+                qpn: qp.qpn,
+                psn: 0x900 + side as u32,
+                ip,
+                va: 0,
+                rkey: 0,
+            };
+            tx.send(me).expect("send endpoint");
+            let peer = rx.recv_timeout(WAIT).expect("peer endpoint");
+            bring_up(&engine, &qp, ip, &peer, me.psn, PathMtu::Mtu1024);
+            connected.wait();
+            let send = |i: usize| {
+                let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(i * MSG, MSG)]);
+                wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
+                engine.post_send(qp.qpn, wr).expect("post_send");
+            };
+            for i in 0..ROUNDS {
+                if side == 0 {
+                    send(i);
+                    spin_for_one(&engine, qp.recv_cq, "answer");
+                } else {
+                    spin_for_one(&engine, qp.recv_cq, "question");
+                    send(i);
+                }
+            }
+            // The last ACKs may still be on their way (the progress thread sends what the
+            // application left).
+            connected.wait();
+            std::thread::sleep(Duration::from_millis(100));
+            let c = engine.counters();
+            let frames = c.tx_frames.load(std::sync::atomic::Ordering::Relaxed) as usize;
+            let batches = c.tx_batches.load(std::sync::atomic::Ordering::Relaxed) as usize;
+            let acks = engine.with_device(|d| d.counters()).tx_responses as usize;
+            (side, frames, batches, acks)
+        }));
+    }
+    for h in handles {
+        let (side, frames, batches, acks) = h.join().expect("side");
+        assert!(
+            acks >= ROUNDS - 1,
+            "side {side}: every message is acknowledged ({acks} ACKs for {ROUNDS})"
+        );
+        assert!(frames >= ROUNDS + acks, "side {side}: {frames} frames");
+        // One batch per round, with some slack for rounds the progress thread took over.
+        assert!(
+            batches <= ROUNDS * 5 / 4,
+            "side {side}: {batches} transmit batches for {frames} frames in {ROUNDS} rounds: \
+             ACKs go out on their own"
+        );
+    }
+}
+
 /// A QP talking to a QP of the same engine never touches the wire; and an idle engine with
 /// connected QPs sleeps.
 #[test]

@@ -692,11 +692,27 @@ impl Device {
                 continue;
             };
             qp.queued = false;
-            let sent = match qp.next_response(&mut self.sh, host, buf) {
-                Some(t) => Some(t),
-                None => qp.next_request(now, &mut self.sh, host, buf),
+            // A request goes first: when an application answers a message, the answer leaves
+            // ahead of the ACK for the message (both in one batch when the engine defers the
+            // ACK until the application has had its turn), and the peer, which waits for the
+            // answer, gets it one packet sooner. A QP with both kinds queued then takes turns,
+            // so that neither starves the other.
+            let sent = if qp.request_turn {
+                match qp.next_request(now, &mut self.sh, host, buf) {
+                    Some(t) => Some((t, false)),
+                    None => qp.next_response(&mut self.sh, host, buf).map(|t| (t, true)),
+                }
+            } else {
+                match qp.next_response(&mut self.sh, host, buf) {
+                    Some(t) => Some((t, true)),
+                    None => qp
+                        .next_request(now, &mut self.sh, host, buf)
+                        .map(|t| (t, false)),
+                }
             };
-            if let Some(t) = sent {
+            // A QP with nothing left starts its next turn with a request.
+            qp.request_turn = sent.as_ref().is_none_or(|(_, response)| *response);
+            if let Some((t, _)) = sent {
                 self.mark_ready(qpn);
                 return Some(t);
             }

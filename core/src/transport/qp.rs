@@ -194,6 +194,9 @@ pub struct Qp {
     pub(crate) drain_notify: bool,
     /// On the device's ready list.
     pub(crate) queued: bool,
+    /// A request goes ahead of a response when the QP has both (see
+    /// `Device::poll_transmit`).
+    pub(crate) request_turn: bool,
 }
 
 /// The TTL/hop limit xroce sends: rdma_rxe sends the route's default (64) whatever the AV asks.
@@ -221,6 +224,7 @@ impl Qp {
             resp: Responder::default(),
             drain_notify: false,
             queued: false,
+            request_turn: true,
         }
     }
 

@@ -70,6 +70,45 @@ pub(crate) struct Round {
 /// One round of work: receive a batch, run due timers, transmit a batch, flush.
 pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
     let now = shared.now();
+    let received = receive(shared, st, now);
+    let mut round = send(shared, st, now);
+    round.work |= received > 0;
+    round
+}
+
+/// The first half of a round: takes a batch of frames from the port into the transport and
+/// hands out the events that caused. Whatever the frames call for (ACKs, READ responses)
+/// waits in the transport for [`send`]. Returns how many frames came in.
+pub(crate) fn receive(shared: &Shared, st: &mut State, now: u64) -> usize {
+    let State { dev, mem, io, .. } = st;
+    let n = io.port.recv(RX_BATCH, &mut |frame| {
+        shared.counters.rx_frames.fetch_add(1, Ordering::Relaxed);
+        match ip_payload(frame) {
+            Some(ip) => dev.handle_packet(now, ip, mem),
+            None => {
+                shared.counters.rx_not_roce.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    dispatch_events(shared, dev);
+    n
+}
+
+/// Completion-channel and asynchronous events go to whoever asked for them (the provider
+/// writes them to the application's event file descriptors). True if a CQ was notified.
+fn dispatch_events(shared: &Shared, dev: &mut xroce_core::transport::Device) -> bool {
+    let mut notified = false;
+    while let Some(ev) = dev.poll_event() {
+        notified |= matches!(ev, Event::CqNotify(_));
+        if let Some(sink) = &shared.config.on_event {
+            (sink.0)(ev);
+        }
+    }
+    notified
+}
+
+/// The second half of a round: runs due timers, transmits a batch and flushes it.
+pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     st.tx_deferred = false;
     let State {
         dev,
@@ -80,18 +119,6 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
     } = st;
     let mut work = false;
 
-    // Receive.
-    let n = io.port.recv(RX_BATCH, &mut |frame| {
-        shared.counters.rx_frames.fetch_add(1, Ordering::Relaxed);
-        match ip_payload(frame) {
-            Some(ip) => dev.handle_packet(now, ip, mem),
-            None => {
-                shared.counters.rx_not_roce.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    });
-    work |= n > 0;
-
     // Timers.
     if dev.poll_timeout().is_some_and(|t| t <= now) {
         dev.handle_timeout(now);
@@ -101,6 +128,8 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
     // Transmit: the transport writes each packet straight into the port's buffer, behind room
     // for the Ethernet header, and is asked only when there is room.
     let mut built = 0;
+    // Frames handed to the port this round (loopback packets are not).
+    let mut wired = 0u64;
     while built < TX_BATCH {
         let mut produced = false;
         let room = io.port.send_with(&mut |buf| {
@@ -124,7 +153,7 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
                 },
             };
             eth.emit(&mut buf[..ETH_HEADER]).ok()?;
-            shared.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
+            wired += 1;
             Some(frame_len)
         });
         if !room {
@@ -140,15 +169,14 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
         work = true;
     }
 
-    // Completion-channel and asynchronous events go to whoever asked for them (the provider
-    // writes them to the application's event file descriptors).
-    while let Some(ev) = dev.poll_event() {
-        if matches!(ev, Event::CqNotify(_)) {
-            work = true;
-        }
-        if let Some(sink) = &shared.config.on_event {
-            (sink.0)(ev);
-        }
+    // Events from timers (and from loopback packets).
+    work |= dispatch_events(shared, dev);
+    if wired > 0 {
+        shared
+            .counters
+            .tx_frames
+            .fetch_add(wired, Ordering::Relaxed);
+        shared.counters.tx_batches.fetch_add(1, Ordering::Relaxed);
     }
     if let Err(e) = io.port.flush() {
         io.failed = true;
