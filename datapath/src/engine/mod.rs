@@ -339,11 +339,23 @@ impl Engine {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the device (any verb), then wakes the progress thread.
+    /// Runs `f` on the device (any verb), then wakes the progress thread. What an earlier
+    /// `poll_cq` left to send (ACKs, see there) goes first: the verb may be destroying the QP
+    /// or closing the device, as an application does right after its last completion.
     pub fn with_device<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
-        let r = f(&mut self.lock().dev);
+        let mut guard = self.lock();
+        self.send_deferred(&mut guard);
+        let r = f(&mut guard.dev);
+        drop(guard);
         self.shared.wake();
         r
+    }
+
+    /// Transmits what a round left for later (see `poll_cq` and `after_post`), if anything.
+    fn send_deferred(&self, st: &mut State) {
+        if st.tx_deferred && !st.io.failed {
+            progress::send(&self.shared, st, self.shared.now());
+        }
     }
 
     /// Runs a data-path verb that gives the progress thread nothing to send (posting a
@@ -616,6 +628,8 @@ impl Engine {
     /// the kernel's stack again). Verbs still reach the device afterwards, but nothing moves
     /// frames for it. Stopping twice is harmless; dropping the engine stops it.
     pub fn stop(&self) {
+        // ACKs an application's last poll left for later still go.
+        self.send_deferred(&mut self.lock());
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.sleeping.store(true, Ordering::SeqCst);
         self.shared.wake();
