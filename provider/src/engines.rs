@@ -158,7 +158,8 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
 }
 
 /// Programs that exit without closing their device (perftest's `ib_atomic_lat` server does)
-/// never stop their engine; their counters are written when the process exits instead.
+/// never stop their engine; what it has left to send is sent and its counters are written
+/// when the process exits instead.
 fn report_stats_at_exit() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     extern "C" fn at_exit() {
@@ -170,12 +171,16 @@ fn report_stats_at_exit() {
             Err(std::sync::TryLockError::WouldBlock) => return,
         };
         for e in all.iter().filter_map(|(_, w)| w.upgrade()) {
+            // The ACKs for the last messages received, which the last poll left for later:
+            // the peer is waiting for them.
+            e.engine.flush();
             e.write_stats();
         }
     }
     REGISTERED.call_once(|| {
-        // SAFETY: registers a function with no captured state; it only takes locks and
-        // writes a file, which is allowed during exit().
+        // SAFETY: registers a function with no captured state; it only takes locks (never
+        // waiting for an engine's), hands queued frames to the kernel and writes a file, which
+        // is allowed during exit().
         if unsafe { libc::atexit(at_exit) } != 0 {
             eprintln!("xroce: cannot register the exit handler; counters may not be written");
         }

@@ -351,6 +351,19 @@ impl Engine {
         r
     }
 
+    /// Sends what an earlier `poll_cq` or post left for later (ACKs above all) now. For a
+    /// process about to exit without closing its device. Does nothing if another thread holds
+    /// the engine (it may be the caller, interrupted inside a verb; a holder moves frames
+    /// itself anyway).
+    pub fn flush(&self) {
+        let mut guard = match self.shared.state.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        self.send_deferred(&mut guard);
+    }
+
     /// Transmits what a round left for later (see `poll_cq` and `after_post`), if anything.
     fn send_deferred(&self, st: &mut State) {
         if st.tx_deferred && !st.io.failed {
