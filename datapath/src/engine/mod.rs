@@ -544,9 +544,11 @@ impl Engine {
         // Any poll, productive or not, says the application is driving progress: the progress
         // thread then keeps off the lock.
         let _in_verbs = self.shared.enter_verbs();
+        // One clock read per poll (a few tens of ns here): the round below uses it too.
+        let polled_at = self.shared.now();
         self.shared
             .app_polled_at
-            .store(self.shared.now(), Ordering::Relaxed);
+            .store(polled_at, Ordering::Relaxed);
         let mut guard = self.lock();
         if guard.tx_deferred && !guard.io.failed {
             let st = &mut *guard;
@@ -557,7 +559,7 @@ impl Engine {
             return Ok(n);
         }
         let st = &mut *guard;
-        let now = self.shared.now();
+        let now = polled_at;
         if progress::receive(&self.shared, st, now) > 0 {
             let n = st.dev.poll_cq(cq, max, out)?;
             if n > 0 {
