@@ -711,6 +711,28 @@ fn spin_for_one(engine: &Engine, cq: CqId, what: &str) -> WorkCompletion {
 /// The last ACK still goes when the application destroys its QP right after its last poll.
 #[test]
 fn ping_pong_sends_each_ack_with_the_answer() {
+    ping_pong_batching(SendCompletions::LastOnly);
+}
+
+/// The same ping-pong as `ib_send_lat` runs it: every send signalled, and each side spins on
+/// its send CQ until the send is acknowledged before it looks for the answer. The question
+/// arrives while the answering side still waits there; its ACK must wait for the answer all
+/// the same (before, a poll of the send CQ sent it on its own: half the rounds cost an extra
+/// batch, and a second system call on the latency path).
+#[test]
+fn ping_pong_waiting_on_each_send_sends_each_ack_with_the_answer() {
+    ping_pong_batching(SendCompletions::EachWaited);
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum SendCompletions {
+    /// Sends are unsignalled but for side 1's last.
+    LastOnly,
+    /// Every send is signalled and waited for right after it is posted.
+    EachWaited,
+}
+
+fn ping_pong_batching(mode: SendCompletions) {
     if !root_or_skip() {
         return;
     }
@@ -720,18 +742,20 @@ fn ping_pong_sends_each_ack_with_the_answer() {
     let (tx0, rx1) = mpsc::channel::<Endpoint>();
     let (tx1, rx0) = mpsc::channel::<Endpoint>();
     let connected = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let unanswered_acked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut handles = Vec::new();
     for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
         let connected = connected.clone();
+        let unanswered_acked = unanswered_acked.clone();
         let iface = setup.pair.iface(side).to_string();
         let ip = IpAddress::V4(setup.pair.ipv4(side).into());
         handles.push(setup.pair.spawn_in(side, move || {
             let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
             let pd = engine.with_device(|d| d.alloc_pd());
-            let buf = Buffer::new(&engine, pd, 2 * ROUNDS * MSG);
+            let buf = Buffer::new(&engine, pd, 2 * ROUNDS * MSG + MSG);
             let qp = create_qp(&engine, pd, QpType::Rc);
             to_init(&engine, &qp);
-            for i in 0..ROUNDS {
+            for i in 0..=ROUNDS {
                 let wr = RecvWr {
                     wr_id: i as u64,
                     sg_list: vec![buf.sge(ROUNDS * MSG + i * MSG, MSG)],
@@ -751,10 +775,17 @@ fn ping_pong_sends_each_ack_with_the_answer() {
             connected.wait();
             let send = |i: usize| {
                 let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(i * MSG, MSG)]);
-                if side == 0 || i + 1 < ROUNDS {
+                let signalled = match mode {
+                    SendCompletions::LastOnly => side == 1 && i + 1 == ROUNDS,
+                    SendCompletions::EachWaited => true,
+                };
+                if !signalled {
                     wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
                 }
                 engine.post_send(qp.qpn, wr).expect("post_send");
+                if mode == SendCompletions::EachWaited {
+                    spin_for_one(&engine, qp.send_cq, "the send's ACK");
+                }
             };
             for i in 0..ROUNDS {
                 if side == 0 {
@@ -765,13 +796,32 @@ fn ping_pong_sends_each_ack_with_the_answer() {
                     send(i);
                 }
             }
+            if mode == SendCompletions::EachWaited {
+                // A message that gets no answer: side 1 takes it and keeps polling its empty
+                // CQ, so the ACK held for an answer must go out on its own after a while.
+                if side == 0 {
+                    send(ROUNDS);
+                    unanswered_acked.store(true, std::sync::atomic::Ordering::SeqCst);
+                } else {
+                    spin_for_one(&engine, qp.recv_cq, "the unanswered message");
+                    let deadline = Instant::now() + WAIT;
+                    let mut out = Vec::new();
+                    while !unanswered_acked.load(std::sync::atomic::Ordering::SeqCst) {
+                        engine.poll_cq(qp.recv_cq, 1, &mut out).expect("poll_cq");
+                        assert!(
+                            Instant::now() < deadline,
+                            "the ACK for an unanswered message was held for good"
+                        );
+                    }
+                }
+            }
             if side == 0 {
                 // Gone right after the last completion, as programs are: the ACK that
                 // completion's poll left for later must still go out.
                 engine
                     .with_device(|d| d.destroy_qp(qp.qpn))
                     .expect("destroy_qp");
-            } else {
+            } else if mode == SendCompletions::LastOnly {
                 expect_completions(&engine, qp.send_cq, 1, "the last answer, acknowledged");
             }
             let c = engine.counters();

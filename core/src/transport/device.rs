@@ -94,11 +94,14 @@ pub struct Counters {
     pub ud_too_long: u64,
     pub uc_messages_dropped: u64,
     pub cq_overflows: u64,
+    /// Work completions stored in CQs (the engine watches it to tell whether a batch of
+    /// frames gave the application something to do).
+    pub completions: u64,
 }
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 26] {
+    pub fn fields(&self) -> [(&'static str, u64); 27] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -126,6 +129,7 @@ impl Counters {
             ("ud_too_long", self.ud_too_long),
             ("uc_messages_dropped", self.uc_messages_dropped),
             ("cq_overflows", self.cq_overflows),
+            ("completions", self.completions),
         ]
     }
 }
@@ -161,6 +165,7 @@ impl Shared {
         let was_overflowed = q.overflowed();
         match q.push(wc) {
             Pushed::Stored { notify } => {
+                self.counters.completions += 1;
                 if notify {
                     self.events.push_back(Event::CqNotify(cq));
                 }

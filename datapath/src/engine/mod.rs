@@ -142,9 +142,13 @@ pub(crate) struct State {
     pub(crate) io: progress::PortState,
     /// Set by the thread when it exits with an error, reported to the application.
     pub(crate) failed: Option<String>,
-    /// WRs were posted whose packets wait for the next progress round (see
-    /// `Engine::after_post`); cleared by that round.
+    /// Packets wait for the next progress round: WRs posted to a streaming QP (see
+    /// `Engine::after_post`), or ACKs held for the application's answer (see
+    /// `Engine::poll_cq`). Cleared by that round.
     pub(crate) tx_deferred: bool,
+    /// While `tx_deferred` holds only ACKs: when they must go out even if the application has
+    /// not answered (engine nanoseconds).
+    pub(crate) acks_held_until: Option<u64>,
 }
 
 impl Shared {
@@ -240,6 +244,7 @@ impl Engine {
                 io: progress::PortState::new(Box::new(socket)),
                 failed: None,
                 tx_deferred: false,
+                acks_held_until: None,
             }),
             wake,
             kick: AtomicBool::new(false),
@@ -508,6 +513,8 @@ impl Engine {
             return;
         }
         guard.tx_deferred = true;
+        // Requests do not wait for an answer: the next poll sends them.
+        guard.acks_held_until = None;
         drop(guard);
         let now = self.shared.now();
         let polled_ns = self.shared.app_polled_at.load(Ordering::Relaxed);
@@ -535,6 +542,14 @@ impl Engine {
     /// itself (receive, timers, transmit) and looks again: an application spinning on its CQ
     /// then moves its own packets, with no hand-off to the progress thread, which stays out of
     /// the way while the application polls.
+    ///
+    /// Frames that gave the application completions (on any CQ) make the round stop before
+    /// it transmits: the ACKs they call for are held while the application takes its
+    /// completions and answers. A ping-pong's answer then leaves first with the ACK behind it
+    /// in one batch (see `Device::poll_transmit`), instead of the ACK costing a system call of
+    /// its own on the latency path. Held ACKs go out with the next post, with any verb that
+    /// changes the device, from the progress thread once the application leaves its verbs
+    /// loop, and at the latest `ACK_HOLD_NS` after they were held.
     pub fn poll_cq(
         &self,
         cq: CqId,
@@ -545,32 +560,34 @@ impl Engine {
         // thread then keeps off the lock.
         let _in_verbs = self.shared.enter_verbs();
         // One clock read per poll (a few tens of ns here): the round below uses it too.
-        let polled_at = self.shared.now();
-        self.shared
-            .app_polled_at
-            .store(polled_at, Ordering::Relaxed);
+        let now = self.shared.now();
+        self.shared.app_polled_at.store(now, Ordering::Relaxed);
         let mut guard = self.lock();
-        if guard.tx_deferred && !guard.io.failed {
-            let st = &mut *guard;
+        let st = &mut *guard;
+        if st.io.failed {
+            return st.dev.poll_cq(cq, max, out);
+        }
+        let holding = st.tx_deferred && st.acks_held_until.is_some_and(|t| now < t);
+        if st.tx_deferred && !holding {
             progress::progress_once(&self.shared, st);
         }
-        let n = guard.dev.poll_cq(cq, max, out)?;
-        if n > 0 || guard.io.failed {
+        let n = st.dev.poll_cq(cq, max, out)?;
+        if n > 0 {
             return Ok(n);
         }
-        let st = &mut *guard;
-        let now = polled_at;
-        if progress::receive(&self.shared, st, now) > 0 {
-            let n = st.dev.poll_cq(cq, max, out)?;
-            if n > 0 {
-                // The application has its completions before the ACKs for them go out: when
-                // it answers (a ping-pong), the answer leaves first and the ACK rides in the
-                // same batch behind it (see `Device::poll_transmit`), instead of costing a
-                // batch of its own ahead of the answer. They go with the next post or poll,
-                // or from the progress thread once the application leaves its verbs loop.
+        let completions = st.dev.counters().completions;
+        let received = progress::receive(&self.shared, st, now);
+        if received > 0 && st.dev.counters().completions != completions {
+            if !st.tx_deferred {
                 st.tx_deferred = true;
-                return Ok(n);
+                st.acks_held_until = Some(now + ACK_HOLD_NS);
             }
+            return st.dev.poll_cq(cq, max, out);
+        }
+        if holding {
+            // Nothing new: the application is between taking a completion and answering
+            // (or waits on another CQ); the held ACKs may still ride with the answer.
+            return Ok(0);
         }
         progress::send(&self.shared, st, now);
         st.dev.poll_cq(cq, max, out)
@@ -608,6 +625,12 @@ impl Engine {
         }
     }
 }
+
+/// The longest `poll_cq` holds ACKs for the application's answer. An answer comes within a
+/// microsecond or two of the completion it answers (`ib_send_lat` posts its reply right after
+/// its poll); a peer whose application waits for the ACK itself (a send completion) is late by
+/// at most this much when no answer comes.
+const ACK_HOLD_NS: u64 = 5_000;
 
 /// Binds the engine's socket. A socket closed a moment ago (an engine that just exited) keeps
 /// its queue until the kernel's deferred cleanup runs, so "queue busy" is retried briefly before

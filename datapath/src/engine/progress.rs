@@ -110,6 +110,7 @@ fn dispatch_events(shared: &Shared, dev: &mut xroce_core::transport::Device) -> 
 /// The second half of a round: runs due timers, transmits a batch and flushes it.
 pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     st.tx_deferred = false;
+    st.acks_held_until = None;
     let State {
         dev,
         mem,
