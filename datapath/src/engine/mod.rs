@@ -290,13 +290,16 @@ impl Engine {
         &self.shared.counters
     }
 
+    /// The progress thread's kernel thread id (for `perf -t`, `/proc/self/task/TID`); `None`
+    /// until it runs.
+    pub fn progress_thread_id(&self) -> Option<i32> {
+        Some(self.shared.progress_tid.load(Ordering::Relaxed)).filter(|t| *t != 0)
+    }
+
     /// CPU time (user + system) the progress thread has used so far, from
     /// `/proc/self/task/TID/stat`; `None` if it cannot be read.
     pub fn progress_cpu_time(&self) -> Option<Duration> {
-        let tid = self.shared.progress_tid.load(Ordering::Relaxed);
-        if tid == 0 {
-            return None;
-        }
+        let tid = self.progress_thread_id()?;
         let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
         // Fields after the parenthesised name: state is field 3; utime, stime are 14 and 15.
         let rest = &stat[stat.rfind(')')? + 2..];

@@ -216,6 +216,10 @@ pub(crate) fn run(
     let mut last_work = shared.now();
     // 0: read the address watcher on the next round.
     let mut last_watch = 0;
+    // Address changes read while napping, applied when this thread next holds the lock. They
+    // must be read at once: the watcher's socket stays readable until they are, and every
+    // nap would return at once (this thread spun for as long as the application polled).
+    let mut address_changes = Vec::new();
     let queue = shared.config.queue;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
@@ -231,7 +235,9 @@ pub(crate) fn run(
             // step aside once and look again before taking over (an application spinning on
             // memory is still quiet then; one in a polling loop is back in its verbs).
             || (confirm_quiet && {
-                wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS)));
+                if wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS))) {
+                    address_changes.extend(watcher.drain());
+                }
                 app_busy(&shared, shared.now())
             });
         confirm_quiet = app_busy;
@@ -246,7 +252,9 @@ pub(crate) fn run(
             }
         };
         let Some(mut guard) = guard else {
-            wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(nap_ns)));
+            if wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(nap_ns))) {
+                address_changes.extend(watcher.drain());
+            }
             nap_ns = (nap_ns * 2).min(MAX_NAP_NS);
             continue;
         };
@@ -259,9 +267,10 @@ pub(crate) fn run(
             let work = progress_once(&shared, st).work;
             // Address and neighbour changes are rare: while busy, look every millisecond
             // rather than paying a system call per round.
-            if now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
+            if !address_changes.is_empty() || now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
                 last_watch = now;
-                for change in watcher.drain() {
+                address_changes.extend(watcher.drain());
+                for change in address_changes.drain(..) {
                     st.neighbours.apply(&mut st.dev, change);
                 }
             }
@@ -337,36 +346,49 @@ impl WakePriority {
         unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
     }
 
-    fn sleep(&mut self, sleep: impl FnOnce()) {
+    fn sleep<R>(&mut self, sleep: impl FnOnce() -> R) -> R {
         if self.enabled {
             self.set(libc::SCHED_FIFO);
         }
-        sleep();
+        let r = sleep();
         if self.enabled {
             self.set(libc::SCHED_OTHER);
         }
+        r
     }
 }
 
 /// Sleeps until the application kicks, an address changes, a frame arrives (when `frames`
-/// names the socket), the next transport timer is due, or `at_most_ns` passes.
+/// names the socket), the next transport timer is due, or `at_most_ns` passes. True if the
+/// address watcher has something to read.
 fn sleep(
     shared: &Shared,
     frames: Option<RawFd>,
     watcher: &AddressWatcher,
     at_most_ns: Option<u64>,
-) {
+) -> bool {
     shared.sleeping.store(true, Ordering::SeqCst);
     // Work queued between our last look and `sleeping` being visible must not be slept through.
     if shared.kick.swap(false, Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
         shared.sleeping.store(false, Ordering::SeqCst);
-        return;
+        return false;
     }
-    let timer_ns = {
-        let st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.dev
+    // Never wait for the lock here: its holder is an application inside a verb, which would
+    // then pay a futex wake-up (a system call, and an interrupt of the other core) on its way
+    // out, once per nap of this thread; in a stream that was 4 % of the sender's core. The
+    // holder runs the timers itself meanwhile, so a nap bounded by `MAX_NAP_NS` misses none
+    // by more than that.
+    let timer_ns = match shared.state.try_lock() {
+        Ok(st) => st
+            .dev
             .poll_timeout()
-            .map(|t| t.saturating_sub(shared.now()))
+            .map(|t| t.saturating_sub(shared.now())),
+        Err(std::sync::TryLockError::Poisoned(p)) => p
+            .into_inner()
+            .dev
+            .poll_timeout()
+            .map(|t| t.saturating_sub(shared.now())),
+        Err(std::sync::TryLockError::WouldBlock) => Some(MAX_NAP_NS),
     };
     let timeout_ns = match (timer_ns, at_most_ns) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -401,6 +423,7 @@ fn sleep(
             )
         };
     }
+    fds[1].revents != 0
 }
 
 fn pollfd(fd: RawFd) -> libc::pollfd {
