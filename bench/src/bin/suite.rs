@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use xroce_bench::baseline::{self, RoundTrip};
-use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, XrocePair, DEV};
+use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, XrocePair, DEV};
 use xroce_bench::report::{size_text, Goal, Kind, Report, Row};
 use xroce_bench::{guests, plot};
 
@@ -155,30 +155,33 @@ fn main() {
         for &size in lat_sizes {
             p.say(&format!("{program} {} over xroce", size_text(size)));
             let iters = if size >= 65536 { 2000 } else { 10_000 } / if opts.quick { 5 } else { 1 };
-            // Several short runs, and the one with the median p50: a burst of noise from a
-            // neighbour on this shared machine then moves one run, not the result.
-            let mut runs = Vec::new();
-            for _ in 0..lat_runs {
-                match x.run(
-                    program,
-                    &perftest_args(&["-s", &size.to_string(), "-n", &iters.to_string()]),
-                    Duration::from_secs(300),
-                ) {
-                    Ok(run) => match parse_lat(&run.client).first() {
-                        Some(l) => runs.push(*l),
-                        None => r.notes.push(format!("{program} {size}: no result line")),
-                    },
-                    Err(e) => r.notes.push(format!("{program} {size} failed: {e}")),
-                }
-            }
-            runs.sort_by(|a, b| a.typical.total_cmp(&b.typical));
-            if let Some(l) = runs.get(runs.len() / 2) {
+            let args = ["-s", &size.to_string(), "-n", &iters.to_string()].map(String::from);
+            if let Some(l) = median_latency(&x, &mut r, program, &args, lat_runs) {
                 r.rows.push(Row {
                     p99: Some(l.p99),
                     ..Row::new(LAT, program, size, "xroce", Kind::LatencyUs, l.typical)
                 });
             }
         }
+    }
+    // The same ping-pong over UD, which has no ACKs: one frame per turn where RC has two (the
+    // answer and the ACK for the question, which ib_send_lat waits for as its send
+    // completion). What separates the two is the ACK's trip, not the stack around it.
+    p.say("ib_send_lat 64 B over xroce, UD");
+    let iters = (10_000 / if opts.quick { 5 } else { 1 }).to_string();
+    let args = ["-c", "UD", "-s", "64", "-n", &iters].map(String::from);
+    if let Some(l) = median_latency(&x, &mut r, "ib_send_lat", &args, lat_runs) {
+        r.rows.push(Row {
+            p99: Some(l.p99),
+            ..Row::new(
+                LAT,
+                "ib_send_lat UD",
+                64,
+                "xroce",
+                Kind::LatencyUs,
+                l.typical,
+            )
+        });
     }
     r.notes.push(format!(
         "xroce latencies: the run with the median p50 of {lat_runs} runs per size"
@@ -386,6 +389,30 @@ fn main() {
 }
 
 /// perftest's options for every run: the xroce device, GID 1 (IPv4), no CPU-frequency check.
+/// Runs a perftest latency program `runs` times and returns the run with the median p50: a
+/// burst of noise from a neighbour on this shared machine then moves one run, not the result.
+fn median_latency(
+    x: &XrocePair,
+    r: &mut Report,
+    program: &str,
+    args: &[String],
+    runs: usize,
+) -> Option<LatLine> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut lines = Vec::new();
+    for _ in 0..runs {
+        match x.run(program, &perftest_args(&args), Duration::from_secs(300)) {
+            Ok(run) => match parse_lat(&run.client).first() {
+                Some(l) => lines.push(*l),
+                None => r.notes.push(format!("{program} {args:?}: no result line")),
+            },
+            Err(e) => r.notes.push(format!("{program} {args:?} failed: {e}")),
+        }
+    }
+    lines.sort_by(|a, b| a.typical.total_cmp(&b.typical));
+    lines.get(lines.len() / 2).copied()
+}
+
 fn perftest_args(extra: &[&str]) -> Vec<String> {
     ["-d", DEV, "-x", "1", "-F"]
         .iter()
@@ -490,6 +517,15 @@ fn goals(
         false,
         "µs",
     );
+    if let (Some(ud), Some(rc)) = (r_value(r, LAT, "ib_send_lat UD", 64), send_lat) {
+        let raw = xsk_rt.p50 / 2.0;
+        r.notes.push(format!(
+            "64 B ib_send_lat over UD (one frame per turn, no ACK): {ud:.2} µs, {:.2}× raw \
+             AF_XDP one-way; over RC (answer + ACK per turn): {rc:.2} µs, {:.2}×",
+            ud / raw,
+            rc / raw
+        ));
+    }
     let write_64k = r_value(r, BW4096, "ib_write_bw", 65536);
     goal(
         "ib_write_bw 64 KiB vs raw AF_XDP 4 KiB frames",
