@@ -226,6 +226,11 @@ impl Device {
         self.sh.counters
     }
 
+    /// `counters().completions` without copying every counter (read per poll by the engine).
+    pub fn completions_stored(&self) -> u64 {
+        self.sh.counters.completions
+    }
+
     pub fn gids(&self) -> &[Option<IpAddress>] {
         &self.sh.gids
     }

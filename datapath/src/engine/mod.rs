@@ -142,18 +142,33 @@ pub(crate) struct State {
     pub(crate) io: progress::PortState,
     /// Set by the thread when it exits with an error, reported to the application.
     pub(crate) failed: Option<String>,
-    /// Packets wait for the next progress round: WRs posted to a streaming QP (see
-    /// `Engine::after_post`), or ACKs held for the application's answer (see
-    /// `Engine::poll_cq`). Cleared by that round.
-    pub(crate) tx_deferred: bool,
-    /// While `tx_deferred` holds only ACKs: when they must go out even if the application has
-    /// not answered (engine nanoseconds).
-    pub(crate) acks_held_until: Option<u64>,
+    /// What waits for the next progress round; that round sets it back to `Nothing`.
+    pub(crate) deferred: Deferred,
+}
+
+/// Packets the transport has ready that a round left for later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deferred {
+    Nothing,
+    /// WRs posted to a streaming QP (see `Engine::after_post`): the next poll sends them.
+    Requests,
+    /// ACKs held for the application's answer (see `Engine::poll_cq`), until this engine time
+    /// at the latest.
+    AcksUntil(u64),
 }
 
 impl Shared {
     pub(crate) fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// The state if no other thread holds it (a poisoned lock is taken as it is).
+    pub(crate) fn try_state(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Marks the calling application thread as inside a verb that moves frames itself, until
@@ -243,8 +258,7 @@ impl Engine {
                 neighbours,
                 io: progress::PortState::new(Box::new(socket)),
                 failed: None,
-                tx_deferred: false,
-                acks_held_until: None,
+                deferred: Deferred::Nothing,
             }),
             wake,
             kick: AtomicBool::new(false),
@@ -364,17 +378,14 @@ impl Engine {
     /// the engine (it may be the caller, interrupted inside a verb; a holder moves frames
     /// itself anyway).
     pub fn flush(&self) {
-        let mut guard = match self.shared.state.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
-        self.send_deferred(&mut guard);
+        if let Some(mut guard) = self.shared.try_state() {
+            self.send_deferred(&mut guard);
+        }
     }
 
     /// Transmits what a round left for later (see `poll_cq` and `after_post`), if anything.
     fn send_deferred(&self, st: &mut State) {
-        if st.tx_deferred && !st.io.failed {
+        if st.deferred != Deferred::Nothing && !st.io.failed {
             progress::send(&self.shared, st, self.shared.now());
         }
     }
@@ -515,9 +526,8 @@ impl Engine {
             self.send_now(guard);
             return;
         }
-        guard.tx_deferred = true;
-        // Requests do not wait for an answer: the next poll sends them.
-        guard.acks_held_until = None;
+        // Requests do not wait for an answer (held ACKs go with them).
+        guard.deferred = Deferred::Requests;
         drop(guard);
         let now = self.shared.now();
         let polled_ns = self.shared.app_polled_at.load(Ordering::Relaxed);
@@ -570,20 +580,19 @@ impl Engine {
         if st.io.failed {
             return st.dev.poll_cq(cq, max, out);
         }
-        let holding = st.tx_deferred && st.acks_held_until.is_some_and(|t| now < t);
-        if st.tx_deferred && !holding {
+        let holding = matches!(st.deferred, Deferred::AcksUntil(t) if now < t);
+        if st.deferred != Deferred::Nothing && !holding {
             progress::progress_once(&self.shared, st);
         }
         let n = st.dev.poll_cq(cq, max, out)?;
         if n > 0 {
             return Ok(n);
         }
-        let completions = st.dev.counters().completions;
-        let received = progress::receive(&self.shared, st, now);
-        if received > 0 && st.dev.counters().completions != completions {
-            if !st.tx_deferred {
-                st.tx_deferred = true;
-                st.acks_held_until = Some(now + ACK_HOLD_NS);
+        let completions = st.dev.completions_stored();
+        progress::receive(&self.shared, st, now);
+        if st.dev.completions_stored() != completions {
+            if st.deferred == Deferred::Nothing {
+                st.deferred = Deferred::AcksUntil(now + ACK_HOLD_NS);
             }
             return st.dev.poll_cq(cq, max, out);
         }

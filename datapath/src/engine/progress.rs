@@ -8,7 +8,7 @@ use xroce_core::transport::Event;
 use xroce_core::wire::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr, IpAddress};
 
 use super::addressing::{AddressWatcher, Neighbours, NextHop};
-use super::{Shared, State};
+use super::{Deferred, Shared, State};
 use crate::port::Port;
 use crate::xdp::XsksMap;
 
@@ -109,8 +109,7 @@ fn dispatch_events(shared: &Shared, dev: &mut xroce_core::transport::Device) -> 
 
 /// The second half of a round: runs due timers, transmits a batch and flushes it.
 pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
-    st.tx_deferred = false;
-    st.acks_held_until = None;
+    st.deferred = Deferred::Nothing;
     let State {
         dev,
         mem,
@@ -242,15 +241,7 @@ pub(crate) fn run(
             });
         confirm_quiet = app_busy;
         // A held lock means the application is at work too.
-        let guard = if app_busy {
-            None
-        } else {
-            match shared.state.try_lock() {
-                Ok(g) => Some(g),
-                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            }
-        };
+        let guard = if app_busy { None } else { shared.try_state() };
         let Some(mut guard) = guard else {
             if wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(nap_ns))) {
                 address_changes.extend(watcher.drain());
@@ -378,17 +369,12 @@ fn sleep(
     // out, once per nap of this thread; in a stream that was 4 % of the sender's core. The
     // holder runs the timers itself meanwhile, so a nap bounded by `MAX_NAP_NS` misses none
     // by more than that.
-    let timer_ns = match shared.state.try_lock() {
-        Ok(st) => st
+    let timer_ns = match shared.try_state() {
+        Some(st) => st
             .dev
             .poll_timeout()
             .map(|t| t.saturating_sub(shared.now())),
-        Err(std::sync::TryLockError::Poisoned(p)) => p
-            .into_inner()
-            .dev
-            .poll_timeout()
-            .map(|t| t.saturating_sub(shared.now())),
-        Err(std::sync::TryLockError::WouldBlock) => Some(MAX_NAP_NS),
+        None => Some(MAX_NAP_NS),
     };
     let timeout_ns = match (timer_ns, at_most_ns) {
         (Some(a), Some(b)) => Some(a.min(b)),
