@@ -50,6 +50,41 @@ pub struct Stream {
     pub mb_per_s: f64,
     /// Messages (datagrams, frames, writes) received per second, in millions.
     pub mpps: f64,
+    /// CPU the sending thread used while it sent.
+    pub sender_cpu: ThreadCpu,
+}
+
+/// CPU time of one thread, split as the kernel accounts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ThreadCpu {
+    /// In user space, seconds.
+    pub user_s: f64,
+    /// In the kernel (system calls, and the softirqs they run: on veth, the peer's XDP), seconds.
+    pub sys_s: f64,
+}
+
+impl ThreadCpu {
+    /// The calling thread's CPU time so far.
+    pub fn now() -> ThreadCpu {
+        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: getrusage fills the struct it is given; RUSAGE_THREAD names the caller.
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        ThreadCpu {
+            user_s: secs(u.ru_utime),
+            sys_s: secs(u.ru_stime),
+        }
+    }
+
+    /// CPU used since `earlier`.
+    pub fn since(earlier: ThreadCpu) -> ThreadCpu {
+        let now = ThreadCpu::now();
+        ThreadCpu {
+            user_s: now.user_s - earlier.user_s,
+            sys_s: now.sys_s - earlier.sys_s,
+        }
+    }
 }
 
 /// UDP port the socket baselines use (not 4791: the kernel's own stack carries them).
@@ -117,19 +152,20 @@ pub fn udp_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Strea
         }
     });
     ready_rx.recv().ok();
-    let elapsed = pair.run_in(0, move || {
+    let (elapsed, cpu) = pair.run_in(0, move || {
         let s = UdpSocket::bind((a, 0)).expect("bind");
         s.connect((b, UDP_PORT + 1)).expect("connect");
         let msg = vec![1u8; payload];
         let t = Instant::now();
+        let cpu = ThreadCpu::now();
         while t.elapsed() < duration {
             for _ in 0..64 {
                 let _ = s.send(&msg);
             }
         }
-        t.elapsed()
+        (t.elapsed(), ThreadCpu::since(cpu))
     });
-    sink.finish(receiver, elapsed)
+    sink.finish(receiver, elapsed, cpu)
 }
 
 // ---------------------------------------------------------------- kernel TCP
@@ -190,18 +226,19 @@ pub fn tcp_stream(pair: &NetnsPair, write_size: usize, duration: Duration) -> St
         }
     });
     ready_rx.recv().ok();
-    let elapsed = pair.run_in(0, move || {
+    let (elapsed, cpu) = pair.run_in(0, move || {
         let mut s = TcpStream::connect((b, TCP_PORT + 1)).expect("connect");
         let msg = vec![1u8; write_size];
         let t = Instant::now();
+        let cpu = ThreadCpu::now();
         while t.elapsed() < duration {
             if s.write_all(&msg).is_err() {
                 break;
             }
         }
-        t.elapsed()
+        (t.elapsed(), ThreadCpu::since(cpu))
     });
-    let mut st = sink.finish(receiver, elapsed);
+    let mut st = sink.finish(receiver, elapsed, cpu);
     st.mpps = st.mb_per_s / write_size as f64;
     st
 }
@@ -256,7 +293,8 @@ fn raw_end(iface: &str, peer: Ipv4Addr) -> RawEnd {
     let i = netlink::interface_by_name(iface).expect("interface");
     let peer_mac =
         netlink::resolve(i.index, peer.into(), None, Duration::from_secs(3)).expect("peer MAC");
-    let sock = XskSocket::open(i.index, XskConfig::default()).expect("AF_XDP socket");
+    let sock = XskSocket::open_when_free(i.index, XskConfig::default(), Duration::from_secs(1))
+        .expect("AF_XDP socket");
     let mut map = xdp::XsksMap::open(iface).expect("xsks_map");
     map.set(0, sock.as_raw_fd()).expect("register socket");
     RawEnd {
@@ -270,25 +308,52 @@ fn raw_end(iface: &str, peer: Ipv4Addr) -> RawEnd {
 /// `count` round trips of frames with `payload` bytes of UDP payload, both ends busy-polling
 /// their rings.
 pub fn xsk_pingpong(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
+    xsk_pingpong_turns(pair, payload, count, 1)
+}
+
+/// Payload of the second frame of an RC turn: BTH, AETH and ICRC, the size of an ACK.
+const ACK_PAYLOAD: usize = 12 + 4 + 4;
+
+/// Like [`xsk_pingpong`], but each turn is `frames` frames in one kick of the kernel: the
+/// message, then `frames - 1` ACK-sized frames, and the other end answers once it has them
+/// all. Two frames per turn is what an RC ping-pong needs (the answer, and the ACK of the
+/// message it answers, which `ib_send_lat` waits for as its send completion): the floor of
+/// RC on this path, where UD's is one frame.
+pub fn xsk_pingpong_turns(
+    pair: &NetnsPair,
+    payload: usize,
+    count: usize,
+    frames: usize,
+) -> RoundTrip {
+    let frames = frames.max(1);
     let (a, b) = (pair.ipv4(0), pair.ipv4(1));
     let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let (ready_tx, ready_rx) = mpsc::channel();
+    // One turn: the message, then the ACK-sized frames, all before one kick.
+    let send_turn = move |end: &mut RawEnd, msg: &[u8], ack: &[u8]| {
+        while !end.sock.send(msg) {
+            let _ = end.sock.flush();
+        }
+        for _ in 1..frames {
+            while !end.sock.send(ack) {
+                let _ = end.sock.flush();
+            }
+        }
+        let _ = end.sock.flush();
+    };
     let echo = pair.spawn_in(1, move || {
         let mut end = raw_end(&ib, a);
         let reply = udp_frame(end.mac, end.peer_mac, b, a, payload);
+        let ack = udp_frame(end.mac, end.peer_mac, b, a, ACK_PAYLOAD);
         ready_tx.send(()).ok();
+        let mut got = 0;
         while !stop2.load(Ordering::Relaxed) {
-            let mut got = 0;
             end.sock.recv(64, &mut |_| got += 1);
-            for _ in 0..got {
-                while !end.sock.send(&reply) {
-                    let _ = end.sock.flush();
-                }
-            }
-            if got > 0 {
-                let _ = end.sock.flush();
+            while got >= frames {
+                got -= frames;
+                send_turn(&mut end, &reply, &ack);
             }
         }
     });
@@ -296,18 +361,19 @@ pub fn xsk_pingpong(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip
     let rtts = pair.run_in(0, move || {
         let mut end = raw_end(&ia, b);
         let ping = udp_frame(end.mac, end.peer_mac, a, b, payload);
+        let ack = udp_frame(end.mac, end.peer_mac, a, b, ACK_PAYLOAD);
         let mut rtts = Vec::with_capacity(count);
         'pings: for _ in 0..count {
             let t = Instant::now();
-            while !end.sock.send(&ping) {
-                let _ = end.sock.flush();
-            }
-            let _ = end.sock.flush();
+            send_turn(&mut end, &ping, &ack);
             let mut got = 0;
-            while got == 0 {
-                end.sock.recv(1, &mut |_| got += 1);
+            while got < frames {
+                end.sock.recv(frames - got, &mut |_| got += 1);
                 if t.elapsed() > Duration::from_secs(1) {
-                    continue 'pings; // lost: no sample
+                    // Lost: no sample. Let stragglers of this turn arrive and drop them.
+                    std::thread::sleep(Duration::from_millis(10));
+                    while end.sock.recv(64, &mut |_| {}) > 0 {}
+                    continue 'pings;
                 }
             }
             rtts.push(t.elapsed().as_secs_f64() * 1e6);
@@ -337,10 +403,11 @@ pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Strea
         }
     });
     ready_rx.recv().ok();
-    let elapsed = pair.run_in(0, move || {
+    let (elapsed, cpu) = pair.run_in(0, move || {
         let mut end = raw_end(&ia, b);
         let frame = udp_frame(end.mac, end.peer_mac, a, b, payload);
         let t = Instant::now();
+        let cpu = ThreadCpu::now();
         while t.elapsed() < duration {
             for _ in 0..32 {
                 if !end.sock.send(&frame) {
@@ -349,9 +416,9 @@ pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Strea
             }
             let _ = end.sock.flush();
         }
-        t.elapsed()
+        (t.elapsed(), ThreadCpu::since(cpu))
     });
-    sink.finish(receiver, elapsed)
+    sink.finish(receiver, elapsed, cpu)
 }
 
 // ---------------------------------------------------------------- helpers
@@ -384,7 +451,12 @@ impl Counter {
 
     /// Lets the last messages in flight arrive, stops the receiver and divides by the
     /// sender's time.
-    fn finish(self, receiver: std::thread::JoinHandle<()>, elapsed: Duration) -> Stream {
+    fn finish(
+        self,
+        receiver: std::thread::JoinHandle<()>,
+        elapsed: Duration,
+        sender_cpu: ThreadCpu,
+    ) -> Stream {
         std::thread::sleep(Duration::from_millis(50));
         self.stop.store(true, Ordering::Relaxed);
         receiver.join().expect("receiver");
@@ -392,6 +464,7 @@ impl Counter {
         Stream {
             mb_per_s: self.bytes.load(Ordering::Relaxed) as f64 / secs / 1e6,
             mpps: self.messages.load(Ordering::Relaxed) as f64 / secs / 1e6,
+            sender_cpu,
         }
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use xroce_bench::baseline::{self, RoundTrip};
+use xroce_bench::baseline::{self, RoundTrip, ThreadCpu};
 use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
 use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
 use xroce_core::transport::verbs::{RecvWr, SendOp, SendWr, Sge, WcStatus};
@@ -64,7 +64,7 @@ fn main() {
             "stream-4k" | "stream-64k" => {
                 let size = if only == "stream-4k" { 4096 } else { 65536 };
                 let cpu0 = process_cpu();
-                let mbs = xroce_write_stream(&pair, size);
+                let (mbs, _) = xroce_write_stream(&pair, size);
                 let cpu = process_cpu() - cpu0;
                 let gb = mbs * stream_for().as_secs_f64() / 1000.0;
                 eprintln!(
@@ -89,6 +89,11 @@ fn main() {
         "    raw AF_XDP   p50 {:.1} µs  p99 {:.1} µs",
         xsk_rtt.0, xsk_rtt.1
     );
+    let xsk2_rtt = rt(baseline::xsk_pingpong_turns(&pair, 64, PINGS, 2));
+    eprintln!(
+        "    raw AF_XDP, 2 frames per turn (RC's answer + ACK)   p50 {:.1} µs  p99 {:.1} µs",
+        xsk2_rtt.0, xsk2_rtt.1
+    );
     let roce_rtt = xroce_pingpong(&pair);
     eprintln!(
         "    xroce RC SEND p50 {:.1} µs  p99 {:.1} µs",
@@ -103,11 +108,18 @@ fn main() {
     rows.push(("".into(), "raw AF_XDP".into(), xsk_rtt.0, String::new()));
     rows.push((
         "".into(),
+        "raw AF_XDP, 2 frames per turn".into(),
+        xsk2_rtt.0,
+        format!("{:.2}× raw AF_XDP", xsk2_rtt.0 / xsk_rtt.0),
+    ));
+    rows.push((
+        "".into(),
         "xroce RC SEND".into(),
         roce_rtt.0,
         format!(
-            "{:.2}× raw AF_XDP, {:.2}× kernel UDP",
+            "{:.2}× raw AF_XDP, {:.2}× raw with 2 frames per turn, {:.2}× kernel UDP",
             roce_rtt.0 / xsk_rtt.0,
+            roce_rtt.0 / xsk2_rtt.0,
             roce_rtt.0 / udp_rtt.0
         ),
     ));
@@ -135,10 +147,19 @@ fn main() {
         let udp = baseline::udp_stream(&pair, size.min(4096), stream_for()).mb_per_s;
         eprintln!("    kernel UDP   {:.0} MB/s", udp);
         // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096).
-        let xsk = baseline::xsk_stream(&pair, size.min(4096), stream_for()).mb_per_s;
-        eprintln!("    raw AF_XDP   {:.0} MB/s", xsk);
-        let roce = xroce_write_stream(&pair, size);
-        eprintln!("    xroce WRITE  {:.0} MB/s", roce);
+        let raw = baseline::xsk_stream(&pair, size.min(4096), stream_for());
+        let xsk = raw.mb_per_s;
+        eprintln!(
+            "    raw AF_XDP   {:.0} MB/s  {}",
+            xsk,
+            per_frame(raw.sender_cpu, xsk)
+        );
+        let (roce, roce_cpu) = xroce_write_stream(&pair, size);
+        eprintln!(
+            "    xroce WRITE  {:.0} MB/s  {}",
+            roce,
+            per_frame(roce_cpu, roce)
+        );
         let what = format!("stream {} KiB (MB/s delivered)", size / 1024);
         rows.push((what, "kernel UDP".into(), udp, String::new()));
         rows.push(("".into(), "raw AF_XDP".into(), xsk, String::new()));
@@ -158,6 +179,19 @@ fn main() {
     for (what, method, value, ratio) in rows {
         println!("| {what} | {method} | {value:.1} | {ratio} |");
     }
+}
+
+/// The sender's CPU per 4 KiB frame, user and kernel: where a stream's time goes.
+fn per_frame(cpu: ThreadCpu, mb_per_s: f64) -> String {
+    let frames = mb_per_s * 1e6 * stream_for().as_secs_f64() / 4096.0;
+    if frames < 1.0 {
+        return String::new();
+    }
+    format!(
+        "sender CPU per 4 KiB frame: user {:.2} µs, kernel {:.2} µs",
+        cpu.user_s * 1e6 / frames,
+        cpu.sys_s * 1e6 / frames
+    )
 }
 
 fn rt(r: RoundTrip) -> (f64, f64) {
@@ -438,7 +472,9 @@ fn xroce_pingpong(pair: &NetnsPair) -> (f64, f64) {
     rt(RoundTrip::from_samples(rtts))
 }
 
-fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {
+/// Streams WRITEs of `size` bytes for `stream_for()`: MB/s delivered, and the CPU of the
+/// sending (posting and polling) thread.
+fn xroce_write_stream(pair: &NetnsPair, size: usize) -> (f64, ThreadCpu) {
     const WINDOW: usize = 64;
     let len = size * WINDOW;
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -453,6 +489,7 @@ fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {
             let mut completed = 0usize;
             let mut wcs = Vec::with_capacity(WINDOW);
             let t = Instant::now();
+            let cpu = ThreadCpu::now();
             while t.elapsed() < stream_for() || completed < posted {
                 while posted - completed < WINDOW && t.elapsed() < stream_for() {
                     let slot = posted % WINDOW;
@@ -481,6 +518,7 @@ fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {
                 }
             }
             let elapsed = t.elapsed();
+            let cpu = ThreadCpu::since(cpu);
             if std::env::var_os("XROCE_BENCH_DEBUG").is_some() {
                 eprintln!(
                     "client counters {:?} engine tx {} rx {} wakeups {}",
@@ -491,7 +529,7 @@ fn xroce_write_stream(pair: &NetnsPair, size: usize) -> f64 {
                 );
             }
             done_tx.send(()).ok();
-            (completed * size) as f64 / elapsed.as_secs_f64() / 1e6
+            ((completed * size) as f64 / elapsed.as_secs_f64() / 1e6, cpu)
         },
     )
 }

@@ -277,6 +277,25 @@ fn getsockopt<T: Default>(fd: RawFd, name: libc::c_int, step: &'static str) -> R
 }
 
 impl XskSocket {
+    /// [`open`](Self::open), retrying "queue busy" for up to `patience`: a socket closed a
+    /// moment ago (a process or engine that just exited) keeps its queue until the kernel's
+    /// deferred cleanup runs, so only a queue still busy after that is another holder.
+    pub fn open_when_free(
+        ifindex: u32,
+        config: XskConfig,
+        patience: std::time::Duration,
+    ) -> Result<Self, XskError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match Self::open(ifindex, config) {
+                Err(XskError::QueueBusy { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Opens a socket on queue `config.queue` of interface `ifindex`.
     ///
     /// In `Auto` mode zero-copy is tried first and copy mode used when the driver refuses it.

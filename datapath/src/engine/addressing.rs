@@ -6,7 +6,7 @@
 //! starts resolution when the kernel does not know the neighbour either, and drops the packet
 //! (the transport's retransmission sends it again, as a NIC does while ARP resolves).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -91,7 +91,7 @@ impl Neighbours {
         let mut netlink = Netlink::open()?;
         Ok(Self {
             iface: netlink.interface_by_name(iface)?,
-            cache: HashMap::new(),
+            cache: HashMap::default(),
             netlink,
         })
     }

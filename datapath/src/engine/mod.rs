@@ -644,24 +644,14 @@ impl Engine {
 /// at most this much when no answer comes.
 const ACK_HOLD_NS: u64 = 5_000;
 
-/// Binds the engine's socket. A socket closed a moment ago (an engine that just exited) keeps
-/// its queue until the kernel's deferred cleanup runs, so "queue busy" is retried briefly before
-/// it is reported as another engine holding the queue.
+/// Binds the engine's socket ("queue busy" is retried for a second: see `open_when_free`).
 fn open_socket(ifindex: u32, config: &EngineConfig) -> Result<XskSocket, XskError> {
     let xsk = XskConfig {
         queue: config.queue,
         mode: config.bind_mode,
         ..XskConfig::default()
     };
-    let deadline = Instant::now() + Duration::from_secs(1);
-    loop {
-        match XskSocket::open(ifindex, xsk) {
-            Err(XskError::QueueBusy { .. }) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            other => return other,
-        }
-    }
+    XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1))
 }
 
 /// Errors of verbs that also touch the kernel's addressing.
