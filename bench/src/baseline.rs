@@ -18,6 +18,8 @@ use xroce_datapath::netlink;
 use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::xdp;
 
+use crate::cpu::CpuTime;
+
 /// Round-trip times of a ping-pong, in µs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RoundTrip {
@@ -51,40 +53,7 @@ pub struct Stream {
     /// Messages (datagrams, frames, writes) received per second, in millions.
     pub mpps: f64,
     /// CPU the sending thread used while it sent.
-    pub sender_cpu: ThreadCpu,
-}
-
-/// CPU time of one thread, split as the kernel accounts it.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ThreadCpu {
-    /// In user space, seconds.
-    pub user_s: f64,
-    /// In the kernel (system calls, and the softirqs they run: on veth, the peer's XDP), seconds.
-    pub sys_s: f64,
-}
-
-impl ThreadCpu {
-    /// The calling thread's CPU time so far.
-    pub fn now() -> ThreadCpu {
-        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
-        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: getrusage fills the struct it is given; RUSAGE_THREAD names the caller.
-        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
-        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        ThreadCpu {
-            user_s: secs(u.ru_utime),
-            sys_s: secs(u.ru_stime),
-        }
-    }
-
-    /// CPU used since `earlier`.
-    pub fn since(earlier: ThreadCpu) -> ThreadCpu {
-        let now = ThreadCpu::now();
-        ThreadCpu {
-            user_s: now.user_s - earlier.user_s,
-            sys_s: now.sys_s - earlier.sys_s,
-        }
-    }
+    pub sender_cpu: CpuTime,
 }
 
 /// UDP port the socket baselines use (not 4791: the kernel's own stack carries them).
@@ -157,13 +126,13 @@ pub fn udp_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Strea
         s.connect((b, UDP_PORT + 1)).expect("connect");
         let msg = vec![1u8; payload];
         let t = Instant::now();
-        let cpu = ThreadCpu::now();
+        let cpu = CpuTime::thread();
         while t.elapsed() < duration {
             for _ in 0..64 {
                 let _ = s.send(&msg);
             }
         }
-        (t.elapsed(), ThreadCpu::since(cpu))
+        (t.elapsed(), CpuTime::thread().minus(cpu))
     });
     sink.finish(receiver, elapsed, cpu)
 }
@@ -230,13 +199,13 @@ pub fn tcp_stream(pair: &NetnsPair, write_size: usize, duration: Duration) -> St
         let mut s = TcpStream::connect((b, TCP_PORT + 1)).expect("connect");
         let msg = vec![1u8; write_size];
         let t = Instant::now();
-        let cpu = ThreadCpu::now();
+        let cpu = CpuTime::thread();
         while t.elapsed() < duration {
             if s.write_all(&msg).is_err() {
                 break;
             }
         }
-        (t.elapsed(), ThreadCpu::since(cpu))
+        (t.elapsed(), CpuTime::thread().minus(cpu))
     });
     let mut st = sink.finish(receiver, elapsed, cpu);
     st.mpps = st.mb_per_s / write_size as f64;
@@ -407,7 +376,7 @@ pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Strea
         let mut end = raw_end(&ia, b);
         let frame = udp_frame(end.mac, end.peer_mac, a, b, payload);
         let t = Instant::now();
-        let cpu = ThreadCpu::now();
+        let cpu = CpuTime::thread();
         while t.elapsed() < duration {
             for _ in 0..32 {
                 if !end.sock.send(&frame) {
@@ -416,7 +385,7 @@ pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Strea
             }
             let _ = end.sock.flush();
         }
-        (t.elapsed(), ThreadCpu::since(cpu))
+        (t.elapsed(), CpuTime::thread().minus(cpu))
     });
     sink.finish(receiver, elapsed, cpu)
 }
@@ -455,7 +424,7 @@ impl Counter {
         self,
         receiver: std::thread::JoinHandle<()>,
         elapsed: Duration,
-        sender_cpu: ThreadCpu,
+        sender_cpu: CpuTime,
     ) -> Stream {
         std::thread::sleep(Duration::from_millis(50));
         self.stop.store(true, Ordering::Relaxed);

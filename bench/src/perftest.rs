@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use xroce_datapath::netns::{run_bounded, NetnsPair};
 
+use crate::cpu::CpuTime;
+
 /// The xroce device name on both sides.
 pub const DEV: &str = "xr0";
 /// perftest's default TCP port.
@@ -84,7 +86,7 @@ impl XrocePair {
     /// Runs `program args` as the server in namespace 1 and `program args <server>` as the
     /// client in namespace 0; both must succeed within `timeout`.
     pub fn run(&self, program: &str, args: &[String], timeout: Duration) -> io::Result<Run> {
-        let cpu0 = children_cpu();
+        let cpu0 = CpuTime::children();
         let start = Instant::now();
         let server_cmd = self.exec(1, program, args);
         let server = std::thread::spawn(move || run_bounded(server_cmd, timeout));
@@ -117,7 +119,7 @@ impl XrocePair {
         Ok(Run {
             server: text(&server),
             client: text(&client),
-            cpu_s: children_cpu() - cpu0,
+            cpu_s: CpuTime::children().minus(cpu0).total_s(),
             wall_s,
         })
     }
@@ -145,16 +147,6 @@ impl Drop for XrocePair {
             let _ = self.xroce(side, &["link", "del", DEV]);
         }
     }
-}
-
-/// CPU seconds used by this process's waited-for children so far.
-pub fn children_cpu() -> f64 {
-    // SAFETY: getrusage fills the struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// perftest's MB/sec are MiB/s (its `format_factor` is 0x100000).

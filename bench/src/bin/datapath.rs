@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use xroce_bench::baseline::{self, RoundTrip, ThreadCpu};
+use xroce_bench::baseline::{self, RoundTrip};
+use xroce_bench::cpu::CpuTime;
 use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
 use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
 use xroce_core::transport::verbs::{RecvWr, SendOp, SendWr, Sge, WcStatus};
@@ -63,9 +64,9 @@ fn main() {
             "pingpong" => eprintln!("xroce RTT p50/p99 {:?} µs", xroce_pingpong(&pair)),
             "stream-4k" | "stream-64k" => {
                 let size = if only == "stream-4k" { 4096 } else { 65536 };
-                let cpu0 = process_cpu();
+                let cpu0 = CpuTime::process();
                 let (mbs, _) = xroce_write_stream(&pair, size);
-                let cpu = process_cpu() - cpu0;
+                let cpu = CpuTime::process().minus(cpu0).total_s();
                 let gb = mbs * stream_for().as_secs_f64() / 1000.0;
                 eprintln!(
                     "xroce {} KiB {mbs:.0} MB/s, {:.2} CPU s per GB",
@@ -182,7 +183,7 @@ fn main() {
 }
 
 /// The sender's CPU per 4 KiB frame, user and kernel: where a stream's time goes.
-fn per_frame(cpu: ThreadCpu, mb_per_s: f64) -> String {
+fn per_frame(cpu: CpuTime, mb_per_s: f64) -> String {
     let frames = mb_per_s * 1e6 * stream_for().as_secs_f64() / 4096.0;
     if frames < 1.0 {
         return String::new();
@@ -196,16 +197,6 @@ fn per_frame(cpu: ThreadCpu, mb_per_s: f64) -> String {
 
 fn rt(r: RoundTrip) -> (f64, f64) {
     (r.p50, r.p99)
-}
-
-/// CPU time (user + system) this process has used, in seconds.
-fn process_cpu() -> f64 {
-    // SAFETY: getrusage fills the struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 // ---------------------------------------------------------------- xroce
@@ -474,7 +465,7 @@ fn xroce_pingpong(pair: &NetnsPair) -> (f64, f64) {
 
 /// Streams WRITEs of `size` bytes for `stream_for()`: MB/s delivered, and the CPU of the
 /// sending (posting and polling) thread.
-fn xroce_write_stream(pair: &NetnsPair, size: usize) -> (f64, ThreadCpu) {
+fn xroce_write_stream(pair: &NetnsPair, size: usize) -> (f64, CpuTime) {
     const WINDOW: usize = 64;
     let len = size * WINDOW;
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -489,7 +480,7 @@ fn xroce_write_stream(pair: &NetnsPair, size: usize) -> (f64, ThreadCpu) {
             let mut completed = 0usize;
             let mut wcs = Vec::with_capacity(WINDOW);
             let t = Instant::now();
-            let cpu = ThreadCpu::now();
+            let cpu = CpuTime::thread();
             while t.elapsed() < stream_for() || completed < posted {
                 while posted - completed < WINDOW && t.elapsed() < stream_for() {
                     let slot = posted % WINDOW;
@@ -518,7 +509,7 @@ fn xroce_write_stream(pair: &NetnsPair, size: usize) -> (f64, ThreadCpu) {
                 }
             }
             let elapsed = t.elapsed();
-            let cpu = ThreadCpu::since(cpu);
+            let cpu = CpuTime::thread().minus(cpu);
             if std::env::var_os("XROCE_BENCH_DEBUG").is_some() {
                 eprintln!(
                     "client counters {:?} engine tx {} rx {} wakeups {}",
