@@ -37,6 +37,9 @@ const MAX_NAP_NS: u64 = 1_000_000;
 const TIMER_SLACK_NS: libc::c_ulong = 1_000;
 /// How often a busy progress thread reads the address watcher.
 const WATCH_EVERY_NS: u64 = 1_000_000;
+/// Naps that a frame cut short while the application was in its verbs loop (it takes such
+/// frames itself) before naps stop watching for frames (see `FrameWatch`).
+const WASTED_FRAME_WAKES: u32 = 4;
 
 /// The port and its buffers, kept under the engine lock so that whichever thread holds the
 /// lock (the progress thread, or an application polling its CQ) can move frames.
@@ -220,6 +223,7 @@ pub(crate) fn run(
     // nap would return at once (this thread spun for as long as the application polled).
     let mut address_changes = Vec::new();
     let queue = shared.config.queue;
+    let mut frame_watch = FrameWatch::default();
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             break;
@@ -227,14 +231,17 @@ pub(crate) fn run(
         let now = shared.now();
         // While an application is inside its verbs (polling a CQ, posting) it moves frames
         // itself (see `Engine::poll_cq`); this thread keeps off the lock and looks again a
-        // moment later. Only kicks and address changes wake it meanwhile: every received frame
-        // would otherwise wake it for nothing.
+        // moment later. Kicks and address changes wake it meanwhile, and received frames only
+        // while that has been worth it (see `FrameWatch`): for an application that polls,
+        // every frame would wake it for nothing.
         let app_busy = app_busy(&shared, now)
             // Quiet now, but perhaps only because this thread's wake-up took its core:
             // step aside once and look again before taking over (an application spinning on
             // memory is still quiet then; one in a polling loop is back in its verbs).
             || (confirm_quiet && {
-                if wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS))) {
+                let woke =
+                    wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS)));
+                if woke.addresses {
                     address_changes.extend(watcher.drain());
                 }
                 app_busy(&shared, shared.now())
@@ -243,10 +250,25 @@ pub(crate) fn run(
         // A held lock means the application is at work too.
         let guard = if app_busy { None } else { shared.try_state() };
         let Some(mut guard) = guard else {
-            if wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(nap_ns))) {
+            let frames = frame_watch.watching().then_some(wait_fd);
+            let woke = wake_priority.sleep(|| sleep(&shared, frames, &watcher, Some(nap_ns)));
+            if woke.addresses {
                 address_changes.extend(watcher.drain());
             }
-            nap_ns = (nap_ns * 2).min(MAX_NAP_NS);
+            if woke.frames {
+                // Give the application the time a polling loop takes to come back for the
+                // frame; if it did not (it has left for good, to spin on memory), the next
+                // round finds it quiet and takes the frame. A frame that waits for the lock
+                // (held outside the verbs loop) stays unwatched until this thread has it.
+                let waiting = !self::app_busy(&shared, shared.now()) || {
+                    let _ =
+                        wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS)));
+                    frames_waiting(wait_fd)
+                };
+                frame_watch.after_grace(waiting);
+            } else {
+                nap_ns = (nap_ns * 2).min(MAX_NAP_NS);
+            }
             continue;
         };
         nap_ns = NAP_NS;
@@ -256,6 +278,7 @@ pub(crate) fn run(
                 break;
             }
             let work = progress_once(&shared, st).work;
+            frame_watch.took_a_round(work);
             // Address and neighbour changes are rare: while busy, look every millisecond
             // rather than paying a system call per round.
             if !address_changes.is_empty() || now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
@@ -268,6 +291,8 @@ pub(crate) fn run(
             work
         };
         drop(guard);
+        // The round the wake-up was for is done: from here on, normal priority.
+        wake_priority.settle();
         if work {
             if shared.progress_waiters.load(Ordering::SeqCst) > 0 {
                 shared.progressed.notify_all();
@@ -287,6 +312,7 @@ pub(crate) fn run(
             std::hint::spin_loop();
             continue;
         }
+        // (Address changes wake this sleep; the next busy round reads them.)
         wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watcher, None));
         last_work = shared.now().saturating_sub(spin_ns);
         last_watch = 0;
@@ -294,6 +320,68 @@ pub(crate) fn run(
     // Leave the queue to the kernel: with the slot empty the XDP program passes RoCE frames on.
     let _ = xsks.clear(queue);
     shared.progressed.notify_all();
+}
+
+/// Whether the progress thread's naps (taken while the application is in its verbs loop) also
+/// end when a frame arrives.
+///
+/// An application that polls its CQs takes its frames itself, and a nap woken by each of them
+/// takes the core that application needs (two cores, two spinning peers): naps then end only
+/// on their timer. But an application may leave its verbs loop right after a completion and
+/// spin on memory (`ib_write_lat` waits for the peer's WRITE to land in its buffer). Nobody
+/// takes the WRITE then until this thread's nap ends, which made `ib_write_lat` 40-55 µs
+/// one-way against 5-8 µs for `ib_send_lat`. So naps watch for frames as long as watching
+/// pays: it stops after `WASTED_FRAME_WAKES` naps in a row were cut short by frames the
+/// application was there to take, and starts again when this thread, taking over from a
+/// quiet application, finds work that had waited for it.
+#[derive(Debug)]
+struct FrameWatch {
+    watching: bool,
+    /// Naps in a row cut short by frames the application then took.
+    wasted: u32,
+    /// Frames are known to wait in the socket for an application that is still in a verb:
+    /// watching them would end every nap at once.
+    waiting: bool,
+}
+
+impl Default for FrameWatch {
+    fn default() -> Self {
+        FrameWatch {
+            watching: true,
+            wasted: 0,
+            waiting: false,
+        }
+    }
+}
+
+impl FrameWatch {
+    /// The next nap ends when a frame arrives.
+    fn watching(&self) -> bool {
+        self.watching && !self.waiting
+    }
+
+    /// A frame ended a nap while the application was in its verbs loop, and a moment later
+    /// frames are (`waiting`) or are not in the socket: not, and the application took them.
+    fn after_grace(&mut self, waiting: bool) {
+        self.waiting = waiting;
+        if waiting {
+            return;
+        }
+        self.wasted += 1;
+        if self.wasted >= WASTED_FRAME_WAKES {
+            self.watching = false;
+        }
+    }
+
+    /// This thread ran a round of progress (the application was quiet); `work`: it found
+    /// something to do, which had waited for it.
+    fn took_a_round(&mut self, work: bool) {
+        self.waiting = false;
+        if work {
+            self.watching = true;
+            self.wasted = 0;
+        }
+    }
 }
 
 /// The application is in its verbs loop: a thread is inside a verb, or one left less than
@@ -309,18 +397,26 @@ fn app_busy(shared: &Shared, now: u64) -> bool {
 /// land in its buffer) holds its core without a break, and on two cores both do: a woken
 /// thread of normal priority then waits for the scheduler's tick (milliseconds) before it
 /// can receive the frame the application waits for. Woken at real-time priority it runs at
-/// once; it drops to normal priority before it does any work, so it never holds a core at
-/// real-time priority for longer than a wake-up, and a bug cannot turn it into a spinning
+/// once, and it keeps that priority for the one round of progress it was woken for (a round
+/// is bounded: one receive batch, one transmit batch); dropping to normal priority before
+/// that round let the spinning application take the core back in the middle of it. After the
+/// round it drops to normal priority (`settle`), so it never holds a core at real-time
+/// priority for longer than a wake-up and a round, and a bug cannot turn it into a spinning
 /// real-time thread. Without the privilege (CAP_SYS_NICE) or with `XROCE_PROGRESS_RT=0` it
 /// sleeps at normal priority.
 struct WakePriority {
     enabled: bool,
+    /// The thread runs at real-time priority now.
+    raised: bool,
 }
 
 impl WakePriority {
     fn new() -> Self {
         let wanted = std::env::var_os("XROCE_PROGRESS_RT").is_none_or(|v| v != "0");
-        let mut p = WakePriority { enabled: wanted };
+        let mut p = WakePriority {
+            enabled: wanted,
+            raised: false,
+        };
         // Find out now whether the switch is allowed, so that it is not tried per sleep.
         if p.enabled && !p.set(libc::SCHED_FIFO) {
             p.enabled = false;
@@ -337,32 +433,46 @@ impl WakePriority {
         unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
     }
 
+    /// Sleeps at real-time priority and stays there for the round after (see `settle`).
     fn sleep<R>(&mut self, sleep: impl FnOnce() -> R) -> R {
-        if self.enabled {
+        if self.enabled && !self.raised {
             self.set(libc::SCHED_FIFO);
+            self.raised = true;
         }
-        let r = sleep();
-        if self.enabled {
+        sleep()
+    }
+
+    /// Back to normal priority once the round a wake-up was for is done.
+    fn settle(&mut self) {
+        if self.raised {
             self.set(libc::SCHED_OTHER);
+            self.raised = false;
         }
-        r
     }
 }
 
+/// What ended a [`sleep`] (besides a kick or a timeout).
+#[derive(Debug, Default, Clone, Copy)]
+struct Woke {
+    /// The address watcher has something to read.
+    addresses: bool,
+    /// Frames are waiting in the socket (only when `sleep` watched it).
+    frames: bool,
+}
+
 /// Sleeps until the application kicks, an address changes, a frame arrives (when `frames`
-/// names the socket), the next transport timer is due, or `at_most_ns` passes. True if the
-/// address watcher has something to read.
+/// names the socket), the next transport timer is due, or `at_most_ns` passes.
 fn sleep(
     shared: &Shared,
     frames: Option<RawFd>,
     watcher: &AddressWatcher,
     at_most_ns: Option<u64>,
-) -> bool {
+) -> Woke {
     shared.sleeping.store(true, Ordering::SeqCst);
     // Work queued between our last look and `sleeping` being visible must not be slept through.
     if shared.kick.swap(false, Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
         shared.sleeping.store(false, Ordering::SeqCst);
-        return false;
+        return Woke::default();
     }
     // Never wait for the lock here: its holder is an application inside a verb, which would
     // then pay a futex wake-up (a system call, and an interrupt of the other core) on its way
@@ -409,7 +519,17 @@ fn sleep(
             )
         };
     }
-    fds[1].revents != 0
+    Woke {
+        addresses: fds[1].revents != 0,
+        frames: frames.is_some() && fds[2].revents != 0,
+    }
+}
+
+/// Frames are waiting in the socket's receive ring (it polls readable).
+fn frames_waiting(fd: RawFd) -> bool {
+    let mut p = pollfd(fd);
+    // SAFETY: one valid pollfd, no timeout.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 && p.revents & libc::POLLIN != 0 }
 }
 
 fn pollfd(fd: RawFd) -> libc::pollfd {
@@ -456,5 +576,57 @@ fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
     match ethertype {
         EtherType::Ipv4 | EtherType::Ipv6 => frame.get(offset..),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An application that polls: frames that cut naps short are taken by it, and after
+    /// `WASTED_FRAME_WAKES` such naps in a row the naps stop watching for frames.
+    #[test]
+    fn frame_watch_stops_next_to_a_polling_application() {
+        let mut w = FrameWatch::default();
+        for _ in 0..WASTED_FRAME_WAKES - 1 {
+            assert!(w.watching());
+            w.after_grace(false);
+        }
+        assert!(w.watching());
+        w.after_grace(false);
+        assert!(!w.watching());
+        // Rounds with nothing to do (the application took everything) change nothing.
+        w.took_a_round(false);
+        assert!(!w.watching());
+    }
+
+    /// An application that left for memory: the frames waited for this thread, which
+    /// watches again (and counts the wasted wake-ups from zero).
+    #[test]
+    fn frame_watch_resumes_when_frames_waited_for_the_thread() {
+        let mut w = FrameWatch::default();
+        for _ in 0..WASTED_FRAME_WAKES {
+            w.after_grace(false);
+        }
+        assert!(!w.watching());
+        w.took_a_round(true);
+        assert!(w.watching());
+        for _ in 0..WASTED_FRAME_WAKES - 1 {
+            w.after_grace(false);
+        }
+        assert!(w.watching(), "the count starts again after work");
+    }
+
+    /// Frames still waiting after the grace (the application is inside some other verb):
+    /// naps stop watching them until this thread runs a round, or every nap would end at
+    /// once; that is not a wasted wake-up.
+    #[test]
+    fn frame_watch_ignores_frames_known_to_wait() {
+        let mut w = FrameWatch::default();
+        w.after_grace(true);
+        assert!(!w.watching());
+        assert_eq!(w.wasted, 0);
+        w.took_a_round(false);
+        assert!(w.watching());
     }
 }
