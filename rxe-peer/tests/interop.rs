@@ -128,8 +128,19 @@ impl Run {
         // timer made after the receiving program had exited (the emulated rxe guest is slow
         // enough for its timer to fire spuriously, which the acceptance allows). Never more
         // received than sent.
+        //
+        // `ibv_srq_pingpong` keeps messages in flight on all of its 16 QPs and exits after
+        // its iterations without waiting for them: up to one message (4 packets of 4 KiB at
+        // path MTU 1024) and its ACK per QP arrive after the receiving side has gone. Between
+        // two xroce engines 24 of its frames went unreceived at the end that way; in CI, 11
+        // from rxe.
+        let end_slack = if self.what.starts_with("ibv_srq_pingpong") {
+            16 * 5
+        } else {
+            4
+        };
         let agrees = |sent: u64, received: u64, sender_retries: u64| {
-            received <= sent + 2 && sent - received.min(sent) <= 4 + 64 * sender_retries
+            received <= sent + 2 && sent - received.min(sent) <= end_slack + 64 * sender_retries
         };
         assert!(
             agrees(x("tx_frames"), r("rcvd_pkts"), x("timeouts")),
