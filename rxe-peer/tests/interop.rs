@@ -355,8 +355,8 @@ impl Rig {
                 for port in &ports {
                     xdp::load(&xdp::LoadOptions::new(port))
                         .unwrap_or_else(|e| panic!("XDP on {port}: {e}"));
-                    xdp::set_drop_one_in(port, one_in).expect("drop knob");
                 }
+                set_knobs(&ports, one_in);
             }
         });
         ports
@@ -365,11 +365,7 @@ impl Rig {
     /// Sets the drop knobs of `ports` (from [`Rig::drop_on_path`]) to 1 in `one_in`.
     fn set_drop(&self, ports: &[String], one_in: u32) {
         let ports = ports.to_vec();
-        in_netns(self.lab.netns(), move || {
-            for port in &ports {
-                xdp::set_drop_one_in(port, one_in).expect("drop knob");
-            }
-        });
+        in_netns(self.lab.netns(), move || set_knobs(&ports, one_in));
     }
 
     /// Turns the drop knobs of `ports` off once they have dropped `budget` more frames,
@@ -387,18 +383,10 @@ impl Rig {
         let watching = stop.clone();
         let thread = std::thread::spawn(move || {
             netns::enter(&ns).expect("enter the lab namespace");
-            let dropped = || -> u64 {
-                ports
-                    .iter()
-                    .map(|p| xdp::read_counters(p).expect("XDP counters").dropped_by_knob)
-                    .sum()
-            };
-            let start = dropped();
+            let start = dropped_by_knobs(&ports);
             while !watching.load(Ordering::Relaxed) {
-                if dropped() - start >= budget {
-                    for port in &ports {
-                        xdp::set_drop_one_in(port, 0).expect("drop knob off");
-                    }
+                if dropped_by_knobs(&ports) - start >= budget {
+                    set_knobs(&ports, 0);
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(2));
@@ -413,12 +401,7 @@ impl Rig {
     /// Frames the bridge ports' drop knobs have dropped so far.
     fn dropped_on_path(&self, ports: &[String]) -> u64 {
         let ports = ports.to_vec();
-        in_netns(self.lab.netns(), move || {
-            ports
-                .iter()
-                .map(|p| xdp::read_counters(p).expect("XDP counters").dropped_by_knob)
-                .sum()
-        })
+        in_netns(self.lab.netns(), move || dropped_by_knobs(&ports))
     }
 }
 
@@ -452,6 +435,21 @@ impl Drop for Rig {
             .status();
         let _ = std::fs::remove_file(&self.stats);
     }
+}
+
+/// Sets the drop knobs of `ports` (XDP loaded on them, called inside their namespace).
+fn set_knobs(ports: &[String], one_in: u32) {
+    for port in ports {
+        xdp::set_drop_one_in(port, one_in).expect("drop knob");
+    }
+}
+
+/// Frames the drop knobs of `ports` have dropped so far (called inside their namespace).
+fn dropped_by_knobs(ports: &[String]) -> u64 {
+    ports
+        .iter()
+        .map(|p| xdp::read_counters(p).expect("XDP counters").dropped_by_knob)
+        .sum()
 }
 
 /// Runs `f` on a thread inside network namespace `ns`.
