@@ -762,17 +762,14 @@ fn ping_pong_batching(mode: SendCompletions) {
                 };
                 engine.post_recv(qp.qpn, wr).expect("post_recv");
             }
-            let me = Endpoint {
-                qpn: qp.qpn,
-                psn: 0x900 + side as u32,
+            connect_for_sends(
+                &engine,
+                &qp,
                 ip,
-                va: 0,
-                rkey: 0,
-            };
-            tx.send(me).expect("send endpoint");
-            let peer = rx.recv_timeout(WAIT).expect("peer endpoint");
-            bring_up(&engine, &qp, ip, &peer, me.psn, PathMtu::Mtu1024);
-            connected.wait();
+                0x900 + side as u32,
+                (&tx, &rx),
+                &connected,
+            );
             let send = |i: usize| {
                 let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(i * MSG, MSG)]);
                 let signalled = match mode {
@@ -1025,14 +1022,7 @@ fn the_progress_thread_never_waits_for_the_engine_lock() {
     let pair = &setup.pair;
     let calls = pair.run_in(0, move || {
         let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-        let deadline = Instant::now() + WAIT;
-        let tid = loop {
-            if let Some(t) = engine.progress_thread_id() {
-                break t;
-            }
-            assert!(Instant::now() < deadline, "no progress thread");
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let tid = progress_thread_id(&engine);
         let syscall = format!("/proc/self/task/{tid}/syscall");
         engine.with_device(|_| {
             // A frame for the XDP program to hand to the engine's socket (not a valid RoCE
@@ -1061,4 +1051,133 @@ fn the_progress_thread_never_waits_for_the_engine_lock() {
         calls.contains(&Some(libc::SYS_ppoll)),
         "the progress thread was not seen napping: system calls seen {calls:?}"
     );
+}
+
+/// Applications that keep polling keep their progress threads asleep: a SEND ping-pong run
+/// as `ib_send_lat` runs it. Each progress thread naps next to its polling application, its
+/// naps double up to their longest, and from then on the application's polls postpone the
+/// nap alarm, so the thread does not wake to check on it. With a timed nap each thread woke
+/// about a thousand times a second, once per 30-60 rounds here, and each wake-up took the
+/// core of a spinning application: the p99 of every ping-pong. Counted per round (so the
+/// machine's speed does not matter) as naps that ran out although the application had just
+/// polled: an application the scheduler takes off its core for longer than the alarm's margin
+/// (other tests running beside this one) is not polling then, and a wake-up then is the thread
+/// doing its job.
+#[test]
+fn a_ping_pong_keeps_the_progress_threads_asleep() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    const ROUNDS: usize = 20_000;
+    /// Rounds before counting: the naps grow to their longest meanwhile.
+    const WARM_UP: usize = 1_000;
+    const MSG: usize = 64;
+    const RECVS: usize = 64;
+    let (tx0, rx1) = mpsc::channel::<Endpoint>();
+    let (tx1, rx0) = mpsc::channel::<Endpoint>();
+    let connected = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let mut handles = Vec::new();
+    for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
+        let connected = connected.clone();
+        let iface = setup.pair.iface(side).to_string();
+        let ip = IpAddress::V4(setup.pair.ipv4(side).into());
+        handles.push(setup.pair.spawn_in(side, move || {
+            let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+            let pd = engine.with_device(|d| d.alloc_pd());
+            let buf = Buffer::new(&engine, pd, (RECVS + 1) * MSG);
+            let qp = create_qp(&engine, pd, QpType::Rc);
+            to_init(&engine, &qp);
+            let post_recv = |i: usize| {
+                let wr = RecvWr {
+                    wr_id: i as u64,
+                    sg_list: vec![buf.sge((1 + i) * MSG, MSG)],
+                };
+                engine.post_recv(qp.qpn, wr).expect("post_recv");
+            };
+            (0..RECVS).for_each(post_recv);
+            connect_for_sends(
+                &engine,
+                &qp,
+                ip,
+                0xa00 + side as u32,
+                (&tx, &rx),
+                &connected,
+            );
+            let checks = || {
+                engine
+                    .counters()
+                    .naps_out_while_polled
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            };
+            // Every send signalled and waited for, then the answer: ib_send_lat's loop.
+            let send = |i: usize| {
+                let wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(0, MSG)]);
+                engine.post_send(qp.qpn, wr).expect("post_send");
+                spin_for_one(&engine, qp.send_cq, "the send's ACK");
+            };
+            let receive = |what: &str| {
+                let wc = spin_for_one(&engine, qp.recv_cq, what);
+                post_recv(wc.wr_id as usize);
+            };
+            let mut counted_from = 0;
+            for i in 0..ROUNDS {
+                if i == WARM_UP {
+                    counted_from = checks();
+                }
+                if side == 0 {
+                    send(i);
+                    receive("answer");
+                } else {
+                    receive("question");
+                    send(i);
+                }
+            }
+            (side, checks() - counted_from)
+        }));
+    }
+    let counted = (ROUNDS - WARM_UP) as u64;
+    for h in handles {
+        let (side, wakes) = h.join().expect("side");
+        assert!(
+            wakes * 100 < counted,
+            "side {side}: the progress thread woke {wakes} times in {counted} rounds to find the \
+             application still polling"
+        );
+    }
+}
+
+/// The engine's progress thread's kernel id, once it runs.
+fn progress_thread_id(engine: &Engine) -> i32 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(t) = engine.progress_thread_id() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "no progress thread");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Swaps endpoints (for SENDs only: no memory) with the other side over `link`, brings `qp`
+/// up to RTS towards it, and waits for the other side to be there too.
+fn connect_for_sends(
+    engine: &Engine,
+    qp: &Qp,
+    ip: IpAddress,
+    psn: u32,
+    link: (&mpsc::Sender<Endpoint>, &mpsc::Receiver<Endpoint>),
+    connected: &std::sync::Barrier,
+) {
+    let me = Endpoint {
+        qpn: qp.qpn,
+        psn,
+        ip,
+        va: 0,
+        rkey: 0,
+    };
+    link.0.send(me).expect("send endpoint");
+    let peer = link.1.recv_timeout(WAIT).expect("peer endpoint");
+    bring_up(engine, qp, ip, &peer, psn, PathMtu::Mtu1024);
+    connected.wait();
 }

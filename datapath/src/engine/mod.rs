@@ -10,6 +10,7 @@
 
 mod addressing;
 mod memory;
+mod nap_alarm;
 mod progress;
 
 use std::net::IpAddr;
@@ -84,6 +85,8 @@ pub enum EngineError {
     Socket(#[from] XskError),
     #[error("cannot create the engine's wake-up eventfd: {0}")]
     EventFd(std::io::Error),
+    #[error("cannot create the progress thread's nap timerfd: {0}")]
+    TimerFd(std::io::Error),
     #[error("cannot start the progress thread: {0}")]
     Thread(std::io::Error),
 }
@@ -103,7 +106,11 @@ pub struct EngineCounters {
     pub tx_no_neighbour: AtomicU64,
     /// Packets dropped because the route to the destination leaves by another interface.
     pub tx_wrong_interface: AtomicU64,
+    /// Kicks that woke the sleeping progress thread.
     pub wakeups: AtomicU64,
+    /// Naps of the progress thread that ran out although the application had just polled a
+    /// CQ: wake-ups that only checked on it (see `nap_alarm`).
+    pub naps_out_while_polled: AtomicU64,
 }
 
 /// State shared by the application side and the progress thread.
@@ -128,6 +135,8 @@ pub(crate) struct Shared {
     /// When an application last polled a CQ (0 = never). Only an application that polls is
     /// counted on to come back and drive progress (see `progress::run`).
     pub(crate) app_polled_at: AtomicU64,
+    /// Ends the progress thread's naps; a polling application postpones it.
+    pub(crate) nap_alarm: nap_alarm::NapAlarm,
     /// Kernel thread id of the progress thread (0 until it runs), for CPU accounting.
     pub(crate) progress_tid: std::sync::atomic::AtomicI32,
     pub(crate) epoch: Instant,
@@ -250,6 +259,7 @@ impl Engine {
         }
         // SAFETY: `efd` is a valid descriptor nobody else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(efd) };
+        let nap_alarm = nap_alarm::NapAlarm::new().map_err(EngineError::TimerFd)?;
         let queue = config.queue;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -270,6 +280,7 @@ impl Engine {
             app_in_verbs: AtomicU32::new(0),
             app_active_at: AtomicU64::new(0),
             app_polled_at: AtomicU64::new(0),
+            nap_alarm,
             progress_tid: std::sync::atomic::AtomicI32::new(0),
             epoch: Instant::now(),
             config,
@@ -342,6 +353,10 @@ impl Engine {
                 c.tx_wrong_interface.load(Ordering::Relaxed),
             ),
             ("wakeups", c.wakeups.load(Ordering::Relaxed)),
+            (
+                "naps_out_while_polled",
+                c.naps_out_while_polled.load(Ordering::Relaxed),
+            ),
         ]);
         fields
             .iter()
@@ -575,6 +590,8 @@ impl Engine {
         // One clock read per poll (a few tens of ns here): the round below uses it too.
         let now = self.shared.now();
         self.shared.app_polled_at.store(now, Ordering::Relaxed);
+        // A steady poller keeps the progress thread asleep (see `nap_alarm`).
+        self.shared.nap_alarm.app_polled(now);
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.io.failed {

@@ -30,6 +30,10 @@ pub(crate) const APP_ACTIVE_NS: u64 = 3_000;
 const NAP_NS: u64 = 10_000;
 /// An application that polled a CQ within this long is a poller (see `run`).
 pub(crate) const APP_POLLER_NS: u64 = 10_000_000;
+/// A nap that runs out less than this long after the application's last poll found it
+/// polling (see `EngineCounters::naps_out_while_polled`): well above a wake-up's delay here
+/// (up to some tens of µs), well below the alarm's margin (`nap_alarm`: 750 µs).
+const POLLED_LATELY_NS: u64 = 100_000;
 /// Longest check interval while an application keeps polling.
 const MAX_NAP_NS: u64 = 1_000_000;
 /// The progress thread's timer slack (the kernel's default, 50 µs, would stretch its short
@@ -240,7 +244,7 @@ pub(crate) fn run(
             // memory is still quiet then; one in a polling loop is back in its verbs).
             || (confirm_quiet && {
                 let woke =
-                    wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS)));
+                    wake_priority.sleep(|| sleep(&shared, None, &watcher, Wait::AtMost(APP_ACTIVE_NS)));
                 if woke.addresses {
                     address_changes.extend(watcher.drain());
                 }
@@ -251,7 +255,7 @@ pub(crate) fn run(
         let guard = if app_busy { None } else { shared.try_state() };
         let Some(mut guard) = guard else {
             let frames = frame_watch.watching().then_some(wait_fd);
-            let woke = wake_priority.sleep(|| sleep(&shared, frames, &watcher, Some(nap_ns)));
+            let woke = wake_priority.sleep(|| sleep(&shared, frames, &watcher, Wait::Nap(nap_ns)));
             if woke.addresses {
                 address_changes.extend(watcher.drain());
             }
@@ -261,17 +265,28 @@ pub(crate) fn run(
                 // round finds it quiet and takes the frame. A frame that waits for the lock
                 // (held outside the verbs loop) stays unwatched until this thread has it.
                 let waiting = !self::app_busy(&shared, shared.now()) || {
-                    let _ =
-                        wake_priority.sleep(|| sleep(&shared, None, &watcher, Some(APP_ACTIVE_NS)));
+                    let _ = wake_priority
+                        .sleep(|| sleep(&shared, None, &watcher, Wait::AtMost(APP_ACTIVE_NS)));
                     frames_waiting(wait_fd)
                 };
                 frame_watch.after_grace(waiting);
             } else {
                 nap_ns = (nap_ns * 2).min(MAX_NAP_NS);
+                // Counted when the application polled lately (this thread's own wake-up may
+                // have kept it off its core for some µs): one that the scheduler took off its
+                // core for long did not push the alarm either, and this wake-up is due.
+                let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
+                if !woke.addresses && shared.now().saturating_sub(polled_ns) < POLLED_LATELY_NS {
+                    shared
+                        .counters
+                        .naps_out_while_polled
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
             continue;
         };
         nap_ns = NAP_NS;
+        shared.nap_alarm.short_naps();
         let work = {
             let st = &mut *guard;
             if st.io.failed {
@@ -291,8 +306,9 @@ pub(crate) fn run(
             work
         };
         drop(guard);
-        // The round the wake-up was for is done: from here on, normal priority.
-        wake_priority.settle();
+        // Real-time priority lasts for the round a wake-up was for and the round that finds
+        // nothing left (then the thread sleeps again, still raised: see `WakePriority`).
+        wake_priority.round_done(work);
         if work {
             if shared.progress_waiters.load(Ordering::SeqCst) > 0 {
                 shared.progressed.notify_all();
@@ -309,13 +325,15 @@ pub(crate) fn run(
         let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
         let poller = polled_ns != 0 && now.saturating_sub(polled_ns) < APP_POLLER_NS;
         if !poller && now.saturating_sub(last_work) < spin_ns {
+            wake_priority.settle();
             std::hint::spin_loop();
             continue;
         }
-        // (Address changes wake this sleep; the next busy round reads them.)
-        wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watcher, None));
+        let woke = wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watcher, Wait::Events));
+        if woke.addresses {
+            address_changes.extend(watcher.drain());
+        }
         last_work = shared.now().saturating_sub(spin_ns);
-        last_watch = 0;
     }
     // Leave the queue to the kernel: with the slot empty the XDP program passes RoCE frames on.
     let _ = xsks.clear(queue);
@@ -397,17 +415,25 @@ fn app_busy(shared: &Shared, now: u64) -> bool {
 /// land in its buffer) holds its core without a break, and on two cores both do: a woken
 /// thread of normal priority then waits for the scheduler's tick (milliseconds) before it
 /// can receive the frame the application waits for. Woken at real-time priority it runs at
-/// once, and it keeps that priority for the one round of progress it was woken for (a round
-/// is bounded: one receive batch, one transmit batch); dropping to normal priority before
-/// that round let the spinning application take the core back in the middle of it. After the
-/// round it drops to normal priority (`settle`), so it never holds a core at real-time
-/// priority for longer than a wake-up and a round, and a bug cannot turn it into a spinning
-/// real-time thread. Without the privilege (CAP_SYS_NICE) or with `XROCE_PROGRESS_RT=0` it
-/// sleeps at normal priority.
+/// once, and it keeps that priority for the round of progress it was woken for (a round is
+/// bounded: one receive batch, one transmit batch); dropping to normal priority before that
+/// round let the spinning application take the core back in the middle of it.
+///
+/// It also keeps it through the next round if that one finds nothing to do, and into the
+/// sleep after: dropping priority between the two left the thread runnable at normal priority
+/// behind the spinning application, which then held the core until the scheduler's next
+/// tick, with the thread neither asleep (frames did not wake it) nor running: waits of 1-2 ms
+/// in `ib_write_lat`, and two `sched_setscheduler` calls per wake-up. A second round that
+/// finds work, or a spin, drops to normal priority (`settle`), so the thread never holds a
+/// core at real-time priority for longer than a wake-up and two rounds, and a bug cannot turn
+/// it into a spinning real-time thread. Without the privilege (CAP_SYS_NICE) or with
+/// `XROCE_PROGRESS_RT=0` it sleeps at normal priority.
 struct WakePriority {
     enabled: bool,
     /// The thread runs at real-time priority now.
     raised: bool,
+    /// A round since the wake-up found work.
+    worked: bool,
 }
 
 impl WakePriority {
@@ -416,6 +442,7 @@ impl WakePriority {
         let mut p = WakePriority {
             enabled: wanted,
             raised: false,
+            worked: false,
         };
         // Find out now whether the switch is allowed, so that it is not tried per sleep.
         if p.enabled && !p.set(libc::SCHED_FIFO) {
@@ -433,16 +460,28 @@ impl WakePriority {
         unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
     }
 
-    /// Sleeps at real-time priority and stays there for the round after (see `settle`).
+    /// Sleeps at real-time priority and stays there for the round after (see `round_done`).
     fn sleep<R>(&mut self, sleep: impl FnOnce() -> R) -> R {
         if self.enabled && !self.raised {
             self.set(libc::SCHED_FIFO);
             self.raised = true;
         }
+        self.worked = false;
         sleep()
     }
 
-    /// Back to normal priority once the round a wake-up was for is done.
+    /// A round of progress is done; `work`: it found something to do. The second round
+    /// with work since the wake-up drops to normal priority.
+    fn round_done(&mut self, work: bool) {
+        if work {
+            if self.worked {
+                self.settle();
+            }
+            self.worked = true;
+        }
+    }
+
+    /// Back to normal priority.
     fn settle(&mut self) {
         if self.raised {
             self.set(libc::SCHED_OTHER);
@@ -460,14 +499,22 @@ struct Woke {
     frames: bool,
 }
 
+/// How long a [`sleep`] may last besides its events (a kick, an address change, a frame when
+/// watched, the next transport timer).
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// At most this long.
+    AtMost(u64),
+    /// A nap next to an application in its verbs loop: this long on the nap alarm, which the
+    /// application postpones while it keeps polling (see `nap_alarm`).
+    Nap(u64),
+    /// Until an event.
+    Events,
+}
+
 /// Sleeps until the application kicks, an address changes, a frame arrives (when `frames`
-/// names the socket), the next transport timer is due, or `at_most_ns` passes.
-fn sleep(
-    shared: &Shared,
-    frames: Option<RawFd>,
-    watcher: &AddressWatcher,
-    at_most_ns: Option<u64>,
-) -> Woke {
+/// names the socket), the next transport timer is due, or `wait` says.
+fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait: Wait) -> Woke {
     shared.sleeping.store(true, Ordering::SeqCst);
     // Work queued between our last look and `sleeping` being visible must not be slept through.
     if shared.kick.swap(false, Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
@@ -486,16 +533,34 @@ fn sleep(
             .map(|t| t.saturating_sub(shared.now())),
         None => Some(MAX_NAP_NS),
     };
-    let timeout_ns = match (timer_ns, at_most_ns) {
+    let at_most_ns = match wait {
+        Wait::AtMost(ns) | Wait::Nap(ns) => Some(ns),
+        Wait::Events => None,
+    };
+    let mut timeout_ns = match (timer_ns, at_most_ns) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
+    let alarm = matches!(wait, Wait::Nap(_));
+    if let Wait::Nap(nap_ns) = wait {
+        // The nap ends on the alarm, which a polling application postpones once the naps are
+        // as long as they get.
+        let ns = timeout_ns.unwrap_or(nap_ns);
+        shared.nap_alarm.nap(ns, ns >= MAX_NAP_NS);
+        timeout_ns = None;
+    }
+    // (A negative descriptor is skipped by ppoll.)
     let mut fds = [
         pollfd(shared.wake.as_raw_fd()),
         pollfd(watcher.as_raw_fd()),
         pollfd(frames.unwrap_or(-1)),
+        pollfd(if alarm {
+            shared.nap_alarm.as_raw_fd()
+        } else {
+            -1
+        }),
     ];
-    let nfds = if frames.is_some() { 3 } else { 2 };
+    let nfds = fds.len() as libc::nfds_t;
     let ts = timeout_ns.map(|ns| libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
@@ -508,6 +573,9 @@ fn sleep(
     unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, ts_ptr, std::ptr::null()) };
     shared.sleeping.store(false, Ordering::SeqCst);
     shared.kick.store(false, Ordering::SeqCst);
+    if fds[3].revents != 0 {
+        shared.nap_alarm.clear();
+    }
     if fds[0].revents != 0 {
         let mut v: u64 = 0;
         // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
