@@ -205,6 +205,14 @@ impl Shared {
     }
 }
 
+/// Reads the 8-byte counter of a non-blocking eventfd or timerfd, so that it stops polling
+/// readable (nothing to read is fine).
+pub(crate) fn read_counter(fd: std::os::fd::RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reading 8 bytes into a valid u64; a bad or empty descriptor only fails the read.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), std::mem::size_of::<u64>()) };
+}
+
 /// An application thread inside a verb (see [`Shared::enter_verbs`]).
 pub(crate) struct InVerbs<'a> {
     shared: &'a Shared,

@@ -87,15 +87,7 @@ impl NapAlarm {
 
     /// Reads an expiry, so that the descriptor stops polling readable.
     pub(crate) fn clear(&self) {
-        let mut expiries: u64 = 0;
-        // SAFETY: reading 8 bytes into a valid u64 from our non-blocking timerfd.
-        unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut expiries as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+        super::read_counter(self.fd.as_raw_fd());
     }
 
     /// An application polled a CQ at `now` (engine time): postpones the alarm if the thread's

@@ -541,24 +541,21 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    let alarm = matches!(wait, Wait::Nap(_));
-    if let Wait::Nap(nap_ns) = wait {
-        // The nap ends on the alarm, which a polling application postpones once the naps are
-        // as long as they get.
-        let ns = timeout_ns.unwrap_or(nap_ns);
-        shared.nap_alarm.nap(ns, ns >= MAX_NAP_NS);
-        timeout_ns = None;
+    // A nap ends on the alarm instead, which a polling application postpones once the naps
+    // are as long as they get.
+    let mut alarm_fd = -1;
+    if matches!(wait, Wait::Nap(_)) {
+        if let Some(ns) = timeout_ns.take() {
+            shared.nap_alarm.nap(ns, ns >= MAX_NAP_NS);
+            alarm_fd = shared.nap_alarm.as_raw_fd();
+        }
     }
     // (A negative descriptor is skipped by ppoll.)
     let mut fds = [
         pollfd(shared.wake.as_raw_fd()),
         pollfd(watcher.as_raw_fd()),
         pollfd(frames.unwrap_or(-1)),
-        pollfd(if alarm {
-            shared.nap_alarm.as_raw_fd()
-        } else {
-            -1
-        }),
+        pollfd(alarm_fd),
     ];
     let nfds = fds.len() as libc::nfds_t;
     let ts = timeout_ns.map(|ns| libc::timespec {
@@ -577,15 +574,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
         shared.nap_alarm.clear();
     }
     if fds[0].revents != 0 {
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
-        unsafe {
-            libc::read(
-                shared.wake.as_raw_fd(),
-                (&mut v as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+        super::read_counter(shared.wake.as_raw_fd());
     }
     Woke {
         addresses: fds[1].revents != 0,
