@@ -611,6 +611,9 @@ fn a_dead_peer_ends_in_retry_exceeded() {
     assert!(get(&x, "retransmissions") >= u64::from(retry_cnt), "{x:?}");
     // The error came no earlier than the settings imply ((retry_cnt + 1) timeouts of
     // 4.096 us << timeout after the last SEND was posted), and (far) sooner than a hang.
+    // The client reads its clock before it posts, and the timer starts inside the post at
+    // the earliest, so this bound holds however the threads are scheduled; the 0.1 ms is the
+    // printed precision.
     let ms: f64 = stdout
         .split(", ")
         .nth(1)
@@ -619,7 +622,7 @@ fn a_dead_peer_ends_in_retry_exceeded() {
         .expect("time after the last SEND");
     let implied_ms = f64::from(retry_cnt + 1) * 4.096e-3 * f64::from(1u32 << timeout);
     assert!(
-        ms >= implied_ms * 0.99 && ms < implied_ms + 10_000.0,
+        ms >= implied_ms - 0.1 && ms < implied_ms + 10_000.0,
         "RETRY_EXC_ERR {ms} ms after the last SEND; the settings imply {implied_ms:.0} ms"
     );
     eprintln!(

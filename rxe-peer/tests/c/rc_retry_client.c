@@ -7,6 +7,8 @@
  * Usage: rc_retry_client GID_INDEX SERVER [TIMEOUT RETRY_CNT]
  * Sends until a completion fails, always with one SEND in flight; then prints
  *   "failed status N (text) after K sends, M ms after the last SEND was posted"
+ * where M counts from just before the ibv_post_send call: the retransmission timer cannot
+ * start before that, so M is a lower bound the settings fix, whatever the scheduler does.
  * destroys the QP, CQ, MR and PD, closes the device, prints "closed cleanly" (or "teardown
  * failed") and exits 0 if the status was IBV_WC_RETRY_EXC_ERR and the teardown worked, 1
  * otherwise. Exits 2 on setup errors, 3 if nothing failed within 120 s.
@@ -139,9 +141,12 @@ int main(int argc, char **argv)
     int outstanding = 0;
     while (now_ms() - start < 120000) {
         if (!outstanding) {
+            /* Before the call, not after: the provider may transmit (and start the timer)
+             * inside it, and this thread may be descheduled before it could read the clock
+             * again (CI saw the error 264 ms "after" a post whose timer chain was 268 ms). */
+            last_post = now_ms();
             if (ibv_post_send(qp, &swr, &sbad))
                 die("post_send");
-            last_post = now_ms();
             outstanding = 1;
         }
         struct ibv_wc wc;
@@ -151,7 +156,7 @@ int main(int argc, char **argv)
         if (n == 0)
             continue;
         if (wc.status != IBV_WC_SUCCESS) {
-            printf("failed status %d (%s) after %ld sends, %.0f ms after the last SEND was "
+            printf("failed status %d (%s) after %ld sends, %.1f ms after the last SEND was "
                    "posted\n",
                    wc.status, ibv_wc_status_str(wc.status), sends, now_ms() - last_post);
             /* The QP is in ERROR now; everything is torn down as after a normal run. */
