@@ -23,6 +23,19 @@ pub trait Port: Send {
     fn tx_pending(&self) -> bool;
     /// A descriptor that becomes readable when frames arrive, for sleeping in `poll()`.
     fn wait_fd(&self) -> Option<RawFd>;
+    /// Frames for this port that the device dropped before they could be received: with no
+    /// room in the receive ring, and for any other reason. Lost frames look like loss on the
+    /// path to the transport (NAKs, retransmissions); these say where they were lost.
+    fn rx_drops(&self) -> RxDrops {
+        RxDrops::default()
+    }
+}
+
+/// See [`Port::rx_drops`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxDrops {
+    pub ring_full: u64,
+    pub other: u64,
 }
 
 impl Port for XskSocket {
@@ -48,6 +61,15 @@ impl Port for XskSocket {
 
     fn wait_fd(&self) -> Option<RawFd> {
         Some(self.as_raw_fd())
+    }
+
+    fn rx_drops(&self) -> RxDrops {
+        // The socket's statistics cannot fail to read on an open socket; if they did, no
+        // drops is the honest fallback for a diagnostic counter.
+        self.stats().map_or(RxDrops::default(), |s| RxDrops {
+            ring_full: s.rx_ring_full,
+            other: s.rx_dropped,
+        })
     }
 }
 

@@ -348,7 +348,11 @@ impl Engine {
     /// The transport's and the engine's counters as `name=value` pairs separated by spaces.
     pub fn stats_line(&self) -> String {
         let c = &self.shared.counters;
-        let mut fields: Vec<(&str, u64)> = self.lock().dev.counters().fields().to_vec();
+        let (mut fields, drops) = {
+            let st = self.lock();
+            let fields: Vec<(&str, u64)> = st.dev.counters().fields().to_vec();
+            (fields, st.io.port.rx_drops())
+        };
         fields.extend([
             ("rx_frames", c.rx_frames.load(Ordering::Relaxed)),
             ("rx_not_roce", c.rx_not_roce.load(Ordering::Relaxed)),
@@ -360,6 +364,8 @@ impl Engine {
                 "tx_wrong_interface",
                 c.tx_wrong_interface.load(Ordering::Relaxed),
             ),
+            ("rx_dropped_ring_full", drops.ring_full),
+            ("rx_dropped_other", drops.other),
             ("wakeups", c.wakeups.load(Ordering::Relaxed)),
             (
                 "naps_out_while_polled",

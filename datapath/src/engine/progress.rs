@@ -128,8 +128,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
 
     // Timers.
     if dev.poll_timeout().is_some_and(|t| t <= now) {
-        dev.handle_timeout(now);
-        work = true;
+        work |= dev.handle_timeout(now);
     }
 
     // Transmit: the transport writes each packet straight into the port's buffer, behind room
