@@ -527,8 +527,13 @@ fn without_debug_info(path: &Path) -> Result<Vec<u8>> {
     if !data.starts_with(b"\x7fELF") {
         return Ok(data);
     }
+    // One name per call: guests boot in parallel threads, and two of them stripping the same
+    // file into one name raced (objcopy truncating it while the other read it: a guest once
+    // got an empty /opt/xroce/xroce).
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = std::env::temp_dir().join(format!(
-        "xroce-strip-{}-{}",
+        "xroce-strip-{}-{call}-{}",
         std::process::id(),
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
     ));
@@ -590,4 +595,31 @@ pub(crate) fn write_boot_cpio(
     }
     w.finish().map_err(io)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guests boot in parallel, each stripping the same files: every caller gets the whole
+    /// stripped file (with one temporary name per process, a guest got an empty binary).
+    #[test]
+    fn stripping_the_same_file_from_many_threads_gives_each_the_whole_file() {
+        let exe = std::env::current_exe().expect("test binary");
+        let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|_| s.spawn(|| without_debug_info(&exe).expect("strip")))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        let first = &results[0];
+        assert!(first.starts_with(b"\x7fELF"), "not an ELF file");
+        for r in &results {
+            assert_eq!(r.len(), first.len(), "threads got different files");
+            assert!(r == first, "threads got different files");
+        }
+    }
 }
