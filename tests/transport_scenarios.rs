@@ -10,7 +10,7 @@ use std::rc::Rc;
 use xroce_core::transport::{
     Access, AddressVector, AhId, AsyncEvent, AttrMask, Counters, CqId, Event, MemoryRegion, Nanos,
     PathMtu, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, VerbsError,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion, TX_TURN_PACKETS,
 };
 use xroce_core::wire::{AethSyndrome, NakCode, Opcode, RoceFrame};
 use xroce_tests::sim::{
@@ -767,6 +767,62 @@ fn many_busy_qps_ask_for_acks_before_their_timers_fire() {
     let c = counters(&sim, 0);
     assert_eq!(c.tx_requests, QPS as u64 * WRITES * 16);
     assert_eq!((c.timeouts, c.retransmissions), (0, 0));
+}
+
+/// Busy QPs share the link in turns of `TX_TURN_PACKETS` packets: long enough that each turn
+/// reads one stretch of one application buffer (with a packet per turn, 256 busy QPs made the
+/// sender read and the receiver write a different buffer every packet, and bandwidth fell by a
+/// quarter), short enough that every ready QP gets the link again soon.
+#[test]
+fn busy_qps_send_in_turns_of_several_packets() {
+    const QPS: usize = 3;
+    // 64 packets of 1 KiB per WRITE: four turns each.
+    const LEN: u32 = 64 * 1024;
+    let mut sim = Sim::new(30, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let pairs: Vec<(QpEnd, QpEnd)> = (0..QPS).map(|_| connect(&mut sim, 0, 1, &o)).collect();
+    let src = sim.nodes[0].alloc(LEN as usize, RW);
+    let dst = sim.nodes[1].alloc(QPS * LEN as usize, RW);
+    sim.trace = Some(Vec::new());
+    for (i, (a, _)) in pairs.iter().enumerate() {
+        let off = i as u64 * u64::from(LEN);
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(i as u64, write_op(&dst, off), vec![sge(&src, 0, LEN)]),
+            )
+            .unwrap();
+    }
+    for (a, _) in &pairs {
+        let wcs = wait_cq(&mut sim, 0, a.send_cq, 1);
+        assert_eq!(ids_and_status(&wcs)[0].1, WcStatus::Success);
+    }
+    let trace = sim.trace.take().unwrap();
+    // Runs of consecutive requests to the same destination QP, in the order they left.
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for (_, packet) in trace.iter().filter(|(from, _)| *from == 0) {
+        let f = RoceFrame::parse_ip(packet).expect("a RoCEv2 packet");
+        let qpn = f.headers.transport.bth.dest_qpn;
+        match runs.last_mut() {
+            Some((q, n)) if *q == qpn => *n += 1,
+            _ => runs.push((qpn, 1)),
+        }
+    }
+    let turn = TX_TURN_PACKETS;
+    let expected: Vec<(u32, u32)> = (0..(64 / turn) as usize)
+        .flat_map(|_| pairs.iter().map(move |(_, b)| (b.qpn, turn)))
+        .collect();
+    assert_eq!(
+        runs, expected,
+        "requests by destination QP (qpn, packets in a row)"
+    );
+    for (i, _) in pairs.iter().enumerate() {
+        let at = i * LEN as usize;
+        assert_eq!(
+            &sim.nodes[1].bytes(&dst)[at..at + LEN as usize],
+            sim.nodes[0].bytes(&src)
+        );
+    }
 }
 
 // ----- 3. Remote access violations -----

@@ -31,7 +31,7 @@ pub mod verbs;
 
 pub use address::{AddressVector, AhId};
 pub use cq::{CompletionQueue, CqId};
-pub use device::{Counters, Device, DeviceConfig, Transmit};
+pub use device::{Counters, Device, DeviceConfig, Transmit, TX_TURN_PACKETS};
 pub use host_memory::{HostMemory, MemFault, VecMemory};
 pub use memory::{Access, MemoryRegion, MrId, PdId};
 pub use qp::{QpAttr, QpCap, QpInit};
