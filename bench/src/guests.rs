@@ -1,7 +1,9 @@
 //! rdma_rxe↔rdma_rxe next to xroce↔xroce in identical QEMU guests on one bridge: the same two
-//! guests (Debian's kernel, 1 vCPU under the same emulation) run perftest first over their
-//! rdma_rxe devices, then over xroce devices on the same interfaces. Emulated CPUs make the
-//! absolute numbers meaningless; the ratio between the two stacks is what counts.
+//! guests (Debian's kernel, 1 vCPU under the same emulation) run perftest over their rdma_rxe
+//! devices, then over xroce devices on the same interfaces, in alternating rounds. Emulated CPUs
+//! make the absolute numbers meaningless; the ratio between the two stacks is what counts, and
+//! the emulation's speed drifts with what else the host runs: one pair of runs moved the ratio
+//! between 0.75 and 1.35 on the same build, so each number is the median of several rounds.
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,11 +27,20 @@ pub struct GuestNumbers {
     pub write_bw_mb_s: f64,
 }
 
-/// rdma_rxe's numbers, then xroce's.
-pub fn compare(
-    bin_dir: &Path,
-    say: &mut dyn FnMut(&str),
-) -> Result<(GuestNumbers, GuestNumbers), String> {
+/// Rounds of the comparison; each runs both stacks, rdma_rxe first.
+pub const ROUNDS: usize = 3;
+
+/// The comparison: each stack's median over [`ROUNDS`] rounds (each number's own median), and
+/// every round's numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    pub rxe: GuestNumbers,
+    pub xroce: GuestNumbers,
+    /// (rdma_rxe, xroce) of each round, in order.
+    pub rounds: Vec<(GuestNumbers, GuestNumbers)>,
+}
+
+pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, String> {
     let image = ensure_image(&default_cache_dir(), say).map_err(|e| e.to_string())?;
     let lab = Lab::new("xrbench", 1500, image, bin_dir.join("xroce-guest-agent"))
         .map_err(|e| e.to_string())?;
@@ -45,14 +56,42 @@ pub fn compare(
         .collect();
     say("booting two identical guests (rdma_rxe and xroce in each)");
     let g = lab.boot_all(guests).map_err(|e| e.to_string())?;
-    say("rdma_rxe <-> rdma_rxe");
-    let rxe = measure(&g, "", "rxe0")?;
-    for guest in &g {
-        sh(guest, "/opt/xroce/xroce link add xr0 netdev eth0")?;
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for round in 1..=ROUNDS {
+        say(&format!("round {round}/{ROUNDS}: rdma_rxe <-> rdma_rxe"));
+        let rxe = measure(&g, "", "rxe0")?;
+        // xroce's XDP program is attached only for its own runs: rdma_rxe's packets never pass
+        // through it.
+        for guest in &g {
+            sh(guest, "/opt/xroce/xroce link add xr0 netdev eth0")?;
+        }
+        say(&format!("round {round}/{ROUNDS}: xroce <-> xroce"));
+        let xroce = measure(&g, "/opt/xroce/xroce exec -- ", "xr0")?;
+        for guest in &g {
+            sh(guest, "/opt/xroce/xroce link del xr0")?;
+        }
+        rounds.push((rxe, xroce));
     }
-    say("xroce <-> xroce");
-    let xroce = measure(&g, "/opt/xroce/xroce exec -- ", "xr0")?;
-    Ok((rxe, xroce))
+    Ok(Comparison {
+        rxe: median_numbers(rounds.iter().map(|r| r.0)),
+        xroce: median_numbers(rounds.iter().map(|r| r.1)),
+        rounds,
+    })
+}
+
+/// Each number's median over the runs (the upper one of an even count).
+fn median_numbers(runs: impl Iterator<Item = GuestNumbers> + Clone) -> GuestNumbers {
+    let median = |f: fn(&GuestNumbers) -> f64| {
+        let mut v: Vec<f64> = runs.clone().map(|n| f(&n)).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    GuestNumbers {
+        send_lat_us: median(|n| n.send_lat_us),
+        send_lat_p99_us: median(|n| n.send_lat_p99_us),
+        send_lat_min_us: median(|n| n.send_lat_min_us),
+        write_bw_mb_s: median(|n| n.write_bw_mb_s),
+    }
 }
 
 fn sh(g: &Guest, cmd: &str) -> Result<String, String> {
@@ -100,4 +139,31 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
         send_lat_min_us: lat.min,
         write_bw_mb_s: bw.mb_per_s,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(lat: f64, bw: f64) -> GuestNumbers {
+        GuestNumbers {
+            send_lat_us: lat,
+            send_lat_p99_us: lat * 10.0,
+            send_lat_min_us: lat / 2.0,
+            write_bw_mb_s: bw,
+        }
+    }
+
+    #[test]
+    fn each_number_takes_its_own_median() {
+        let runs = [n(300.0, 10.0), n(100.0, 30.0), n(200.0, 20.0)];
+        let m = median_numbers(runs.iter().copied());
+        assert_eq!(m.send_lat_us, 200.0);
+        assert_eq!(m.send_lat_p99_us, 2000.0);
+        assert_eq!(m.write_bw_mb_s, 20.0);
+        // The median run of one number need not be the median run of another.
+        let runs = [n(100.0, 10.0), n(200.0, 30.0), n(300.0, 20.0)];
+        let m = median_numbers(runs.iter().copied());
+        assert_eq!((m.send_lat_us, m.write_bw_mb_s), (200.0, 20.0));
+    }
 }

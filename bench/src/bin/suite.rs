@@ -323,7 +323,8 @@ fn main() {
     if opts.guests {
         p.say("QEMU guests: rdma_rxe vs xroce");
         match guests::compare(&bin_dir, &mut |m| p.say(m)) {
-            Ok((rxe, xroce)) => {
+            Ok(c) => {
+                let (rxe, xroce) = (c.rxe, c.xroce);
                 for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
                     r.rows.push(Row {
                         p99: Some(n.send_lat_p99_us),
@@ -347,11 +348,27 @@ fn main() {
                         n.write_bw_mb_s,
                     ));
                 }
+                let per_round: Vec<String> = c
+                    .rounds
+                    .iter()
+                    .map(|(rxe, xroce)| {
+                        format!(
+                            "{:.2}× / {:.2}×",
+                            xroce.write_bw_mb_s / rxe.write_bw_mb_s,
+                            xroce.send_lat_us / rxe.send_lat_us
+                        )
+                    })
+                    .collect();
                 r.notes.push(format!(
-                    "Guests: ib_send_lat 64 B minimum (the path without scheduling delays): \
+                    "Guests: each number is the median of {} rounds, each round rdma_rxe then \
+                     xroce; xroce's bandwidth / latency as a multiple of rdma_rxe's in each \
+                     round: {}. ib_send_lat 64 B minimum (the path without scheduling delays): \
                      rdma_rxe {:.0} µs, xroce {:.0} µs. Under TCG both pay mostly for the \
                      emulated kernel network path (virtio, interrupts, softirq), which they share.",
-                    rxe.send_lat_min_us, xroce.send_lat_min_us
+                    c.rounds.len(),
+                    per_round.join(", "),
+                    rxe.send_lat_min_us,
+                    xroce.send_lat_min_us
                 ));
                 guest_numbers = Some((rxe, xroce));
             }
