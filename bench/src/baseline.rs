@@ -259,19 +259,25 @@ struct RawEnd {
 }
 
 fn raw_end(iface: &str, peer: Ipv4Addr) -> RawEnd {
-    let i = netlink::interface_by_name(iface).expect("interface");
-    let peer_mac =
-        netlink::resolve(i.index, peer.into(), None, Duration::from_secs(3)).expect("peer MAC");
+    try_raw_end(iface, peer).unwrap_or_else(|e| panic!("raw AF_XDP end on {iface}: {e}"))
+}
+
+fn try_raw_end(iface: &str, peer: Ipv4Addr) -> Result<RawEnd, String> {
+    let i = netlink::interface_by_name(iface).map_err(|e| format!("interface: {e}"))?;
+    let peer_mac = netlink::resolve(i.index, peer.into(), None, Duration::from_secs(3))
+        .map_err(|e| format!("MAC of {peer}: {e}"))?;
     let sock = XskSocket::open_when_free(i.index, XskConfig::default(), Duration::from_secs(1))
-        .expect("AF_XDP socket");
-    let mut map = xdp::XsksMap::open(iface).expect("xsks_map");
-    map.set(0, sock.as_raw_fd()).expect("register socket");
-    RawEnd {
+        .map_err(|e| format!("AF_XDP socket: {e}"))?;
+    let mut map = xdp::XsksMap::open(iface)
+        .map_err(|e| format!("the XDP program's socket map (is xroce's program loaded?): {e}"))?;
+    map.set(0, sock.as_raw_fd())
+        .map_err(|e| format!("registering the socket: {e}"))?;
+    Ok(RawEnd {
         sock,
         _map: map,
         mac: i.mac,
         peer_mac,
-    }
+    })
 }
 
 /// `count` round trips of frames with `payload` bytes of UDP payload, both ends busy-polling
@@ -372,22 +378,101 @@ pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Strea
         }
     });
     ready_rx.recv().ok();
-    let (elapsed, cpu) = pair.run_in(0, move || {
-        let mut end = raw_end(&ia, b);
-        let frame = udp_frame(end.mac, end.peer_mac, a, b, payload);
-        let t = Instant::now();
-        let cpu = CpuTime::thread();
-        while t.elapsed() < duration {
-            for _ in 0..32 {
-                if !end.sock.send(&frame) {
-                    break;
-                }
-            }
-            let _ = end.sock.flush();
-        }
-        (t.elapsed(), CpuTime::thread().minus(cpu))
-    });
+    let (elapsed, cpu) = pair
+        .run_in(0, move || xsk_send_stream(&ia, a, b, payload, duration))
+        .unwrap_or_else(|e| panic!("raw AF_XDP sender: {e}"));
     sink.finish(receiver, elapsed, cpu)
+}
+
+/// The sending end of [`xsk_stream`] on its own: frames of `payload` bytes of UDP payload from
+/// `iface` (address `own`) to `peer` for `duration`, as fast as the ring takes them. Returns
+/// the time it sent for and the CPU it used. Needs xroce's XDP program on `iface`.
+pub fn xsk_send_stream(
+    iface: &str,
+    own: Ipv4Addr,
+    peer: Ipv4Addr,
+    payload: usize,
+    duration: Duration,
+) -> Result<(Duration, CpuTime), String> {
+    let mut end = try_raw_end(iface, peer)?;
+    let frame = udp_frame(end.mac, end.peer_mac, own, peer, payload);
+    let t = Instant::now();
+    let cpu = CpuTime::thread();
+    while t.elapsed() < duration {
+        for _ in 0..32 {
+            if !end.sock.send(&frame) {
+                break;
+            }
+        }
+        end.sock.flush().map_err(|e| format!("sending: {e}"))?;
+    }
+    Ok((t.elapsed(), CpuTime::thread().minus(cpu)))
+}
+
+/// What [`xsk_receive_stream`] counted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Received {
+    pub frames: u64,
+    /// UDP payload bytes.
+    pub bytes: u64,
+    /// From the first frame to the last.
+    pub span: Duration,
+}
+
+impl Received {
+    /// Payload bytes per second over the span, in 10^6.
+    pub fn mb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.span.as_secs_f64().max(1e-9) / 1e6
+    }
+}
+
+/// The receiving end of a raw AF_XDP stream on its own: counts the frames `peer` sends to
+/// `iface` until `quiet` passes without one after the first, or `wait` passes without any.
+/// Needs xroce's XDP program on `iface`.
+pub fn xsk_receive_stream(
+    iface: &str,
+    peer: Ipv4Addr,
+    wait: Duration,
+    quiet: Duration,
+) -> Result<Received, String> {
+    let mut end = try_raw_end(iface, peer)?;
+    let started = Instant::now();
+    let (mut frames, mut bytes) = (0u64, 0u64);
+    let (mut first, mut last) = (None, started);
+    loop {
+        let mut n = 0u64;
+        end.sock.recv(64, &mut |f| {
+            n += 1;
+            bytes += f.len().saturating_sub(42) as u64;
+        });
+        if n == 0 {
+            // Nothing queued: sleep until a frame comes (at most 1 ms) instead of spinning,
+            // which on a guest's single vCPU would take the time its softirq needs to deliver
+            // them.
+            let mut pfd = libc::pollfd {
+                fd: end.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            unsafe { libc::poll(&mut pfd, 1, 1) };
+        }
+        let now = Instant::now();
+        if n > 0 {
+            frames += n;
+            first.get_or_insert(now);
+            last = now;
+        } else if first.is_some() && now - last > quiet {
+            break;
+        } else if first.is_none() && now - started > wait {
+            return Err(format!("no frame from {peer} within {wait:?}"));
+        }
+    }
+    Ok(Received {
+        frames,
+        bytes,
+        span: last - first.unwrap_or(last),
+    })
 }
 
 // ---------------------------------------------------------------- helpers

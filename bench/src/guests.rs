@@ -38,7 +38,13 @@ pub struct Comparison {
     pub xroce: GuestNumbers,
     /// (rdma_rxe, xroce) of each round, in order.
     pub rounds: Vec<(GuestNumbers, GuestNumbers)>,
+    /// The path's ceiling: raw AF_XDP streaming 1 KiB UDP payloads from one guest to the
+    /// other (MB/s), or why it could not be measured.
+    pub raw_stream_mb_s: Result<f64, String>,
 }
+
+/// UDP payload of the raw stream: 1 KiB, the payload of a full RoCE packet at path MTU 1024.
+pub const RAW_PAYLOAD: usize = 1024;
 
 pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, String> {
     let image = ensure_image(&default_cache_dir(), say).map_err(|e| e.to_string())?;
@@ -47,7 +53,7 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     let guests = (0..2u8)
         .map(|i| {
             let mut c = GuestConfig::rxe(&format!("bench{i}"), 30 + i);
-            c.extra_files = ["xroce", "libxroce_provider.so"]
+            c.extra_files = ["xroce", "libxroce_provider.so", "guest-stream"]
                 .iter()
                 .map(|f| (bin_dir.join(f), format!("/opt/xroce/{f}")))
                 .collect();
@@ -72,11 +78,58 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
         }
         rounds.push((rxe, xroce));
     }
+    for guest in &g {
+        sh(guest, "/opt/xroce/xroce link add xr0 netdev eth0")?;
+    }
+    say("raw AF_XDP stream between the guests (what their path carries at all)");
+    let raw_stream_mb_s = raw_stream(&g);
+    for guest in &g {
+        sh(guest, "/opt/xroce/xroce link del xr0")?;
+    }
     Ok(Comparison {
         rxe: median_numbers(rounds.iter().map(|r| r.0)),
         xroce: median_numbers(rounds.iter().map(|r| r.1)),
         rounds,
+        raw_stream_mb_s,
     })
+}
+
+/// `guest-stream` from the second guest to the first for 5 s; the receiver's MB/s.
+fn raw_stream(g: &[Guest]) -> Result<f64, String> {
+    let receiver = g[0].spawn(
+        &format!("/opt/xroce/guest-stream recv eth0 {} 60", g[1].ipv4()),
+        RUN_TIMEOUT,
+    );
+    // The receiver counts from its first frame, so starting late only shortens what it sees;
+    // this gives it the time to bind its socket under emulation.
+    std::thread::sleep(Duration::from_secs(2));
+    let sent = sh(
+        &g[1],
+        &format!(
+            "/opt/xroce/guest-stream send eth0 {} {} {RAW_PAYLOAD} 5",
+            g[1].ipv4(),
+            g[0].ipv4()
+        ),
+    );
+    let received = receiver.wait().map_err(|e| e.to_string())?;
+    sent?;
+    if !received.success() {
+        return Err(format!("guest-stream recv: {}", received.text()));
+    }
+    parse_stream_line(&received.stdout)
+        .ok_or_else(|| format!("no result from guest-stream recv: {}", received.text()))
+}
+
+/// The MB/s of `guest-stream recv`'s line: `received F frames, B bytes in S s: X MB/s`.
+fn parse_stream_line(out: &str) -> Option<f64> {
+    out.lines()
+        .find(|l| l.starts_with("received "))?
+        .rsplit(": ")
+        .next()?
+        .strip_suffix(" MB/s")?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Each number's median over the runs (the upper one of an even count).
@@ -152,6 +205,13 @@ mod tests {
             send_lat_min_us: lat / 2.0,
             write_bw_mb_s: bw,
         }
+    }
+
+    #[test]
+    fn the_stream_line_gives_its_rate() {
+        let out = "received 1000 frames, 1024000 bytes in 0.500 s: 2.05 MB/s\n";
+        assert_eq!(parse_stream_line(out), Some(2.05));
+        assert_eq!(parse_stream_line("guest-stream: no frame\n"), None);
     }
 
     #[test]

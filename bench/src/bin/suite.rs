@@ -370,6 +370,31 @@ fn main() {
                     rxe.send_lat_min_us,
                     xroce.send_lat_min_us
                 ));
+                match &c.raw_stream_mb_s {
+                    Ok(raw) => {
+                        r.rows.push(Row::new(
+                            GUESTS_BW,
+                            "1 KiB UDP frames",
+                            guests::RAW_PAYLOAD as u64,
+                            "raw AF_XDP",
+                            Kind::MegabytesPerSecond,
+                            *raw,
+                        ));
+                        r.notes.push(format!(
+                            "Guests: raw AF_XDP streams {raw:.1} MB/s of 1 KiB payloads from one \
+                             guest to the other, the most any stack there can carry; twice \
+                             rdma_rxe's bandwidth would be {:.1} MB/s, {:.2}× that ceiling. \
+                             rdma_rxe reaches {:.2}× of it, xroce {:.2}×.",
+                            2.0 * rxe.write_bw_mb_s,
+                            2.0 * rxe.write_bw_mb_s / raw,
+                            rxe.write_bw_mb_s / raw,
+                            xroce.write_bw_mb_s / raw
+                        ));
+                    }
+                    Err(e) => r
+                        .notes
+                        .push(format!("guests: the raw AF_XDP stream failed: {e}")),
+                }
                 guest_numbers = Some((rxe, xroce));
             }
             Err(e) => r.notes.push(format!("guest comparison failed: {e}")),
