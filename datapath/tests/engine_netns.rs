@@ -4,7 +4,7 @@
 //! Needs root (creates namespaces, loads XDP). Without root these tests fail unless
 //! `XROCE_SKIP_ROOT_TESTS=1` says to skip them.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 use xroce_datapath::netns::root_or_skip;
 
@@ -300,6 +300,61 @@ impl Setup {
         }
         Setup { pair }
     }
+
+    /// Runs `body` on both sides at once, each in its namespace with an engine of its own;
+    /// returns what each side returned, side 0 first. `T` is what the sides tell each other
+    /// to connect (see [`Side::swap`]).
+    fn on_both_sides<T, R>(&self, body: impl Fn(Side<T>) -> R + Send + Sync + 'static) -> [R; 2]
+    where
+        T: Send + 'static,
+        R: Send + 'static,
+    {
+        let body = Arc::new(body);
+        let (tx0, rx1) = mpsc::channel::<T>();
+        let (tx1, rx0) = mpsc::channel::<T>();
+        let connected = Arc::new(Barrier::new(2));
+        let handles = [(0usize, tx0, rx0), (1, tx1, rx1)].map(|(index, to_peer, from_peer)| {
+            let body = body.clone();
+            let connected = connected.clone();
+            let iface = self.pair.iface(index).to_string();
+            let ip = IpAddress::V4(self.pair.ipv4(index).into());
+            self.pair.spawn_in(index, move || {
+                let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+                let pd = engine.with_device(|d| d.alloc_pd());
+                body(Side {
+                    index,
+                    ip,
+                    engine,
+                    pd,
+                    to_peer,
+                    from_peer,
+                    connected,
+                })
+            })
+        });
+        handles.map(|h| h.join().expect("side"))
+    }
+}
+
+/// One side of a two-engine test (see [`Setup::on_both_sides`]).
+struct Side<T> {
+    index: usize,
+    ip: IpAddress,
+    engine: Engine,
+    pd: PdId,
+    to_peer: mpsc::Sender<T>,
+    from_peer: mpsc::Receiver<T>,
+    /// Both sides wait here once connected: UC and UD drop what arrives before the receiving
+    /// QP is in RTR.
+    connected: Arc<Barrier>,
+}
+
+impl<T> Side<T> {
+    /// Tells the other side `mine` and returns what it told this one.
+    fn swap(&self, mine: T) -> T {
+        self.to_peer.send(mine).expect("send endpoint");
+        self.from_peer.recv_timeout(WAIT).expect("peer endpoint")
+    }
 }
 
 /// The RC workload: WRITE, READ, SEND and both atomics from side 0 to side 1; at least 100 MiB
@@ -532,160 +587,143 @@ fn uc_and_ud_exchanges() {
     const COUNT: usize = 64;
     const UD_MSG: usize = 1000; // fits the 1024-byte port MTU
     const UD_COUNT: usize = 200;
-    let (tx0, rx1) = mpsc::channel::<(Endpoint, Endpoint)>();
-    let (tx1, rx0) = mpsc::channel::<(Endpoint, Endpoint)>();
-    let mut handles = Vec::new();
-    // UC and UD drop what arrives before the receiving QP is in RTR: both sides connect, then
-    // meet here, then send.
-    let connected = std::sync::Arc::new(std::sync::Barrier::new(2));
-    for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
-        let connected = connected.clone();
-        let iface = setup.pair.iface(side).to_string();
-        let ip = IpAddress::V4(setup.pair.ipv4(side).into());
-        handles.push(setup.pair.spawn_in(side, move || {
-            let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-            let pd = engine.with_device(|d| d.alloc_pd());
-            // Layout: [0, COUNT*MSG) UC source; then UC WRITE target; then UC SEND target;
-            // then UD source; then UD receive area (GRH + payload per slot).
-            let uc_src = 0;
-            let uc_write = COUNT * MSG;
-            let uc_recv = 2 * COUNT * MSG;
-            let ud_src = 3 * COUNT * MSG;
-            let ud_recv = ud_src + UD_COUNT * UD_MSG;
-            let slot = 40 + UD_MSG;
-            let mut buf = Buffer::new(&engine, pd, ud_recv + UD_COUNT * slot);
-            buf.write(uc_src, &pattern(10 + side as u64, COUNT * MSG));
-            buf.write(ud_src, &pattern(20 + side as u64, UD_COUNT * UD_MSG));
-            let uc = create_qp(&engine, pd, QpType::Uc);
-            let ud = create_qp(&engine, pd, QpType::Ud);
-            to_init(&engine, &uc);
-            to_init(&engine, &ud);
-            for i in 0..COUNT {
-                engine
-                    .post_recv(
-                        uc.qpn,
-                        RecvWr {
-                            wr_id: i as u64,
-                            sg_list: vec![buf.sge(uc_recv + i * MSG, MSG)],
-                        },
-                    )
-                    .expect("post_recv uc");
-            }
-            for i in 0..UD_COUNT {
-                engine
-                    .post_recv(
-                        ud.qpn,
-                        RecvWr {
-                            wr_id: i as u64,
-                            sg_list: vec![buf.sge(ud_recv + i * slot, slot)],
-                        },
-                    )
-                    .expect("post_recv ud");
-            }
-            let me_uc = Endpoint {
-                qpn: uc.qpn,
-                psn: 0x500 + side as u32,
-                ip,
-                va: buf.addr(uc_write),
-                rkey: buf.mr.rkey,
-            };
-            let me_ud = Endpoint {
-                qpn: ud.qpn,
-                psn: 0,
-                ip,
-                va: 0,
-                rkey: 0,
-            };
-            tx.send((me_uc, me_ud)).expect("send endpoints");
-            let (peer_uc, peer_ud) = rx.recv_timeout(WAIT).expect("peer endpoints");
-            bring_up(&engine, &uc, ip, &peer_uc, me_uc.psn, PathMtu::Mtu1024);
-            bring_up(&engine, &ud, ip, &peer_ud, 0x77, PathMtu::Mtu1024);
-            connected.wait();
-            // Receives are posted before the endpoints are exchanged,
-            // so no message can arrive to an empty receive queue (UC and UD would drop it).
-            stream(&engine, &uc, COUNT, 16, "UC WRITE", |i| {
-                SendWr::new(
-                    i as u64,
-                    SendOp::RdmaWrite {
-                        remote_addr: peer_uc.va + (i * MSG) as u64,
-                        rkey: peer_uc.rkey,
-                    },
-                    vec![buf.sge(uc_src + i * MSG, MSG)],
-                )
-            });
-            stream(&engine, &uc, COUNT, 16, "UC SEND", |i| {
-                SendWr::new(
-                    i as u64,
-                    SendOp::SendWithImm { imm: i as u32 },
-                    vec![buf.sge(uc_src + i * MSG, MSG)],
-                )
-            });
-            let sgid_index = engine
-                .gid_index(xroce_datapath::netlink::std_address(ip))
-                .expect("own GID");
-            let ah = engine
-                .create_ah(
-                    pd,
-                    AddressVector {
-                        dgid: peer_ud.ip,
-                        sgid_index,
-                        traffic_class: 0,
-                        hop_limit: 64,
-                        flow_label: 0,
+    setup.on_both_sides(|me: Side<(Endpoint, Endpoint)>| {
+        let (side, ip, pd, engine) = (me.index, me.ip, me.pd, &me.engine);
+        // Layout: [0, COUNT*MSG) UC source; then UC WRITE target; then UC SEND target;
+        // then UD source; then UD receive area (GRH + payload per slot).
+        let uc_src = 0;
+        let uc_write = COUNT * MSG;
+        let uc_recv = 2 * COUNT * MSG;
+        let ud_src = 3 * COUNT * MSG;
+        let ud_recv = ud_src + UD_COUNT * UD_MSG;
+        let slot = 40 + UD_MSG;
+        let mut buf = Buffer::new(engine, pd, ud_recv + UD_COUNT * slot);
+        buf.write(uc_src, &pattern(10 + side as u64, COUNT * MSG));
+        buf.write(ud_src, &pattern(20 + side as u64, UD_COUNT * UD_MSG));
+        let uc = create_qp(engine, pd, QpType::Uc);
+        let ud = create_qp(engine, pd, QpType::Ud);
+        to_init(engine, &uc);
+        to_init(engine, &ud);
+        for i in 0..COUNT {
+            engine
+                .post_recv(
+                    uc.qpn,
+                    RecvWr {
+                        wr_id: i as u64,
+                        sg_list: vec![buf.sge(uc_recv + i * MSG, MSG)],
                     },
                 )
-                .expect("create_ah");
-            stream(&engine, &ud, UD_COUNT, 16, "UD SEND", |i| {
-                let mut wr = SendWr::new(
-                    i as u64,
-                    SendOp::Send,
-                    vec![buf.sge(ud_src + i * UD_MSG, UD_MSG)],
-                );
-                wr.ud = Some(UdDest {
-                    ah,
-                    remote_qpn: peer_ud.qpn,
-                    remote_qkey: 0x1111_1111,
-                });
-                wr
+                .expect("post_recv uc");
+        }
+        for i in 0..UD_COUNT {
+            engine
+                .post_recv(
+                    ud.qpn,
+                    RecvWr {
+                        wr_id: i as u64,
+                        sg_list: vec![buf.sge(ud_recv + i * slot, slot)],
+                    },
+                )
+                .expect("post_recv ud");
+        }
+        let me_uc = Endpoint {
+            qpn: uc.qpn,
+            psn: 0x500 + side as u32,
+            ip,
+            va: buf.addr(uc_write),
+            rkey: buf.mr.rkey,
+        };
+        let me_ud = Endpoint {
+            qpn: ud.qpn,
+            psn: 0,
+            ip,
+            va: 0,
+            rkey: 0,
+        };
+        let (peer_uc, peer_ud) = me.swap((me_uc, me_ud));
+        bring_up(engine, &uc, ip, &peer_uc, me_uc.psn, PathMtu::Mtu1024);
+        bring_up(engine, &ud, ip, &peer_ud, 0x77, PathMtu::Mtu1024);
+        me.connected.wait();
+        // Receives are posted before the endpoints are exchanged,
+        // so no message can arrive to an empty receive queue (UC and UD would drop it).
+        stream(engine, &uc, COUNT, 16, "UC WRITE", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::RdmaWrite {
+                    remote_addr: peer_uc.va + (i * MSG) as u64,
+                    rkey: peer_uc.rkey,
+                },
+                vec![buf.sge(uc_src + i * MSG, MSG)],
+            )
+        });
+        stream(engine, &uc, COUNT, 16, "UC SEND", |i| {
+            SendWr::new(
+                i as u64,
+                SendOp::SendWithImm { imm: i as u32 },
+                vec![buf.sge(uc_src + i * MSG, MSG)],
+            )
+        });
+        let sgid_index = engine
+            .gid_index(xroce_datapath::netlink::std_address(ip))
+            .expect("own GID");
+        let ah = engine
+            .create_ah(
+                pd,
+                AddressVector {
+                    dgid: peer_ud.ip,
+                    sgid_index,
+                    traffic_class: 0,
+                    hop_limit: 64,
+                    flow_label: 0,
+                },
+            )
+            .expect("create_ah");
+        stream(engine, &ud, UD_COUNT, 16, "UD SEND", |i| {
+            let mut wr = SendWr::new(
+                i as u64,
+                SendOp::Send,
+                vec![buf.sge(ud_src + i * UD_MSG, UD_MSG)],
+            );
+            wr.ud = Some(UdDest {
+                ah,
+                remote_qpn: peer_ud.qpn,
+                remote_qkey: 0x1111_1111,
             });
-            // What the peer sent us.
-            let peer = 1 - side as u64;
-            let uc_recvs = expect_completions(&engine, uc.recv_cq, COUNT, "UC receives");
-            for (i, wc) in uc_recvs.iter().enumerate() {
-                assert_eq!(wc.wr_id, i as u64);
-                assert_eq!(wc.imm, i as u32);
-                assert_eq!(wc.byte_len as usize, MSG);
-            }
-            let peer_src = pattern(10 + peer, COUNT * MSG);
+            wr
+        });
+        // What the peer sent us.
+        let peer = 1 - side as u64;
+        let uc_recvs = expect_completions(engine, uc.recv_cq, COUNT, "UC receives");
+        for (i, wc) in uc_recvs.iter().enumerate() {
+            assert_eq!(wc.wr_id, i as u64);
+            assert_eq!(wc.imm, i as u32);
+            assert_eq!(wc.byte_len as usize, MSG);
+        }
+        let peer_src = pattern(10 + peer, COUNT * MSG);
+        assert!(
+            buf.read(uc_write, COUNT * MSG) == peer_src,
+            "UC WRITE data differs"
+        );
+        assert!(
+            buf.read(uc_recv, COUNT * MSG) == peer_src,
+            "UC SEND data differs"
+        );
+        let ud_recvs = expect_completions(engine, ud.recv_cq, UD_COUNT, "UD receives");
+        let peer_ud_src = pattern(20 + peer, UD_COUNT * UD_MSG);
+        for (i, wc) in ud_recvs.iter().enumerate() {
+            assert_eq!(wc.wr_id, i as u64, "veth does not reorder");
+            assert_eq!(wc.byte_len as usize, 40 + UD_MSG);
+            assert_eq!(wc.src_qp, peer_ud.qpn);
+            let got = buf.read(ud_recv + i * slot + 40, UD_MSG);
             assert!(
-                buf.read(uc_write, COUNT * MSG) == peer_src,
-                "UC WRITE data differs"
+                got == peer_ud_src[i * UD_MSG..(i + 1) * UD_MSG],
+                "UD datagram {i} differs"
             );
-            assert!(
-                buf.read(uc_recv, COUNT * MSG) == peer_src,
-                "UC SEND data differs"
-            );
-            let ud_recvs = expect_completions(&engine, ud.recv_cq, UD_COUNT, "UD receives");
-            let peer_ud_src = pattern(20 + peer, UD_COUNT * UD_MSG);
-            for (i, wc) in ud_recvs.iter().enumerate() {
-                assert_eq!(wc.wr_id, i as u64, "veth does not reorder");
-                assert_eq!(wc.byte_len as usize, 40 + UD_MSG);
-                assert_eq!(wc.src_qp, peer_ud.qpn);
-                let got = buf.read(ud_recv + i * slot + 40, UD_MSG);
-                assert!(
-                    got == peer_ud_src[i * UD_MSG..(i + 1) * UD_MSG],
-                    "UD datagram {i} differs"
-                );
-            }
-            // Let the peer finish reading before this engine (and its memory) goes away.
-            std::thread::sleep(Duration::from_millis(200));
-            drop(buf);
-            drop(engine);
-        }));
-    }
-    for h in handles {
-        h.join().expect("side");
-    }
+        }
+        // Let the peer finish reading before this engine (and its memory) goes away.
+        std::thread::sleep(Duration::from_millis(200));
+        drop(buf);
+    });
 }
 
 /// Polls `cq` from this thread (the application's own progress, as a spinning verbs program
@@ -739,97 +777,78 @@ fn ping_pong_batching(mode: SendCompletions) {
     let setup = Setup::new(1500);
     const ROUNDS: usize = 2000;
     const MSG: usize = 64;
-    let (tx0, rx1) = mpsc::channel::<Endpoint>();
-    let (tx1, rx0) = mpsc::channel::<Endpoint>();
-    let connected = std::sync::Arc::new(std::sync::Barrier::new(2));
-    let unanswered_acked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut handles = Vec::new();
-    for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
-        let connected = connected.clone();
-        let unanswered_acked = unanswered_acked.clone();
-        let iface = setup.pair.iface(side).to_string();
-        let ip = IpAddress::V4(setup.pair.ipv4(side).into());
-        handles.push(setup.pair.spawn_in(side, move || {
-            let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-            let pd = engine.with_device(|d| d.alloc_pd());
-            let buf = Buffer::new(&engine, pd, 2 * ROUNDS * MSG + MSG);
-            let qp = create_qp(&engine, pd, QpType::Rc);
-            to_init(&engine, &qp);
-            for i in 0..=ROUNDS {
-                let wr = RecvWr {
-                    wr_id: i as u64,
-                    sg_list: vec![buf.sge(ROUNDS * MSG + i * MSG, MSG)],
-                };
-                engine.post_recv(qp.qpn, wr).expect("post_recv");
-            }
-            connect_for_sends(
-                &engine,
-                &qp,
-                ip,
-                0x900 + side as u32,
-                (&tx, &rx),
-                &connected,
-            );
-            let send = |i: usize| {
-                let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(i * MSG, MSG)]);
-                let signalled = match mode {
-                    SendCompletions::LastOnly => side == 1 && i + 1 == ROUNDS,
-                    SendCompletions::EachWaited => true,
-                };
-                if !signalled {
-                    wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
-                }
-                engine.post_send(qp.qpn, wr).expect("post_send");
-                if mode == SendCompletions::EachWaited {
-                    spin_for_one(&engine, qp.send_cq, "the send's ACK");
-                }
+    let unanswered_acked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let results = setup.on_both_sides(move |me: Side<Endpoint>| {
+        let (side, pd, engine) = (me.index, me.pd, &me.engine);
+        let buf = Buffer::new(engine, pd, 2 * ROUNDS * MSG + MSG);
+        let qp = create_qp(engine, pd, QpType::Rc);
+        to_init(engine, &qp);
+        for i in 0..=ROUNDS {
+            let wr = RecvWr {
+                wr_id: i as u64,
+                sg_list: vec![buf.sge(ROUNDS * MSG + i * MSG, MSG)],
             };
-            for i in 0..ROUNDS {
-                if side == 0 {
-                    send(i);
-                    spin_for_one(&engine, qp.recv_cq, "answer");
-                } else {
-                    spin_for_one(&engine, qp.recv_cq, "question");
-                    send(i);
-                }
+            engine.post_recv(qp.qpn, wr).expect("post_recv");
+        }
+        connect_for_sends(&me, &qp, 0x900 + side as u32);
+        let send = |i: usize| {
+            let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(i * MSG, MSG)]);
+            let signalled = match mode {
+                SendCompletions::LastOnly => side == 1 && i + 1 == ROUNDS,
+                SendCompletions::EachWaited => true,
+            };
+            if !signalled {
+                wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
             }
+            engine.post_send(qp.qpn, wr).expect("post_send");
             if mode == SendCompletions::EachWaited {
-                // A message that gets no answer: side 1 takes it and keeps polling its empty
-                // CQ, so the ACK held for an answer must go out on its own after a while.
-                if side == 0 {
-                    send(ROUNDS);
-                    unanswered_acked.store(true, std::sync::atomic::Ordering::SeqCst);
-                } else {
-                    spin_for_one(&engine, qp.recv_cq, "the unanswered message");
-                    let deadline = Instant::now() + WAIT;
-                    let mut out = Vec::new();
-                    while !unanswered_acked.load(std::sync::atomic::Ordering::SeqCst) {
-                        engine.poll_cq(qp.recv_cq, 1, &mut out).expect("poll_cq");
-                        assert!(
-                            Instant::now() < deadline,
-                            "the ACK for an unanswered message was held for good"
-                        );
-                    }
+                spin_for_one(engine, qp.send_cq, "the send's ACK");
+            }
+        };
+        for i in 0..ROUNDS {
+            if side == 0 {
+                send(i);
+                spin_for_one(engine, qp.recv_cq, "answer");
+            } else {
+                spin_for_one(engine, qp.recv_cq, "question");
+                send(i);
+            }
+        }
+        if mode == SendCompletions::EachWaited {
+            // A message that gets no answer: side 1 takes it and keeps polling its empty
+            // CQ, so the ACK held for an answer must go out on its own after a while.
+            if side == 0 {
+                send(ROUNDS);
+                unanswered_acked.store(true, std::sync::atomic::Ordering::SeqCst);
+            } else {
+                spin_for_one(engine, qp.recv_cq, "the unanswered message");
+                let deadline = Instant::now() + WAIT;
+                let mut out = Vec::new();
+                while !unanswered_acked.load(std::sync::atomic::Ordering::SeqCst) {
+                    engine.poll_cq(qp.recv_cq, 1, &mut out).expect("poll_cq");
+                    assert!(
+                        Instant::now() < deadline,
+                        "the ACK for an unanswered message was held for good"
+                    );
                 }
             }
-            if side == 0 {
-                // Gone right after the last completion, as programs are: the ACK that
-                // completion's poll left for later must still go out.
-                engine
-                    .with_device(|d| d.destroy_qp(qp.qpn))
-                    .expect("destroy_qp");
-            } else if mode == SendCompletions::LastOnly {
-                expect_completions(&engine, qp.send_cq, 1, "the last answer, acknowledged");
-            }
-            let c = engine.counters();
-            let frames = c.tx_frames.load(std::sync::atomic::Ordering::Relaxed) as usize;
-            let batches = c.tx_batches.load(std::sync::atomic::Ordering::Relaxed) as usize;
-            let acks = engine.with_device(|d| d.counters()).tx_responses as usize;
-            (side, frames, batches, acks)
-        }));
-    }
-    for h in handles {
-        let (side, frames, batches, acks) = h.join().expect("side");
+        }
+        if side == 0 {
+            // Gone right after the last completion, as programs are: the ACK that
+            // completion's poll left for later must still go out.
+            engine
+                .with_device(|d| d.destroy_qp(qp.qpn))
+                .expect("destroy_qp");
+        } else if mode == SendCompletions::LastOnly {
+            expect_completions(engine, qp.send_cq, 1, "the last answer, acknowledged");
+        }
+        let c = engine.counters();
+        let frames = c.tx_frames.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        let batches = c.tx_batches.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        let acks = engine.with_device(|d| d.counters()).tx_responses as usize;
+        (side, frames, batches, acks)
+    });
+    for (side, frames, batches, acks) in results {
         assert!(
             acks >= ROUNDS - 1,
             "side {side}: every message is acknowledged ({acks} ACKs for {ROUNDS})"
@@ -1074,71 +1093,53 @@ fn a_ping_pong_keeps_the_progress_threads_asleep() {
     const WARM_UP: usize = 1_000;
     const MSG: usize = 64;
     const RECVS: usize = 64;
-    let (tx0, rx1) = mpsc::channel::<Endpoint>();
-    let (tx1, rx0) = mpsc::channel::<Endpoint>();
-    let connected = std::sync::Arc::new(std::sync::Barrier::new(2));
-    let mut handles = Vec::new();
-    for (side, tx, rx) in [(0usize, tx0, rx0), (1usize, tx1, rx1)] {
-        let connected = connected.clone();
-        let iface = setup.pair.iface(side).to_string();
-        let ip = IpAddress::V4(setup.pair.ipv4(side).into());
-        handles.push(setup.pair.spawn_in(side, move || {
-            let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-            let pd = engine.with_device(|d| d.alloc_pd());
-            let buf = Buffer::new(&engine, pd, (RECVS + 1) * MSG);
-            let qp = create_qp(&engine, pd, QpType::Rc);
-            to_init(&engine, &qp);
-            let post_recv = |i: usize| {
-                let wr = RecvWr {
-                    wr_id: i as u64,
-                    sg_list: vec![buf.sge((1 + i) * MSG, MSG)],
-                };
-                engine.post_recv(qp.qpn, wr).expect("post_recv");
+    let results = setup.on_both_sides(move |me: Side<Endpoint>| {
+        let (side, pd, engine) = (me.index, me.pd, &me.engine);
+        let buf = Buffer::new(engine, pd, (RECVS + 1) * MSG);
+        let qp = create_qp(engine, pd, QpType::Rc);
+        to_init(engine, &qp);
+        let post_recv = |i: usize| {
+            let wr = RecvWr {
+                wr_id: i as u64,
+                sg_list: vec![buf.sge((1 + i) * MSG, MSG)],
             };
-            (0..RECVS).for_each(post_recv);
-            connect_for_sends(
-                &engine,
-                &qp,
-                ip,
-                0xa00 + side as u32,
-                (&tx, &rx),
-                &connected,
-            );
-            let checks = || {
-                engine
-                    .counters()
-                    .naps_out_while_polled
-                    .load(std::sync::atomic::Ordering::Relaxed)
-            };
-            // Every send signalled and waited for, then the answer: ib_send_lat's loop.
-            let send = |i: usize| {
-                let wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(0, MSG)]);
-                engine.post_send(qp.qpn, wr).expect("post_send");
-                spin_for_one(&engine, qp.send_cq, "the send's ACK");
-            };
-            let receive = |what: &str| {
-                let wc = spin_for_one(&engine, qp.recv_cq, what);
-                post_recv(wc.wr_id as usize);
-            };
-            let mut counted_from = 0;
-            for i in 0..ROUNDS {
-                if i == WARM_UP {
-                    counted_from = checks();
-                }
-                if side == 0 {
-                    send(i);
-                    receive("answer");
-                } else {
-                    receive("question");
-                    send(i);
-                }
+            engine.post_recv(qp.qpn, wr).expect("post_recv");
+        };
+        (0..RECVS).for_each(post_recv);
+        connect_for_sends(&me, &qp, 0xa00 + side as u32);
+        let checks = || {
+            engine
+                .counters()
+                .naps_out_while_polled
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        // Every send signalled and waited for, then the answer: ib_send_lat's loop.
+        let send = |i: usize| {
+            let wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(0, MSG)]);
+            engine.post_send(qp.qpn, wr).expect("post_send");
+            spin_for_one(engine, qp.send_cq, "the send's ACK");
+        };
+        let receive = |what: &str| {
+            let wc = spin_for_one(engine, qp.recv_cq, what);
+            post_recv(wc.wr_id as usize);
+        };
+        let mut counted_from = 0;
+        for i in 0..ROUNDS {
+            if i == WARM_UP {
+                counted_from = checks();
             }
-            (side, checks() - counted_from)
-        }));
-    }
+            if side == 0 {
+                send(i);
+                receive("answer");
+            } else {
+                receive("question");
+                send(i);
+            }
+        }
+        (side, checks() - counted_from)
+    });
     let counted = (ROUNDS - WARM_UP) as u64;
-    for h in handles {
-        let (side, wakes) = h.join().expect("side");
+    for (side, wakes) in results {
         assert!(
             wakes * 100 < counted,
             "side {side}: the progress thread woke {wakes} times in {counted} rounds to find the \
@@ -1159,25 +1160,16 @@ fn progress_thread_id(engine: &Engine) -> i32 {
     }
 }
 
-/// Swaps endpoints (for SENDs only: no memory) with the other side over `link`, brings `qp`
-/// up to RTS towards it, and waits for the other side to be there too.
-fn connect_for_sends(
-    engine: &Engine,
-    qp: &Qp,
-    ip: IpAddress,
-    psn: u32,
-    link: (&mpsc::Sender<Endpoint>, &mpsc::Receiver<Endpoint>),
-    connected: &std::sync::Barrier,
-) {
-    let me = Endpoint {
+/// Swaps endpoints (for SENDs only: no memory) with the other side, brings `qp` up to RTS
+/// towards it, and waits for the other side to be there too.
+fn connect_for_sends(me: &Side<Endpoint>, qp: &Qp, psn: u32) {
+    let peer = me.swap(Endpoint {
         qpn: qp.qpn,
         psn,
-        ip,
+        ip: me.ip,
         va: 0,
         rkey: 0,
-    };
-    link.0.send(me).expect("send endpoint");
-    let peer = link.1.recv_timeout(WAIT).expect("peer endpoint");
-    bring_up(engine, qp, ip, &peer, psn, PathMtu::Mtu1024);
-    connected.wait();
+    });
+    bring_up(&me.engine, qp, me.ip, &peer, psn, PathMtu::Mtu1024);
+    me.connected.wait();
 }
