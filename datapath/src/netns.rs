@@ -351,10 +351,21 @@ pub fn run_bounded(mut cmd: Command, timeout: Duration) -> io::Result<Output> {
         Ok(result) => result,
         Err(_) => {
             kill_group(pid);
-            let _ = rx.recv_timeout(Duration::from_secs(5));
+            // What it printed before it was killed is what says why it hung.
+            let printed = match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(Ok(o)) => format!(
+                    "; it printed:\n{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                _ => String::new(),
+            };
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("{cmd:?} did not finish within {} s", timeout.as_secs_f64()),
+                format!(
+                    "{cmd:?} did not finish within {} s{printed}",
+                    timeout.as_secs_f64()
+                ),
             ))
         }
     }

@@ -255,9 +255,16 @@ impl Rig {
             self.wait_listening_xroce();
             let client = self
                 .guest
-                .run(&format!("{program} {}", self.xroce_ip), PROGRAM_TIMEOUT)
-                .expect("guest client");
-            let server = server.join().expect("server thread").expect("xroce server");
+                .run(&format!("{program} {}", self.xroce_ip), PROGRAM_TIMEOUT);
+            let server = server.join().expect("server thread");
+            let (client, server) = match (client, server) {
+                (Ok(c), Ok(s)) => (c, s),
+                (c, s) => panic!(
+                    "{program} with xroce as server:\n--- xroce server: {}\n--- guest client: {}",
+                    s.map_or_else(|e| e.to_string(), |s| text(&s)),
+                    c.map_or_else(|e| e.to_string(), |c| c.text()),
+                ),
+            };
             (
                 (server.status.success(), text(&server)),
                 (client.success(), client.text()),
@@ -268,9 +275,15 @@ impl Rig {
             let client = run_bounded(
                 self.on_xroce(&format!("{program} {}", self.guest.ipv4())),
                 PROGRAM_TIMEOUT,
-            )
-            .expect("xroce client");
-            let server = server.wait().expect("guest server");
+            );
+            let (client, server) = match (client, server.wait()) {
+                (Ok(c), Ok(s)) => (c, s),
+                (c, s) => panic!(
+                    "{program} with xroce as client:\n--- guest server: {}\n--- xroce client: {}",
+                    s.map_or_else(|e| e.to_string(), |s| s.text()),
+                    c.map_or_else(|e| e.to_string(), |c| text(&c)),
+                ),
+            };
             (
                 (server.success(), server.text()),
                 (client.status.success(), text(&client)),

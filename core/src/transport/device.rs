@@ -711,7 +711,7 @@ impl Device {
     }
 
     /// Builds the next packet to send into `buf` (starting at the IP header, so leave room in
-    /// front for the link layer). QPs take turns, one packet each.
+    /// front for the link layer). Ready QPs take turns of up to [`TX_TURN_PACKETS`] packets.
     pub fn poll_transmit(
         &mut self,
         now: Nanos,
