@@ -68,24 +68,17 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
         let rxe = measure(&g, "", "rxe0")?;
         // xroce's XDP program is attached only for its own runs: rdma_rxe's packets never pass
         // through it.
-        for guest in &g {
-            sh(guest, "/opt/xroce/xroce link add xr0 netdev eth0")?;
-        }
+        xroce_link(&g, "add xr0 netdev eth0")?;
         say(&format!("round {round}/{ROUNDS}: xroce <-> xroce"));
         let xroce = measure(&g, "/opt/xroce/xroce exec -- ", "xr0")?;
-        for guest in &g {
-            sh(guest, "/opt/xroce/xroce link del xr0")?;
-        }
+        xroce_link(&g, "del xr0")?;
         rounds.push((rxe, xroce));
     }
-    for guest in &g {
-        sh(guest, "/opt/xroce/xroce link add xr0 netdev eth0")?;
-    }
+    // guest-stream registers its socket in the XDP program's map, which `link add` loads.
+    xroce_link(&g, "add xr0 netdev eth0")?;
     say("raw AF_XDP stream between the guests (what their path carries at all)");
     let raw_stream_mb_s = raw_stream(&g);
-    for guest in &g {
-        sh(guest, "/opt/xroce/xroce link del xr0")?;
-    }
+    xroce_link(&g, "del xr0")?;
     Ok(Comparison {
         rxe: median_numbers(rounds.iter().map(|r| r.0)),
         xroce: median_numbers(rounds.iter().map(|r| r.1)),
@@ -145,6 +138,14 @@ fn median_numbers(runs: impl Iterator<Item = GuestNumbers> + Clone) -> GuestNumb
         send_lat_min_us: median(|n| n.send_lat_min_us),
         write_bw_mb_s: median(|n| n.write_bw_mb_s),
     }
+}
+
+/// `xroce link ARGS` in every guest.
+fn xroce_link(g: &[Guest], args: &str) -> Result<(), String> {
+    for guest in g {
+        sh(guest, &format!("/opt/xroce/xroce link {args}"))?;
+    }
+    Ok(())
 }
 
 fn sh(g: &Guest, cmd: &str) -> Result<String, String> {

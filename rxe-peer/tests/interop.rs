@@ -535,8 +535,7 @@ fn transfers_survive_one_percent_loss_on_the_path() {
     // third of the run; see `stop_dropping_after`); ib_write_bw's peers wait for each other
     // over TCP at the end and keep losing frames to the last. ib_write_bw moves 1000 messages
     // of 64 KiB (about 1200 frames lost on the way): its default 5000 took 65 s per direction
-    // in a guest of an idle host at this loss, and over the 180 s limit in a CI run that had
-    // other guests booting beside it.
+    // at this loss on an idle machine, a third of the 180 s limit.
     for (program, budget) in [
         ("ibv_rc_pingpong -g 1 -c -n 1000", Some(30)),
         ("ib_write_bw -n 1000", None),
