@@ -268,7 +268,7 @@ impl Drop for NetnsPair {
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         );
         for mut child in children {
-            kill_group(child.id());
+            signal_group(child.id(), libc::SIGKILL);
             let _ = child.wait();
         }
         if self.created == [true; 2] {
@@ -334,7 +334,29 @@ pub fn root_or_skip() -> bool {
 
 /// Runs a command in its own process group, collecting its output; after `timeout` the group is
 /// killed and the result is a `TimedOut` error. (stdin is /dev/null.)
-pub fn run_bounded(mut cmd: Command, timeout: Duration) -> io::Result<Output> {
+pub fn run_bounded(cmd: Command, timeout: Duration) -> io::Result<Output> {
+    run_bounded_with(cmd, timeout, None)
+}
+
+/// [`run_bounded`] for an xroce program started with `XROCE_DUMP_SIGNAL` set to `signal`: when
+/// it times out, the group first gets `signal`, and what the program then reports about its
+/// engine (QP states, PSNs, timers) is in the error along with the rest of its output.
+pub fn run_bounded_dumping_state(
+    cmd: Command,
+    timeout: Duration,
+    signal: libc::c_int,
+) -> io::Result<Output> {
+    run_bounded_with(cmd, timeout, Some(signal))
+}
+
+/// How long a timed-out program gets to write its state report before it is killed.
+const DUMP_GRACE: Duration = Duration::from_secs(2);
+
+fn run_bounded_with(
+    mut cmd: Command,
+    timeout: Duration,
+    dump_signal: Option<libc::c_int>,
+) -> io::Result<Output> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -350,7 +372,11 @@ pub fn run_bounded(mut cmd: Command, timeout: Duration) -> io::Result<Output> {
     match rx.recv_timeout(timeout) {
         Ok(result) => result,
         Err(_) => {
-            kill_group(pid);
+            if let Some(sig) = dump_signal {
+                signal_group(pid, sig);
+                std::thread::sleep(DUMP_GRACE);
+            }
+            signal_group(pid, libc::SIGKILL);
             // What it printed before it was killed is what says why it hung.
             let printed = match rx.recv_timeout(Duration::from_secs(5)) {
                 Ok(Ok(o)) => format!(
@@ -371,13 +397,13 @@ pub fn run_bounded(mut cmd: Command, timeout: Duration) -> io::Result<Output> {
     }
 }
 
-/// SIGKILL to the process group led by `pid` (our child, started with `process_group(0)` and
+/// `sig` to the process group led by `pid` (our child, started with `process_group(0)` and
 /// not yet reaped, so the id is still its own).
-fn kill_group(pid: u32) {
+fn signal_group(pid: u32, sig: libc::c_int) {
     if let Ok(pid) = libc::pid_t::try_from(pid) {
         // SAFETY: kill has no memory effects; the target is a process group we created.
         unsafe {
-            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(-pid, sig);
         }
     }
 }

@@ -139,6 +139,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
             if stats_file().is_some() {
                 report_stats_at_exit();
             }
+            crate::state_dump::install_if_asked(write_state_reports);
             *mine = Some(e.clone());
             Ok(e)
         }
@@ -154,6 +155,34 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 _ => libc::ENODEV,
             })
         }
+    }
+}
+
+/// Every engine's [`Engine::state_report`], headed by its netdev and the process id (for
+/// `XROCE_DUMP_SIGNAL`, see `state_dump`).
+fn write_state_reports(out: &mut dyn std::io::Write) {
+    let engines: Vec<Arc<EngineRef>> = lock(&ENGINES)
+        .iter()
+        .filter_map(|(_, w)| w.upgrade())
+        .collect();
+    let _ = writeln!(
+        out,
+        "xroce: state of pid {} ({} engine(s))",
+        std::process::id(),
+        engines.len()
+    );
+    for e in engines {
+        let _ = write!(
+            out,
+            "--- netdev {}{}\n{}",
+            e.netdev,
+            if e.finished.load(Ordering::SeqCst) {
+                " (stopped)"
+            } else {
+                ""
+            },
+            e.engine.state_report()
+        );
     }
 }
 

@@ -24,6 +24,7 @@ pub mod discovery;
 pub mod engines;
 pub mod port_events;
 pub mod register;
+pub mod state_dump;
 pub mod verbs;
 
 /// Sets the calling thread's `errno` (ops that return pointers report errors this way).

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use xroce_datapath::netns::{root_or_skip, run_bounded, NetnsPair};
+use xroce_datapath::netns::{root_or_skip, run_bounded, run_bounded_dumping_state, NetnsPair};
 use xroce_datapath::test_support::{self, built};
 
 /// Longest one program may run.
@@ -294,6 +294,33 @@ fn perftest_programs() {
             "{args:?}: {rows} result rows, want {want}:\n{c}"
         );
         eprintln!("{args:?}: ok, {rows} rows");
+    }
+}
+
+/// A program that stalls (here an `ibv_rc_pingpong` server no client ever connects to) and is
+/// sent the signal `XROCE_DUMP_SIGNAL` names writes what its engine is doing to stderr: its QP
+/// in INIT with the 500 receives the program posted, its empty CQ. (`run_bounded_dumping_state`
+/// sends the signal when the program times out, as the interop tests do on a hang.)
+#[test]
+fn a_stalled_program_reports_its_state_on_the_dump_signal() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpd", 1500);
+    let mut cmd = rig.exec(0, &["ibv_rc_pingpong", "-g", "1"]);
+    cmd.env("XROCE_DUMP_SIGNAL", "USR1");
+    let err = run_bounded_dumping_state(cmd, Duration::from_secs(4), libc::SIGUSR1)
+        .expect_err("the server waits for a client forever");
+    let text = err.to_string();
+    for want in [
+        "xroce: state of pid",
+        "--- netdev ",
+        "progress thread asleep",
+        "Rc Init",
+        "| rq 500 expect",
+        "cq 1 0/501",
+    ] {
+        assert!(text.contains(want), "the report lacks {want:?}:\n{text}");
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use xroce_datapath::netns::{self, root_or_skip, run_bounded};
+use xroce_datapath::netns::{self, root_or_skip, run_bounded, run_bounded_dumping_state};
 use xroce_datapath::test_support::{built, compile_c};
 use xroce_datapath::xdp;
 use xroce_rxe_peer::{default_cache_dir, ensure_image, find_agent, Guest, GuestConfig, Lab};
@@ -242,8 +242,28 @@ impl Rig {
             .arg("--")
             .args(program.split_whitespace())
             .env("XROCE_PROVIDER", &self.provider)
-            .env("XROCE_STATS_FILE", &self.stats);
+            .env("XROCE_STATS_FILE", &self.stats)
+            .env("XROCE_DUMP_SIGNAL", "USR1");
         c
+    }
+
+    /// Runs an [`Rig::on_xroce`] command; if it hangs, its engine's state report (QPs, PSNs,
+    /// timers) is part of the error.
+    fn run_xroce(&self, cmd: Command) -> std::io::Result<ProcOutput> {
+        run_bounded_dumping_state(cmd, PROGRAM_TIMEOUT, libc::SIGUSR1)
+    }
+
+    /// rdma_rxe's counters now, for a failure message (what it retried, dropped, received).
+    fn rxe_counters_now(&self) -> String {
+        match self.guest.rxe_counters() {
+            Ok(c) => c
+                .iter()
+                .filter(|(_, v)| **v != 0)
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            Err(e) => format!("(cannot read them: {e})"),
+        }
     }
 
     /// Runs `program` as the server on one side and `program <server ip>` as the client on
@@ -251,7 +271,9 @@ impl Rig {
     fn server_client(&self, program: &str, xroce_serves: bool) -> String {
         let (server, client) = if xroce_serves {
             let cmd = self.on_xroce(program);
-            let server = std::thread::spawn(move || run_bounded(cmd, PROGRAM_TIMEOUT));
+            let server = std::thread::spawn(move || {
+                run_bounded_dumping_state(cmd, PROGRAM_TIMEOUT, libc::SIGUSR1)
+            });
             self.wait_listening_xroce();
             let client = self
                 .guest
@@ -260,9 +282,11 @@ impl Rig {
             let (client, server) = match (client, server) {
                 (Ok(c), Ok(s)) => (c, s),
                 (c, s) => panic!(
-                    "{program} with xroce as server:\n--- xroce server: {}\n--- guest client: {}",
+                    "{program} with xroce as server:\n--- xroce server: {}\n--- guest client: \
+                     {}\n--- rdma_rxe counters since the guest booted: {}",
                     s.map_or_else(|e| e.to_string(), |s| text(&s)),
                     c.map_or_else(|e| e.to_string(), |c| c.text()),
+                    self.rxe_counters_now(),
                 ),
             };
             (
@@ -272,16 +296,15 @@ impl Rig {
         } else {
             let server = self.guest.spawn(program, PROGRAM_TIMEOUT);
             wait_listening_in(&self.guest);
-            let client = run_bounded(
-                self.on_xroce(&format!("{program} {}", self.guest.ipv4())),
-                PROGRAM_TIMEOUT,
-            );
+            let client = self.run_xroce(self.on_xroce(&format!("{program} {}", self.guest.ipv4())));
             let (client, server) = match (client, server.wait()) {
                 (Ok(c), Ok(s)) => (c, s),
                 (c, s) => panic!(
-                    "{program} with xroce as client:\n--- guest server: {}\n--- xroce client: {}",
+                    "{program} with xroce as client:\n--- guest server: {}\n--- xroce client: \
+                     {}\n--- rdma_rxe counters since the guest booted: {}",
                     s.map_or_else(|e| e.to_string(), |s| s.text()),
                     c.map_or_else(|e| e.to_string(), |c| text(&c)),
+                    self.rxe_counters_now(),
                 ),
             };
             (

@@ -247,6 +247,33 @@ impl Device {
         self.sh.counters
     }
 
+    /// What every QP and CQ is doing at `now`, a line each (see `Qp::report_line`), with the
+    /// device's next timer and round-robin list: for a person finding out why a program stalled.
+    pub fn state_report(&self, now: Nanos) -> String {
+        let mut qpns: Vec<&u32> = self.qps.keys().collect();
+        qpns.sort();
+        let mut out = format!(
+            "timer floor {:?} (now {now}), ready {:?}\n",
+            self.timer_floor, self.ready
+        );
+        for qpn in qpns {
+            out.push_str(&self.qps[qpn].report_line(now));
+            out.push('\n');
+        }
+        let mut cqs: Vec<_> = self.sh.cqs.iter().collect();
+        cqs.sort_by_key(|(id, _)| id.0);
+        for (id, cq) in cqs {
+            out.push_str(&format!(
+                "cq {} {}/{}{}\n",
+                id.0,
+                cq.len(),
+                cq.capacity(),
+                if cq.overflowed() { " overflowed" } else { "" }
+            ));
+        }
+        out
+    }
+
     /// `counters().completions` without copying every counter (read per poll by the engine).
     pub fn completions_stored(&self) -> u64 {
         self.sh.counters.completions

@@ -23,6 +23,7 @@ pub mod memory;
 pub mod psn;
 pub mod qp;
 pub mod qp_state;
+mod report;
 pub mod requester;
 pub mod responder;
 mod sgl;

@@ -112,6 +112,12 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
+    /// A sequence-error NAK went out for the current gap (none is sent again until the
+    /// expected PSN arrives).
+    pub(crate) fn sent_psn_nak(&self) -> bool {
+        self.sent_psn_nak
+    }
+
     pub(crate) fn resize_resources(&mut self, n: usize) {
         self.resources = vec![None; n];
         self.res_next = 0;

@@ -12,6 +12,7 @@ mod addressing;
 mod memory;
 mod nap_alarm;
 mod progress;
+mod report;
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -61,6 +61,11 @@ pub(crate) struct PortState {
 }
 
 impl PortState {
+    /// The port had no room for the last packet the transport built.
+    pub(crate) fn tx_full(&self) -> bool {
+        self.tx_full
+    }
+
     pub(crate) fn new(port: Box<dyn Port>) -> Self {
         Self {
             port,
