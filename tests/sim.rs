@@ -208,6 +208,7 @@ impl Sim {
                     gids: vec![Some(ip)],
                     port_mtu: PathMtu::Mtu4096,
                     key_seed,
+                    first_qpn: xroce_core::transport::device::limits::FIRST_QPN,
                 });
                 let pd = dev.alloc_pd();
                 Node {

@@ -256,3 +256,42 @@ fn uc_send_and_write() {
     assert_eq!(&sim.nodes[1].bytes(&dst)[..3000], &data[..]);
     assert_eq!(&sim.nodes[1].bytes(&dst)[4096..7096], &data[..]);
 }
+
+/// QPNs count up from the device's configured first QPN (the engine draws it at random, so a
+/// program run again gets numbers its previous run did not use); a first QPN outside the
+/// usable range (the special QPs 0 and 1, the multicast QPN) falls back to 0x11, and the count
+/// wraps from just below the multicast QPN back to 0x11.
+#[test]
+fn qp_numbers_start_at_the_configured_first_qpn() {
+    use xroce_core::transport::device::limits::FIRST_QPN;
+    use xroce_core::transport::{Device, DeviceConfig, PathMtu, QpCap, QpInit};
+    let numbers = |first_qpn: u32, n: usize| {
+        let mut dev = Device::new(DeviceConfig {
+            gids: vec![],
+            port_mtu: PathMtu::Mtu1024,
+            key_seed: [7; 32],
+            first_qpn,
+        });
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(16).unwrap();
+        (0..n)
+            .map(|_| {
+                dev.create_qp(QpInit {
+                    ty: QpType::Rc,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap()
+            })
+            .collect::<Vec<u32>>()
+    };
+    assert_eq!(numbers(0x12_3456, 2), [0x12_3456, 0x12_3457]);
+    assert_eq!(numbers(0, 1), [FIRST_QPN]);
+    assert_eq!(numbers(1, 1), [FIRST_QPN]);
+    assert_eq!(numbers(0xff_ffff, 1), [FIRST_QPN]);
+    assert_eq!(numbers(0xff_fffe, 2), [0xff_fffe, FIRST_QPN]);
+}

@@ -772,6 +772,7 @@ fn responder(
         // rxe's active MTU on a 1500-byte netdev.
         port_mtu: PathMtu::for_netdev_mtu(1500),
         key_seed: [0x5a; 32],
+        first_qpn: xroce_core::transport::device::limits::FIRST_QPN,
     });
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(1024).unwrap();

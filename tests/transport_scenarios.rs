@@ -2558,3 +2558,70 @@ fn late_ack_during_go_back_n_keeps_messages_in_place() {
 fn pattern_bytes(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
+
+/// An ACK for a PSN the requester never sent (a late packet of an earlier connection with the
+/// same QP number: every xroce process numbers its QPs from the same start) is ignored and
+/// counted. Taken as an implicit acknowledgement it completed the WRITE in flight as a
+/// success although the peer never received it; each end then waited for the other forever.
+/// The WRITE's real transmission is lost here, so only the retransmission delivers it.
+#[test]
+fn an_ack_for_a_psn_never_sent_completes_nothing() {
+    let mut sim = Sim::new(43, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    let data = pattern(2048, 43);
+    sim.nodes[0].bytes_mut(&src)[..2048].copy_from_slice(&data);
+
+    // A first WRITE goes through, and its ACK is kept as the model of a stray one.
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 1024)]),
+        )
+        .unwrap();
+    assert_eq!(
+        wait_cq(&mut sim, 0, a.send_cq, 1)[0].status,
+        WcStatus::Success
+    );
+    let trace = sim.trace.take().unwrap();
+    let (first_psn, ack) = {
+        let request = trace.iter().find(|(from, _)| *from == 0).unwrap();
+        let ack = trace.iter().rev().find(|(from, _)| *from == 1).unwrap();
+        (bth_of(&request.1).1, ack.1.clone())
+    };
+    assert_eq!(bth_of(&ack).0, Opcode::RC_ACKNOWLEDGE);
+
+    // The second WRITE's only transmission is lost; meanwhile an ACK arrives for a PSN far
+    // beyond anything sent.
+    let lost = drop_matching(&mut sim, 0, 1, |op, _| op == Opcode::RC_RDMA_WRITE_ONLY);
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(2, write_op(&dst, 1024), vec![sge(&src, 1024, 1024)]),
+        )
+        .unwrap();
+    sim.run_until(SEC, |_| lost.get() == 1);
+    assert_eq!(lost.get(), 1);
+    let mut stray = ack;
+    let psn = (first_psn + 1000) & 0x00ff_ffff;
+    // BTH PSN: bytes 9..12 of the BTH, after 20 bytes of IPv4 and 8 of UDP.
+    stray[37..40].copy_from_slice(&psn.to_be_bytes()[1..]);
+    xroce_core::icrc::fill(&mut stray).unwrap();
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    node.dev.handle_packet(now, &stray, &mut node.mem);
+    assert_eq!(
+        cq_len(&sim, 0, a.send_cq),
+        0,
+        "the stray ACK completed the lost WRITE"
+    );
+    assert_eq!(counters(&sim, 0).ghost_responses, 1);
+
+    // The retransmission delivers it, and only then does it complete.
+    let wc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
+    assert!(counters(&sim, 0).timeouts >= 1);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..2048], &data[..]);
+}

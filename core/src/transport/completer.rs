@@ -43,6 +43,14 @@ impl Qp {
             return;
         };
         let syndrome = t.aeth.map(|a| a.syndrome);
+        if psn::diff(p, self.req.psn_end) >= 0 {
+            // A response to nothing this QP sent: a late packet of an earlier connection that
+            // had this QP number (every process numbers its QPs from the same start). Taken as
+            // an implicit acknowledgement it would complete WQEs the peer never received, and
+            // both ends would then wait for each other forever.
+            sh.counters.ghost_responses += 1;
+            return;
+        }
 
         // Implicit acknowledgement: a response beyond a SEND/WRITE's last PSN completes it.
         loop {

@@ -51,6 +51,12 @@ pub struct DeviceConfig {
     pub port_mtu: PathMtu,
     /// Seeds the memory-key generator. The engine draws it from the OS; tests fix it.
     pub key_seed: [u8; 32],
+    /// The first QPN handed out (then upwards, skipping the special QPs). rdma_rxe's QPNs keep
+    /// counting across programs; an xroce device lives as long as its process, so the engine
+    /// starts each one at a random QPN: a program run again does not reuse the QP numbers its
+    /// previous run's peer may still have packets in flight for. Tests use
+    /// [`limits::FIRST_QPN`]. Out-of-range values are taken as `FIRST_QPN`.
+    pub first_qpn: u32,
 }
 
 /// Where a built packet goes. The packet in the caller's buffer starts with the IP header; the
@@ -79,6 +85,9 @@ pub struct Counters {
     pub wrong_address: u64,
     pub cnp_received: u64,
     pub duplicates: u64,
+    /// Responses (ACKs, NAKs, READ responses, atomic ACKs) for PSNs this QP never sent,
+    /// ignored: left over from an earlier connection that used the same QP number.
+    pub ghost_responses: u64,
     pub seq_naks_sent: u64,
     pub seq_naks_received: u64,
     pub rnr_naks_sent: u64,
@@ -101,7 +110,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 27] {
+    pub fn fields(&self) -> [(&'static str, u64); 28] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -115,6 +124,7 @@ impl Counters {
             ("wrong_address", self.wrong_address),
             ("cnp_received", self.cnp_received),
             ("duplicates", self.duplicates),
+            ("ghost_responses", self.ghost_responses),
             ("seq_naks_sent", self.seq_naks_sent),
             ("seq_naks_received", self.seq_naks_received),
             ("rnr_naks_sent", self.rnr_naks_sent),
@@ -236,7 +246,11 @@ impl Device {
                 counters: Counters::default(),
                 ip_ident: 0,
             },
-            next_qpn: limits::FIRST_QPN,
+            next_qpn: if (limits::FIRST_QPN..MAX_QPN).contains(&config.first_qpn) {
+                config.first_qpn
+            } else {
+                limits::FIRST_QPN
+            },
             next_cq: 1,
             next_srq: 1,
             next_ah: 1,
@@ -859,9 +873,12 @@ impl Device {
     }
 }
 
+/// QPNs stay below this: 0xFFFFFF is the multicast QPN.
+const MAX_QPN: u32 = 0xff_ffff;
+
 fn next_qpn(q: u32) -> u32 {
     // QPN 0 and 1 are the special QPs; 0xFFFFFF is the multicast QPN.
-    if q + 1 >= 0xff_ffff {
+    if q + 1 >= MAX_QPN {
         limits::FIRST_QPN
     } else {
         q + 1

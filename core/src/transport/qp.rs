@@ -157,6 +157,10 @@ pub(crate) struct Requester {
     pub rd_atomic_max: u32,
     /// The completer asked for a go-back-N from `comp.psn`.
     pub need_retry: bool,
+    /// The PSN after the last one any started WQE was given (where the next WQE starts; a
+    /// go-back-N moves `psn` back, not this): a response for this PSN or a later one answers
+    /// nothing this QP sent.
+    pub psn_end: u32,
 }
 
 /// Completer state (`qp->comp` in rxe).
@@ -347,6 +351,7 @@ impl Qp {
         if m(AttrMask::SQ_PSN) {
             self.attr.sq_psn = attr.sq_psn & psn::MASK;
             self.req.psn = self.attr.sq_psn;
+            self.req.psn_end = self.attr.sq_psn;
             self.comp.psn = self.attr.sq_psn;
         }
         if m(AttrMask::EN_SQD_ASYNC_NOTIFY) {

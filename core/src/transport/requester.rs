@@ -140,6 +140,7 @@ impl Qp {
         w.first_psn = first;
         w.last_psn = psn::add(first, npkts - 1);
         w.state = WqeState::Pending;
+        self.req.psn_end = psn::add(first, npkts);
         self.req.offset = 0;
         Start::Ready
     }

@@ -256,10 +256,13 @@ impl Engine {
 
         let mut key_seed = [0u8; 32];
         getrandom(&mut key_seed);
+        let mut qpn_seed = [0u8; 4];
+        getrandom(&mut qpn_seed);
         let dev = Device::new(DeviceConfig {
             gids: gids.into_iter().map(|g| Some(core_address(g))).collect(),
             port_mtu: crate::afxdp::port_path_mtu(mtu),
             key_seed,
+            first_qpn: random_first_qpn(u32::from_le_bytes(qpn_seed)),
         });
         // SAFETY: a fresh eventfd, owned at once.
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -721,6 +724,14 @@ impl Drop for Engine {
     }
 }
 
+/// A device's first QPN from a random number: anywhere in the lower half of the QPN space
+/// (from `FIRST_QPN`), so that a process's QPs rarely meet the numbers of a previous process on
+/// the same device, and a long-lived one has 8 million numbers before it wraps.
+fn random_first_qpn(random: u32) -> u32 {
+    use xroce_core::transport::device::limits::FIRST_QPN;
+    FIRST_QPN + random % (0x80_0000 - FIRST_QPN)
+}
+
 /// Fills `out` from the kernel's random source (memory keys must not be guessable).
 fn getrandom(out: &mut [u8]) {
     let mut filled = 0;
@@ -743,5 +754,21 @@ fn getrandom(out: &mut [u8]) {
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::random_first_qpn;
+    use xroce_core::transport::device::limits::FIRST_QPN;
+
+    #[test]
+    fn first_qpns_stay_in_the_lower_half_above_the_special_qps() {
+        for r in [0, 1, 0x7f_ffee, 0x7f_ffef, 0x1234_5678, u32::MAX] {
+            let q = random_first_qpn(r);
+            assert!((FIRST_QPN..0x80_0000).contains(&q), "{r:#x} -> {q:#x}");
+        }
+        assert_eq!(random_first_qpn(0), FIRST_QPN);
+        assert_ne!(random_first_qpn(1), random_first_qpn(2));
     }
 }
