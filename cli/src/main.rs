@@ -40,6 +40,11 @@ enum Command {
     /// if set, else libxroce_provider.so next to the xroce executable. Exit status: PROGRAM's;
     /// 127 when it cannot be found, 126 when it cannot be run, 1 when xroce fails before.
     ///
+    /// For the program, XROCE_STATS_FILE=PATH appends each engine's counters to PATH when it
+    /// stops, and XROCE_DUMP_SIGNAL=USR1 makes `kill -USR1 PID` write what every engine is
+    /// doing (a line per QP and CQ: PSNs, timers, queues) to stderr, for a program that seems
+    /// stuck.
+    ///
     /// Example: `xroce exec -- ibv_rc_pingpong -d xroce0 -g 1`
     #[command(override_usage = "xroce exec -- PROGRAM [ARGS]...")]
     Exec {
