@@ -60,7 +60,7 @@ impl Qp {
         if let Some(w) = self.sq.front() {
             let _ = write!(
                 s,
-                " head {:?} {}B psn {:#08x}..{:#08x} {:?}",
+                " head {} {}B psn {:#08x}..{:#08x} {:?}",
                 op_name(&w.wr.op),
                 w.length,
                 w.first_psn,
