@@ -245,14 +245,8 @@ impl Rig {
             .args(program.split_whitespace())
             .env("XROCE_PROVIDER", &self.provider)
             .env("XROCE_STATS_FILE", &self.stats)
-            .env("XROCE_DUMP_SIGNAL", "USR1");
+            .env("XROCE_DUMP_SIGNAL", DUMP_SIGNAL.0);
         c
-    }
-
-    /// Runs an [`Rig::on_xroce`] command; if it hangs, its engine's state report (QPs, PSNs,
-    /// timers) is part of the error.
-    fn run_xroce(&self, cmd: Command) -> std::io::Result<ProcOutput> {
-        run_bounded_dumping_state(cmd, PROGRAM_TIMEOUT, libc::SIGUSR1)
     }
 
     /// rdma_rxe's counters now, for a failure message (what it retried, dropped, received).
@@ -273,9 +267,7 @@ impl Rig {
     fn server_client(&self, program: &str, xroce_serves: bool) -> String {
         let (server, client) = if xroce_serves {
             let cmd = self.on_xroce(program);
-            let server = std::thread::spawn(move || {
-                run_bounded_dumping_state(cmd, PROGRAM_TIMEOUT, libc::SIGUSR1)
-            });
+            let server = std::thread::spawn(move || run_xroce(cmd));
             self.wait_listening_xroce();
             let client = self
                 .guest
@@ -298,7 +290,7 @@ impl Rig {
         } else {
             let server = self.guest.spawn(program, PROGRAM_TIMEOUT);
             wait_listening_in(&self.guest);
-            let client = self.run_xroce(self.on_xroce(&format!("{program} {}", self.guest.ipv4())));
+            let client = run_xroce(self.on_xroce(&format!("{program} {}", self.guest.ipv4())));
             let (client, server) = match (client, server.wait()) {
                 (Ok(c), Ok(s)) => (c, s),
                 (c, s) => panic!(
@@ -476,6 +468,15 @@ impl Drop for Rig {
 }
 
 /// Sets the drop knobs of `ports` (XDP loaded on them, called inside their namespace).
+/// The signal on which xroce programs here report their engines' state (`XROCE_DUMP_SIGNAL`).
+const DUMP_SIGNAL: (&str, libc::c_int) = ("USR1", libc::SIGUSR1);
+
+/// Runs an [`Rig::on_xroce`] command; if it hangs, its engines' state report (QPs, PSNs,
+/// timers) is part of the error.
+fn run_xroce(cmd: Command) -> std::io::Result<ProcOutput> {
+    run_bounded_dumping_state(cmd, PROGRAM_TIMEOUT, DUMP_SIGNAL.1)
+}
+
 fn set_knobs(ports: &[String], one_in: u32) {
     for port in ports {
         xdp::set_drop_one_in(port, one_in).expect("drop knob");
