@@ -300,64 +300,128 @@ pub fn xsk_pingpong_turns(
     count: usize,
     frames: usize,
 ) -> RoundTrip {
-    let frames = frames.max(1);
     let (a, b) = (pair.ipv4(0), pair.ipv4(1));
     let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let (ready_tx, ready_rx) = mpsc::channel();
-    // One turn: the message, then the ACK-sized frames, all before one kick.
-    let send_turn = move |end: &mut RawEnd, msg: &[u8], ack: &[u8]| {
-        while !end.sock.send(msg) {
-            let _ = end.sock.flush();
-        }
-        for _ in 1..frames {
-            while !end.sock.send(ack) {
-                let _ = end.sock.flush();
-            }
-        }
-        let _ = end.sock.flush();
-    };
     let echo = pair.spawn_in(1, move || {
-        let mut end = raw_end(&ib, a);
-        let reply = udp_frame(end.mac, end.peer_mac, b, a, payload);
-        let ack = udp_frame(end.mac, end.peer_mac, b, a, ACK_PAYLOAD);
-        ready_tx.send(()).ok();
-        let mut got = 0;
-        while !stop2.load(Ordering::Relaxed) {
-            end.sock.recv(64, &mut |_| got += 1);
-            while got >= frames {
-                got -= frames;
-                send_turn(&mut end, &reply, &ack);
-            }
-        }
+        let turn = PingTurn { payload, frames };
+        let ready = || {
+            ready_tx.send(()).ok();
+        };
+        xsk_echo(&ib, b, a, turn, &stop2, None, ready)
+            .unwrap_or_else(|e| panic!("raw AF_XDP echo: {e}"));
     });
     ready_rx.recv().ok();
     let rtts = pair.run_in(0, move || {
-        let mut end = raw_end(&ia, b);
-        let ping = udp_frame(end.mac, end.peer_mac, a, b, payload);
-        let ack = udp_frame(end.mac, end.peer_mac, a, b, ACK_PAYLOAD);
-        let mut rtts = Vec::with_capacity(count);
-        'pings: for _ in 0..count {
-            let t = Instant::now();
-            send_turn(&mut end, &ping, &ack);
-            let mut got = 0;
-            while got < frames {
-                end.sock.recv(frames - got, &mut |_| got += 1);
-                if t.elapsed() > Duration::from_secs(1) {
-                    // Lost: no sample. Let stragglers of this turn arrive and drop them.
-                    std::thread::sleep(Duration::from_millis(10));
-                    while end.sock.recv(64, &mut |_| {}) > 0 {}
-                    continue 'pings;
-                }
-            }
-            rtts.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        rtts
+        xsk_ping(&ia, a, b, PingTurn { payload, frames }, count)
+            .unwrap_or_else(|e| panic!("raw AF_XDP ping: {e}"))
     });
     stop.store(true, Ordering::Relaxed);
     echo.join().expect("echo");
     RoundTrip::from_samples(rtts)
+}
+
+/// What one turn of a raw ping-pong sends: the message (`payload` bytes of UDP payload), then
+/// `frames - 1` ACK-sized frames, all in one kick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PingTurn {
+    pub payload: usize,
+    pub frames: usize,
+}
+
+/// Ready-made frames of a turn, from `own` to `peer`.
+struct TurnFrames {
+    message: Vec<u8>,
+    ack: Vec<u8>,
+    frames: usize,
+}
+
+impl TurnFrames {
+    fn new(end: &RawEnd, own: Ipv4Addr, peer: Ipv4Addr, turn: PingTurn) -> Self {
+        TurnFrames {
+            message: udp_frame(end.mac, end.peer_mac, own, peer, turn.payload),
+            ack: udp_frame(end.mac, end.peer_mac, own, peer, ACK_PAYLOAD),
+            frames: turn.frames.max(1),
+        }
+    }
+
+    fn send(&self, end: &mut RawEnd) {
+        while !end.sock.send(&self.message) {
+            let _ = end.sock.flush();
+        }
+        for _ in 1..self.frames {
+            while !end.sock.send(&self.ack) {
+                let _ = end.sock.flush();
+            }
+        }
+        let _ = end.sock.flush();
+    }
+}
+
+/// The answering end of a raw ping-pong on its own: busy-polls `iface` and answers every
+/// `turn.frames` frames with a turn of its own to `peer`, until `stop` is set or, with
+/// `quiet`, that long passes without a frame after the first. `ready` runs once the socket
+/// takes frames. Returns how many turns it answered. Needs xroce's XDP program on `iface`.
+pub fn xsk_echo(
+    iface: &str,
+    own: Ipv4Addr,
+    peer: Ipv4Addr,
+    turn: PingTurn,
+    stop: &AtomicBool,
+    quiet: Option<Duration>,
+    ready: impl FnOnce(),
+) -> Result<u64, String> {
+    let mut end = try_raw_end(iface, peer)?;
+    let reply = TurnFrames::new(&end, own, peer, turn);
+    ready();
+    let (mut got, mut answered) = (0, 0u64);
+    let mut last = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if end.sock.recv(64, &mut |_| got += 1) > 0 {
+            last = Instant::now();
+        } else if quiet.is_some_and(|q| answered > 0 && last.elapsed() > q) {
+            break;
+        }
+        while got >= reply.frames {
+            got -= reply.frames;
+            reply.send(&mut end);
+            answered += 1;
+        }
+    }
+    Ok(answered)
+}
+
+/// The asking end of a raw ping-pong on its own: `count` turns to `peer`, each waiting for
+/// the answering turn, both busy-polled. Returns the round trips in µs; a turn not answered
+/// within a second is lost and has no sample. Needs xroce's XDP program on `iface`.
+pub fn xsk_ping(
+    iface: &str,
+    own: Ipv4Addr,
+    peer: Ipv4Addr,
+    turn: PingTurn,
+    count: usize,
+) -> Result<Vec<f64>, String> {
+    let mut end = try_raw_end(iface, peer)?;
+    let ping = TurnFrames::new(&end, own, peer, turn);
+    let mut rtts = Vec::with_capacity(count);
+    'pings: for _ in 0..count {
+        let t = Instant::now();
+        ping.send(&mut end);
+        let mut got = 0;
+        while got < ping.frames {
+            end.sock.recv(ping.frames - got, &mut |_| got += 1);
+            if t.elapsed() > Duration::from_secs(1) {
+                // Lost: no sample. Let stragglers of this turn arrive and drop them.
+                std::thread::sleep(Duration::from_millis(10));
+                while end.sock.recv(64, &mut |_| {}) > 0 {}
+                continue 'pings;
+            }
+        }
+        rtts.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(rtts)
 }
 
 /// Frames with `payload` bytes of UDP payload (up to 4096: one frame of a 4096 path MTU, two

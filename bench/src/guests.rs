@@ -41,6 +41,24 @@ pub struct Comparison {
     /// The path's ceiling: raw AF_XDP streaming 1 KiB UDP payloads from one guest to the
     /// other (MB/s), or why it could not be measured.
     pub raw_stream_mb_s: Result<f64, String>,
+    /// The path's floor for latency: raw AF_XDP ping-pong between the guests, one-way p50 in
+    /// µs, with one frame per turn (UD's exchange) and with two (RC's: the answer and an
+    /// ACK), or why it could not be measured.
+    pub raw_one_way_us: Result<RawOneWay, String>,
+}
+
+/// One-way latencies of raw AF_XDP ping-pong between the guests, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawOneWay {
+    pub one_frame: PingTimes,
+    pub two_frames: PingTimes,
+}
+
+/// Median and minimum of a ping-pong's one-way latency, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PingTimes {
+    pub p50: f64,
+    pub min: f64,
 }
 
 /// UDP payload of the raw stream: 1 KiB, the payload of a full RoCE packet at path MTU 1024.
@@ -78,12 +96,81 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     xroce_link(&g, "add xr0 netdev eth0")?;
     say("raw AF_XDP stream between the guests (what their path carries at all)");
     let raw_stream_mb_s = raw_stream(&g);
+    say("raw AF_XDP ping-pong between the guests (the floor of their round trip)");
+    let raw_one_way_us = raw_pingpong(&g, 1).and_then(|one_frame| {
+        Ok(RawOneWay {
+            one_frame,
+            two_frames: raw_pingpong(&g, 2)?,
+        })
+    });
     xroce_link(&g, "del xr0")?;
     Ok(Comparison {
         rxe: median_numbers(rounds.iter().map(|r| r.0)),
         xroce: median_numbers(rounds.iter().map(|r| r.1)),
         rounds,
         raw_stream_mb_s,
+        raw_one_way_us,
+    })
+}
+
+/// Turns of the raw ping-pong, as many as `ib_send_lat` makes in [`measure`].
+const RAW_PINGS: usize = 2000;
+
+/// `guest-stream ping` from the second guest to `guest-stream echo` in the first, 64 B
+/// messages (as `ib_send_lat` sends) and `frames` frames per turn; half the round trips, as
+/// perftest reports one-way latency.
+fn raw_pingpong(g: &[Guest], frames: usize) -> Result<PingTimes, String> {
+    let echo = g[0].spawn(
+        &format!(
+            "/opt/xroce/guest-stream echo eth0 {} {} 64 {frames}",
+            g[0].ipv4(),
+            g[1].ipv4()
+        ),
+        RUN_TIMEOUT,
+    );
+    // Time for the echo to bind its socket under emulation; a ping sent before would only be
+    // lost and have no sample.
+    std::thread::sleep(Duration::from_secs(2));
+    let pinged = sh(
+        &g[1],
+        &format!(
+            "/opt/xroce/guest-stream ping eth0 {} {} 64 {frames} {RAW_PINGS}",
+            g[1].ipv4(),
+            g[0].ipv4()
+        ),
+    );
+    let echoed = echo.wait().map_err(|e| e.to_string())?;
+    let pinged = pinged?;
+    if !echoed.success() {
+        return Err(format!("guest-stream echo: {}", echoed.text()));
+    }
+    parse_ping_line(&pinged)
+        .map(|rtt| PingTimes {
+            p50: rtt.p50 / 2.0,
+            min: rtt.min / 2.0,
+        })
+        .ok_or_else(|| format!("no result from guest-stream ping: {pinged}"))
+}
+
+/// The p50 and minimum round trips (µs) of `guest-stream ping`'s line:
+/// `round trips N of COUNT: p50 X us p99 Y us min Z us`, if at least half the turns were
+/// answered.
+fn parse_ping_line(out: &str) -> Option<PingTimes> {
+    let line = out.lines().find(|l| l.starts_with("round trips "))?;
+    let (counts, times) = line.strip_prefix("round trips ")?.split_once(": ")?;
+    let (n, of) = counts.split_once(" of ")?;
+    let (n, of): (usize, usize) = (n.parse().ok()?, of.parse().ok()?);
+    if n == 0 || n * 2 < of {
+        return None;
+    }
+    let value = |name: &str| -> Option<f64> {
+        let words: Vec<&str> = times.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == name)?;
+        words.get(at + 1)?.parse().ok()
+    };
+    Some(PingTimes {
+        p50: value("p50")?,
+        min: value("min")?,
     })
 }
 
@@ -213,6 +300,27 @@ mod tests {
         let out = "received 1000 frames, 1024000 bytes in 0.500 s: 2.05 MB/s\n";
         assert_eq!(parse_stream_line(out), Some(2.05));
         assert_eq!(parse_stream_line("guest-stream: no frame\n"), None);
+    }
+
+    #[test]
+    fn the_ping_line_gives_its_median_unless_most_turns_were_lost() {
+        let out = "round trips 1990 of 2000: p50 181.5 us p99 950.0 us min 120.2 us\n";
+        assert_eq!(
+            parse_ping_line(out),
+            Some(PingTimes {
+                p50: 181.5,
+                min: 120.2
+            })
+        );
+        assert_eq!(
+            parse_ping_line("round trips 900 of 2000: p50 181.5 us p99 950.0 us min 1.0 us\n"),
+            None
+        );
+        assert_eq!(
+            parse_ping_line("round trips 0 of 2000: p50 NaN us p99 NaN us min NaN us\n"),
+            None
+        );
+        assert_eq!(parse_ping_line("guest-stream: no such interface\n"), None);
     }
 
     #[test]

@@ -4,22 +4,38 @@
 //! rdma_rxe and xroce numbers are read. Needs root and xroce's XDP program on the interface
 //! (`xroce link add` loads it).
 //!
+//! It also plays a raw ping-pong, the floor of any stack's round trip there: `echo` answers
+//! every FRAMES frames with FRAMES of its own (the message, then ACK-sized frames; two per
+//! turn is what RC needs), and `ping` times COUNT such turns, both ends busy-polling.
+//!
 //! ```text
 //! guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS
 //! guest-stream recv IFACE PEER_IP WAIT_SECS
+//! guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES
+//! guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT
 //! ```
 //!
 //! The receiver prints `received FRAMES frames, BYTES bytes in SECS s: MB/s MB/s`, counting
-//! from the first frame to the last; it ends 0.5 s after the last frame.
+//! from the first frame to the last; it ends 0.5 s after the last frame. `ping` prints
+//! `round trips N of COUNT: p50 X us p99 Y us min Z us`; `echo` ends 2 s after the last frame.
 
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use xroce_bench::baseline::{xsk_receive_stream, xsk_send_stream};
+use std::sync::atomic::AtomicBool;
+
+use xroce_bench::baseline::{
+    xsk_echo, xsk_ping, xsk_receive_stream, xsk_send_stream, PingTurn, RoundTrip,
+};
 
 const USAGE: &str = "usage: guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS\n       \
-                     guest-stream recv IFACE PEER_IP WAIT_SECS";
+                     guest-stream recv IFACE PEER_IP WAIT_SECS\n       \
+                     guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES\n       \
+                     guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT";
+
+/// How long `echo` goes on answering after the last frame.
+const ECHO_QUIET: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -41,6 +57,16 @@ fn run(args: &[String]) -> Result<String, String> {
             .map_err(|_| format!("not an IPv4 address: {s}"))
     };
     let number = |s: &String| s.parse::<u64>().map_err(|_| format!("not a number: {s}"));
+    let turn = |payload: &String, frames: &String| -> Result<PingTurn, String> {
+        let payload = number(payload)? as usize;
+        let frames = number(frames)? as usize;
+        if !(1..=1472).contains(&payload) || !(1..=8).contains(&frames) {
+            return Err(format!(
+                "PAYLOAD {payload}, FRAMES {frames}: 1 to 1472 bytes, 1 to 8 frames"
+            ));
+        }
+        Ok(PingTurn { payload, frames })
+    };
     match args {
         [mode, iface, own, peer, payload, secs] if mode == "send" => {
             let payload = number(payload)? as usize;
@@ -60,6 +86,32 @@ fn run(args: &[String]) -> Result<String, String> {
                 r.bytes,
                 r.span.as_secs_f64(),
                 r.mb_per_s()
+            ))
+        }
+        [mode, iface, own, peer, payload, frames] if mode == "echo" => {
+            let never = AtomicBool::new(false);
+            let turn = turn(payload, frames)?;
+            let answered = xsk_echo(
+                iface,
+                ip(own)?,
+                ip(peer)?,
+                turn,
+                &never,
+                Some(ECHO_QUIET),
+                || {},
+            )?;
+            Ok(format!("answered {answered} turns"))
+        }
+        [mode, iface, own, peer, payload, frames, count] if mode == "ping" => {
+            let turn = turn(payload, frames)?;
+            let count = number(count)? as usize;
+            let rtts = xsk_ping(iface, ip(own)?, ip(peer)?, turn, count)?;
+            let n = rtts.len();
+            let min = rtts.iter().copied().fold(f64::NAN, f64::min);
+            let rt = RoundTrip::from_samples(rtts);
+            Ok(format!(
+                "round trips {n} of {count}: p50 {:.1} us p99 {:.1} us min {min:.1} us",
+                rt.p50, rt.p99
             ))
         }
         _ => Err(USAGE.to_string()),

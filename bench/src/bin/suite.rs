@@ -395,6 +395,41 @@ fn main() {
                         .notes
                         .push(format!("guests: the raw AF_XDP stream failed: {e}")),
                 }
+                match &c.raw_one_way_us {
+                    Ok(raw) => {
+                        for (method, t) in [
+                            ("raw AF_XDP (busy-polled)", raw.one_frame),
+                            (RAW_TWO_FRAMES, raw.two_frames),
+                        ] {
+                            r.rows.push(Row::new(
+                                GUESTS_LAT,
+                                "64 B ping-pong, one way",
+                                64,
+                                method,
+                                Kind::LatencyUs,
+                                t.p50,
+                            ));
+                        }
+                        let (floor, half) = (raw.two_frames.p50, rxe.send_lat_us / 2.0);
+                        r.notes.push(format!(
+                            "Guests: raw AF_XDP ping-pong between the guests takes {:.0} µs \
+                             one-way (minimum {:.0}) with one frame per turn and {floor:.0} µs \
+                             (minimum {:.0}) with RC's two (the answer and an ACK-sized frame, \
+                             one kick), busy-polled as perftest polls: the floor of RC there. \
+                             Half rdma_rxe's ib_send_lat would be {half:.0} µs, {:.2}× that \
+                             floor; rdma_rxe takes {:.2}× it, xroce {:.2}×.",
+                            raw.one_frame.p50,
+                            raw.one_frame.min,
+                            raw.two_frames.min,
+                            half / floor,
+                            rxe.send_lat_us / floor,
+                            xroce.send_lat_us / floor
+                        ));
+                    }
+                    Err(e) => r
+                        .notes
+                        .push(format!("guests: the raw AF_XDP ping-pong failed: {e}")),
+                }
                 guest_numbers = Some((rxe, xroce));
             }
             Err(e) => r.notes.push(format!("guest comparison failed: {e}")),
