@@ -120,18 +120,18 @@ pub struct UdDest {
 pub struct SendWr {
     pub wr_id: u64,
     pub op: SendOp,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     pub flags: SendFlags,
     /// Required on UD QPs, ignored on RC/UC.
     pub ud: Option<UdDest>,
 }
 
 impl SendWr {
-    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> Self {
+    pub fn new(wr_id: u64, op: SendOp, sg_list: impl Into<SgList>) -> Self {
         SendWr {
             wr_id,
             op,
-            sg_list,
+            sg_list: sg_list.into(),
             flags: SendFlags::SIGNALED,
             ud: None,
         }
@@ -142,6 +142,11 @@ impl SendWr {
         self.sg_list.iter().map(|s| u64::from(s.length)).sum()
     }
 }
+
+/// The scatter/gather list of a send work request. Almost every WR names one or two
+/// buffers; holding those in place saves an allocation and a free per WR on the posting
+/// path (5 % of a 64 B `ib_send_bw` sender's instructions).
+pub type SgList = smallvec::SmallVec<[Sge; 2]>;
 
 /// A receive work request (`struct ibv_recv_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]

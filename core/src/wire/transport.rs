@@ -110,13 +110,13 @@ impl<'a, T: AsRef<[u8]> + ?Sized> TransportPacket<&'a T> {
 }
 
 /// Stands in for `info()` on an unchecked view of an unknown opcode: no headers, no payload.
-static UNKNOWN: OpcodeInfo = OpcodeInfo {
-    name: "UNKNOWN",
-    transport: super::opcode::Transport::Rc,
-    operation: super::opcode::Operation::Acknowledge,
-    position: super::opcode::Position::Only,
-    headers: HeaderSet::NONE,
-};
+static UNKNOWN: OpcodeInfo = OpcodeInfo::new(
+    "UNKNOWN",
+    super::opcode::Transport::Rc,
+    super::opcode::Operation::Acknowledge,
+    super::opcode::Position::Only,
+    HeaderSet::NONE,
+);
 
 /// The meaning of BTH plus extension headers. Which `Option`s are `Some` must agree with the
 /// opcode table entry for `bth.opcode`; [`emit`](Self::emit) checks it.

@@ -185,7 +185,10 @@ impl Shared {
     /// the returned guard is dropped.
     pub(crate) fn enter_verbs(&self) -> InVerbs<'_> {
         self.app_in_verbs.fetch_add(1, Ordering::SeqCst);
-        InVerbs { shared: self }
+        InVerbs {
+            shared: self,
+            left_at: None,
+        }
     }
 
     /// Makes sure the progress thread looks at new work soon.
@@ -217,13 +220,23 @@ pub(crate) fn read_counter(fd: std::os::fd::RawFd) {
 /// An application thread inside a verb (see [`Shared::enter_verbs`]).
 pub(crate) struct InVerbs<'a> {
     shared: &'a Shared,
+    /// Engine time the verb is done at, when the verb read the clock on its way out anyway.
+    left_at: Option<u64>,
+}
+
+impl InVerbs<'_> {
+    /// The verb has nothing left to do after `now` (a clock reading it just took): the guard
+    /// stamps that instead of reading the clock again. A streaming post reads the clock once
+    /// instead of twice, which was 1 % of a 64 B `ib_send_bw` sender's time.
+    pub(crate) fn leaving_at(&mut self, now: u64) {
+        self.left_at = Some(now);
+    }
 }
 
 impl Drop for InVerbs<'_> {
     fn drop(&mut self) {
-        self.shared
-            .app_active_at
-            .store(self.shared.now(), Ordering::Relaxed);
+        let now = self.left_at.unwrap_or_else(|| self.shared.now());
+        self.shared.app_active_at.store(now, Ordering::Relaxed);
         self.shared.app_in_verbs.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -516,12 +529,12 @@ impl Engine {
     }
 
     pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
-        let _in_verbs = self.shared.enter_verbs();
+        let mut in_verbs = self.shared.enter_verbs();
         let mut guard = self.lock();
         let st = &mut *guard;
         let busy = st.dev.send_queue_busy(qpn);
         st.dev.post_send(qpn, wr, &st.mem)?;
-        self.after_post(guard, busy);
+        self.after_post(guard, busy, &mut in_verbs);
         Ok(())
     }
 
@@ -533,7 +546,7 @@ impl Engine {
     /// If `wr` asks for inline data, every SGE of it must name memory readable for its length
     /// for the duration of the call.
     pub unsafe fn post_send_caller_inline(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
-        let _in_verbs = self.shared.enter_verbs();
+        let mut in_verbs = self.shared.enter_verbs();
         let mut guard = self.lock();
         let busy = guard.dev.send_queue_busy(qpn);
         if wr
@@ -545,7 +558,7 @@ impl Engine {
             let st = &mut *guard;
             st.dev.post_send(qpn, wr, &st.mem)?;
         }
-        self.after_post(guard, busy);
+        self.after_post(guard, busy, &mut in_verbs);
         Ok(())
     }
 
@@ -554,7 +567,7 @@ impl Engine {
     /// is already streaming they wait for the next progress round (the application's next
     /// `poll_cq`, or the progress thread), which sends everything queued together: one system
     /// call and one ACK for the batch instead of one each.
-    fn after_post(&self, mut guard: MutexGuard<'_, State>, busy: bool) {
+    fn after_post(&self, mut guard: MutexGuard<'_, State>, busy: bool, in_verbs: &mut InVerbs) {
         if !busy {
             self.send_now(guard);
             return;
@@ -563,6 +576,7 @@ impl Engine {
         guard.deferred = Deferred::Requests;
         drop(guard);
         let now = self.shared.now();
+        in_verbs.leaving_at(now);
         let polled_ns = self.shared.app_polled_at.load(Ordering::Relaxed);
         if polled_ns == 0 || now.saturating_sub(polled_ns) >= progress::APP_POLLER_NS {
             // Nobody is polling: the progress thread sends.

@@ -13,16 +13,16 @@ use crate::abi::verbs::{
     IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 };
 
-/// The scatter/gather list of a work request.
+/// The scatter/gather list of a work request, as the collection the transport's WR holds.
 ///
 /// # Safety
 /// `list` must point at `n` SGEs when `n > 0`.
-unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+unsafe fn sges<C: FromIterator<Sge> + Default>(list: *const ibv_sge, n: c_int) -> Result<C, c_int> {
     if n < 0 || (n > 0 && list.is_null()) {
         return Err(libc::EINVAL);
     }
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(C::default());
     }
     // SAFETY: per the contract.
     let list = unsafe { std::slice::from_raw_parts(list, n as usize) };
