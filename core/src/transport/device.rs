@@ -634,6 +634,7 @@ impl Device {
             has_rd_atomic: false,
             read_received: 0,
             ud_av,
+            checked_in: 0,
         };
         if qp.attr.state == QpState::Error {
             // Posting to a QP in error completes at once with a flush error.
@@ -785,22 +786,22 @@ impl Device {
             };
             // A QP with nothing left starts its next turn with a request.
             qp.request_turn = sent.as_ref().is_none_or(|(_, response)| *response);
+            // Sending (or a WQE that failed on the way) may have armed or moved a timer.
+            lower_timer_floor(&mut self.timer_floor, qp);
             if let Some((t, _)) = sent {
                 self.turn_sent += 1;
                 if self.turn_sent < TX_TURN_PACKETS {
                     // The turn goes on: next time this QP is asked first again.
                     qp.queued = true;
                     self.ready.push_front(qpn);
-                    self.note_timer(qpn);
                 } else {
                     self.turn_sent = 0;
-                    self.mark_ready(qpn);
+                    qp.queued = true;
+                    self.ready.push_back(qpn);
                 }
                 return Some(t);
             }
             self.turn_sent = 0;
-            // Nothing sent, but a WQE may have failed on the way, and that moves timers.
-            self.note_timer(qpn);
         }
         None
     }
@@ -854,8 +855,9 @@ impl Device {
 
     /// Queues the QP for [`Self::poll_transmit`], and takes note of any timer it armed.
     fn mark_ready(&mut self, qpn: u32) {
-        self.note_timer(qpn);
+        // One lookup for both (this runs for every post and every packet received).
         if let Some(qp) = self.qps.get_mut(&qpn) {
+            lower_timer_floor(&mut self.timer_floor, qp);
             if !qp.queued {
                 qp.queued = true;
                 self.ready.push_back(qpn);
@@ -864,12 +866,10 @@ impl Device {
     }
 }
 
-impl Device {
-    /// Keeps [`Self::poll_timeout`] a lower bound after the QP may have armed a timer.
-    fn note_timer(&mut self, qpn: u32) {
-        if let Some(t) = self.qps.get(&qpn).and_then(Qp::next_deadline) {
-            self.timer_floor = Some(self.timer_floor.map_or(t, |f| f.min(t)));
-        }
+/// Keeps [`Device::poll_timeout`] a lower bound after `qp` may have armed a timer.
+fn lower_timer_floor(floor: &mut Option<Nanos>, qp: &Qp) {
+    if let Some(t) = qp.next_deadline() {
+        *floor = Some(floor.map_or(t, |f| f.min(t)));
     }
 }
 

@@ -107,6 +107,10 @@ pub struct MemoryTable {
     /// Every region twice, by lkey and by rkey: a key check is one lookup.
     by_lkey: HashMap<u32, MemoryRegion>,
     by_rkey: HashMap<u32, MemoryRegion>,
+    /// Counts deregistrations, the only change that can make a key check that passed fail
+    /// (registering adds keys, never alters one): a check that passed at this generation
+    /// still holds while it is unchanged.
+    generation: u64,
 }
 
 impl MemoryTable {
@@ -120,7 +124,13 @@ impl MemoryTable {
             regions: HashMap::default(),
             by_lkey: HashMap::default(),
             by_rkey: HashMap::default(),
+            generation: 1,
         }
+    }
+
+    /// See the field: equal values mean no region went away in between.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn alloc_pd(&mut self) -> PdId {
@@ -198,6 +208,7 @@ impl MemoryTable {
         let lkey = self.regions.remove(&id)?;
         let mr = self.by_lkey.remove(&lkey)?;
         self.by_rkey.remove(&mr.rkey);
+        self.generation += 1;
         if let Some(n) = self.pds.get_mut(&mr.pd) {
             *n = n.saturating_sub(1);
         }
@@ -264,6 +275,25 @@ mod tests {
         let mut t = MemoryTable::new([7; 32]);
         let pd = t.alloc_pd();
         (t, pd)
+    }
+
+    #[test]
+    fn only_deregistering_changes_the_generation() {
+        let (mut t, pd) = table();
+        let g0 = t.generation();
+        let (a, _) = t.register(pd, 0x1000, 4096, Access::LOCAL_WRITE).unwrap();
+        let (_, b) = t.register(pd, 0x9000, 4096, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(
+            t.generation(),
+            g0,
+            "registering alters no key that passed a check"
+        );
+        assert!(t.check_local(b.lkey, pd, 0x9000, 8, Access::NONE).is_ok());
+        t.deregister(a);
+        let g1 = t.generation();
+        assert_ne!(g1, g0, "a check that passed before may fail now");
+        t.deregister(a); // already gone: nothing changes
+        assert_eq!(t.generation(), g1);
     }
 
     #[test]

@@ -137,6 +137,11 @@ pub(crate) struct SendWqe {
     pub read_received: u64,
     /// UD: the destination, resolved from the AH at post time.
     pub ud_av: Option<AddressVector>,
+    /// The memory table's generation when the scatter/gather list last passed its local
+    /// checks (0: never). The requester checks a WQE when it looks ahead at it from the end of
+    /// the message before and again when it starts it; while no region went away in between,
+    /// the second check is this comparison.
+    pub checked_in: u64,
 }
 
 /// Requester state (`qp->req` in rxe).

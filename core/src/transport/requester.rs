@@ -145,16 +145,28 @@ impl Qp {
         Start::Ready
     }
 
-    /// The WQE's scatter/gather list names memory it may use (checked again when it starts).
-    fn passes_local_checks(&self, idx: usize, sh: &Shared) -> bool {
-        let w = &self.sq[idx];
-        match w.wr.op {
+    /// The WQE's scatter/gather list names memory it may use (checked again when it starts,
+    /// unless no region was deregistered since it last passed).
+    fn passes_local_checks(&mut self, idx: usize, sh: &Shared) -> bool {
+        let generation = sh.mem.generation();
+        let pd = self.pd;
+        let Some(w) = self.sq.get_mut(idx) else {
+            return false;
+        };
+        if w.checked_in == generation {
+            return true;
+        }
+        let passed = match w.wr.op {
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
-                sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::LOCAL_WRITE).is_ok()
+                sgl::check(&sh.mem, pd, &w.wr.sg_list, Access::LOCAL_WRITE).is_ok()
             }
             _ if w.inline.is_some() => true,
-            _ => sgl::check(&sh.mem, self.pd, &w.wr.sg_list, Access::NONE).is_ok(),
+            _ => sgl::check(&sh.mem, pd, &w.wr.sg_list, Access::NONE).is_ok(),
+        };
+        if passed {
+            w.checked_in = generation;
         }
+        passed
     }
 
     /// Builds one packet of the WQE at `idx` from `req.offset`. `None` when the WQE failed
