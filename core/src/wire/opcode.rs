@@ -85,6 +85,15 @@ impl HeaderSet {
         HeaderSet(self.0 | other.0)
     }
 
+    /// The set holding only `kind`.
+    pub const fn of(kind: HeaderKind) -> HeaderSet {
+        HeaderSet(kind.bit())
+    }
+
+    pub const fn without(self, other: HeaderSet) -> HeaderSet {
+        HeaderSet(self.0 & !other.0)
+    }
+
     pub const fn contains(self, kind: HeaderKind) -> bool {
         self.0 & kind.bit() != 0
     }
