@@ -11,7 +11,10 @@
 //! couple of milliseconds), the application pushes the alarm `POSTPONE_NS` ahead once every
 //! `PUSH_EVERY_NS` from its own `poll_cq`: one system call per quarter millisecond on its own
 //! time, and no wake-up at all. When it stops polling, the alarm fires at most `POSTPONE_NS`
-//! later and the thread takes over, as soon as its longest nap allowed before.
+//! later and the thread takes over, as soon as its longest nap allowed before. Where the
+//! application, though still polling, is kept from its loop for longer than that (a one-vCPU
+//! guest, whose kernel network work runs on the same CPU), every alarm that rings for nothing
+//! doubles the postponement, up to `MAX_POSTPONE_NS`, until the thread next takes over.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -20,8 +23,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 /// How far ahead a push moves the alarm: the longest the thread waits to take over from an
 /// application that stopped polling (its longest nap).
 pub(crate) const POSTPONE_NS: u64 = 1_000_000;
-/// How often a polling application pushes.
-const PUSH_EVERY_NS: u64 = 250_000;
+/// How often a polling application pushes (a quarter of the postponement, which grows with
+/// it: see `MAX_POSTPONE_NS`).
+const PUSH_EVERY_NS: u64 = POSTPONE_NS / 4;
+/// The longest postponement. An application that keeps polling can still be away from its
+/// loop for longer than `POSTPONE_NS` when its CPU does other work: in a one-vCPU guest under
+/// emulation, the kernel's own network work took that long every other turn of a ping-pong,
+/// and each time the alarm woke the thread only to find the application back in its verbs
+/// (about 0.6 wake-ups per turn, each preempting the application on its only CPU). Each such
+/// wasted alarm doubles the postponement up to this; the thread taking over resets it.
+const MAX_POSTPONE_NS: u64 = 8_000_000;
 
 pub(crate) struct NapAlarm {
     fd: OwnedFd,
@@ -32,6 +43,8 @@ pub(crate) struct NapAlarm {
     long_naps: AtomicBool,
     /// Engine time of the last push (0: none yet).
     pushed_at: AtomicU64,
+    /// How far ahead a push moves the alarm now (`POSTPONE_NS` to `MAX_POSTPONE_NS`).
+    postpone_ns: AtomicU64,
 }
 
 impl NapAlarm {
@@ -51,6 +64,7 @@ impl NapAlarm {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             long_naps: AtomicBool::new(false),
             pushed_at: AtomicU64::new(0),
+            postpone_ns: AtomicU64::new(POSTPONE_NS),
         })
     }
 
@@ -61,9 +75,19 @@ impl NapAlarm {
         self.set(ns);
     }
 
-    /// The thread took over (or has nothing to nap for): polls stop pushing.
+    /// The thread took over (or has nothing to nap for): polls stop pushing, and the next
+    /// pushes postpone by `POSTPONE_NS` again.
     pub(crate) fn short_naps(&self) {
         self.long_naps.store(false, Ordering::Relaxed);
+        self.postpone_ns.store(POSTPONE_NS, Ordering::Relaxed);
+    }
+
+    /// A long nap ended on the alarm and the thread found the application still in its verbs
+    /// loop: the pushes came too far apart. Doubles the postponement (see `MAX_POSTPONE_NS`).
+    pub(crate) fn rang_for_nothing(&self) {
+        let p = self.postpone_ns.load(Ordering::Relaxed);
+        self.postpone_ns
+            .store((p * 2).min(MAX_POSTPONE_NS), Ordering::Relaxed);
     }
 
     /// Sets the alarm `ns` from now (at least 1 ns: zero would disarm it). Setting it also
@@ -100,7 +124,7 @@ impl NapAlarm {
                 .compare_exchange(at, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
             {
-                self.set(POSTPONE_NS);
+                self.set(self.postpone_ns.load(Ordering::Relaxed));
             }
         }
     }
@@ -111,7 +135,8 @@ impl NapAlarm {
             return None;
         }
         let pushed = self.pushed_at.load(Ordering::Relaxed);
-        (now.saturating_sub(pushed) >= PUSH_EVERY_NS).then_some(pushed)
+        let every = self.postpone_ns.load(Ordering::Relaxed) / (POSTPONE_NS / PUSH_EVERY_NS);
+        (now.saturating_sub(pushed) >= every).then_some(pushed)
     }
 }
 
@@ -159,6 +184,34 @@ mod tests {
         assert!(poll_run(&alarm, start + 4_000 * US, start + 6_000 * US, 5 * US).is_empty());
         alarm.nap(10 * US, false);
         assert!(poll_run(&alarm, start + 6_000 * US, start + 8_000 * US, 5 * US).is_empty());
+    }
+
+    /// Alarms that ring for nothing stretch the postponement, and the pushes with it, up to
+    /// the limit; the thread taking over brings both back.
+    #[test]
+    fn wasted_alarms_stretch_the_postponement_until_the_thread_takes_over() {
+        let alarm = NapAlarm::new().expect("timerfd");
+        alarm.nap(POSTPONE_NS, true);
+        let gaps = |alarm: &NapAlarm, from: u64| {
+            let pushes = poll_run(alarm, from, from + 40_000 * US, 5 * US);
+            pushes.windows(2).map(|p| p[1] - p[0]).max()
+        };
+        assert_eq!(gaps(&alarm, 10 * US), Some(PUSH_EVERY_NS));
+        alarm.rang_for_nothing();
+        assert_eq!(alarm.postpone_ns.load(Ordering::Relaxed), 2 * POSTPONE_NS);
+        assert_eq!(gaps(&alarm, 50_000 * US), Some(2 * PUSH_EVERY_NS));
+        for _ in 0..10 {
+            alarm.rang_for_nothing();
+        }
+        assert_eq!(alarm.postpone_ns.load(Ordering::Relaxed), MAX_POSTPONE_NS);
+        let every = MAX_POSTPONE_NS / 4;
+        assert_eq!(gaps(&alarm, 100_000 * US), Some(every));
+        assert!(
+            every < MAX_POSTPONE_NS,
+            "each push lands well inside the alarm it replaces"
+        );
+        alarm.short_naps();
+        assert_eq!(alarm.postpone_ns.load(Ordering::Relaxed), POSTPONE_NS);
     }
 
     /// The alarm polls readable once it expires, setting it forgets an unread expiry, and

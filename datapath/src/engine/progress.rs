@@ -241,6 +241,8 @@ pub(crate) fn run(
     let mut address_changes = Vec::new();
     let queue = shared.config.queue;
     let mut frame_watch = FrameWatch::default();
+    // The last nap was a long one and ended on the alarm, which polls postpone.
+    let mut long_nap_rang = false;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             break;
@@ -264,11 +266,17 @@ pub(crate) fn run(
                 app_busy(&shared, shared.now())
             });
         confirm_quiet = app_busy;
+        if std::mem::take(&mut long_nap_rang) && app_busy {
+            // Polls came too far apart to hold the alarm off, yet the application is still
+            // polling: the wake-up was for nothing.
+            shared.nap_alarm.rang_for_nothing();
+        }
         // A held lock means the application is at work too.
         let guard = if app_busy { None } else { shared.try_state() };
         let Some(mut guard) = guard else {
             let frames = frame_watch.watching().then_some(wait_fd);
             let woke = wake_priority.sleep(|| sleep(&shared, frames, &watcher, Wait::Nap(nap_ns)));
+            long_nap_rang = woke.alarm && nap_ns >= MAX_NAP_NS;
             if woke.addresses {
                 address_changes.extend(watcher.drain());
             }
@@ -510,6 +518,8 @@ struct Woke {
     addresses: bool,
     /// Frames are waiting in the socket (only when `sleep` watched it).
     frames: bool,
+    /// The nap alarm rang.
+    alarm: bool,
 }
 
 /// How long a [`sleep`] may last besides its events (a kick, an address change, a frame when
@@ -592,6 +602,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
     Woke {
         addresses: fds[1].revents != 0,
         frames: frames.is_some() && fds[2].revents != 0,
+        alarm: fds[3].revents != 0,
     }
 }
 
