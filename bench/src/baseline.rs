@@ -360,29 +360,44 @@ impl TurnFrames {
     }
 }
 
+/// When [`xsk_echo`] gives up on its own (besides its stop flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EchoLimits {
+    /// No frame came this long after the last one.
+    pub quiet: Duration,
+    /// No frame came at all this long after the start (an error).
+    pub wait: Duration,
+}
+
 /// The answering end of a raw ping-pong on its own: busy-polls `iface` and answers every
-/// `turn.frames` frames with a turn of its own to `peer`, until `stop` is set or, with
-/// `quiet`, that long passes without a frame after the first. `ready` runs once the socket
-/// takes frames. Returns how many turns it answered. Needs xroce's XDP program on `iface`.
+/// `turn.frames` frames with a turn of its own to `peer`, until `stop` is set or `limits`
+/// say so. `ready` runs once the socket takes frames. Returns how many turns it answered.
+/// Needs xroce's XDP program on `iface`.
 pub fn xsk_echo(
     iface: &str,
     own: Ipv4Addr,
     peer: Ipv4Addr,
     turn: PingTurn,
     stop: &AtomicBool,
-    quiet: Option<Duration>,
+    limits: Option<EchoLimits>,
     ready: impl FnOnce(),
 ) -> Result<u64, String> {
     let mut end = try_raw_end(iface, peer)?;
     let reply = TurnFrames::new(&end, own, peer, turn);
     ready();
     let (mut got, mut answered) = (0, 0u64);
-    let mut last = Instant::now();
+    let started = Instant::now();
+    let mut last = started;
     while !stop.load(Ordering::Relaxed) {
         if end.sock.recv(64, &mut |_| got += 1) > 0 {
             last = Instant::now();
-        } else if quiet.is_some_and(|q| answered > 0 && last.elapsed() > q) {
-            break;
+        } else if let Some(l) = limits {
+            if answered > 0 && last.elapsed() > l.quiet {
+                break;
+            }
+            if answered == 0 && got == 0 && started.elapsed() > l.wait {
+                return Err(format!("no frame from {peer} within {:?}", l.wait));
+            }
         }
         while got >= reply.frames {
             got -= reply.frames;

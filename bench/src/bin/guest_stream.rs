@@ -17,7 +17,8 @@
 //!
 //! The receiver prints `received FRAMES frames, BYTES bytes in SECS s: MB/s MB/s`, counting
 //! from the first frame to the last; it ends 0.5 s after the last frame. `ping` prints
-//! `round trips N of COUNT: p50 X us p99 Y us min Z us`; `echo` ends 2 s after the last frame.
+//! `round trips N of COUNT: p50 X us p99 Y us min Z us`; `echo` ends 2 s after the last frame,
+//! and fails when none came within 60 s.
 
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
@@ -26,7 +27,7 @@ use std::time::Duration;
 use std::sync::atomic::AtomicBool;
 
 use xroce_bench::baseline::{
-    xsk_echo, xsk_ping, xsk_receive_stream, xsk_send_stream, PingTurn, RoundTrip,
+    xsk_echo, xsk_ping, xsk_receive_stream, xsk_send_stream, EchoLimits, PingTurn, RoundTrip,
 };
 
 const USAGE: &str = "usage: guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS\n       \
@@ -34,8 +35,12 @@ const USAGE: &str = "usage: guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS\
                      guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES\n       \
                      guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT";
 
-/// How long `echo` goes on answering after the last frame.
-const ECHO_QUIET: Duration = Duration::from_secs(2);
+/// `echo` ends this long after the last frame, and fails when none came this long after it
+/// started.
+const ECHO_LIMITS: EchoLimits = EchoLimits {
+    quiet: Duration::from_secs(2),
+    wait: Duration::from_secs(60),
+};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -97,7 +102,7 @@ fn run(args: &[String]) -> Result<String, String> {
                 ip(peer)?,
                 turn,
                 &never,
-                Some(ECHO_QUIET),
+                Some(ECHO_LIMITS),
                 || {},
             )?;
             Ok(format!("answered {answered} turns"))
