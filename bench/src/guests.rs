@@ -120,36 +120,44 @@ const RAW_PINGS: usize = 2000;
 /// messages (as `ib_send_lat` sends) and `frames` frames per turn; half the round trips, as
 /// perftest reports one-way latency.
 fn raw_pingpong(g: &[Guest], frames: usize) -> Result<PingTimes, String> {
-    let echo = g[0].spawn(
+    let (_, pinged) = guest_stream_pair(
+        g,
+        &format!("echo eth0 {} {} 64 {frames}", g[0].ipv4(), g[1].ipv4()),
         &format!(
-            "/opt/xroce/guest-stream echo eth0 {} {} 64 {frames}",
-            g[0].ipv4(),
-            g[1].ipv4()
-        ),
-        RUN_TIMEOUT,
-    );
-    // Time for the echo to bind its socket under emulation; a ping sent before would only be
-    // lost and have no sample.
-    std::thread::sleep(Duration::from_secs(2));
-    let pinged = sh(
-        &g[1],
-        &format!(
-            "/opt/xroce/guest-stream ping eth0 {} {} 64 {frames} {RAW_PINGS}",
+            "ping eth0 {} {} 64 {frames} {RAW_PINGS}",
             g[1].ipv4(),
             g[0].ipv4()
         ),
-    );
-    let echoed = echo.wait().map_err(|e| e.to_string())?;
-    let pinged = pinged?;
-    if !echoed.success() {
-        return Err(format!("guest-stream echo: {}", echoed.text()));
-    }
+    )?;
     parse_ping_line(&pinged)
         .map(|rtt| PingTimes {
             p50: rtt.p50 / 2.0,
             min: rtt.min / 2.0,
         })
         .ok_or_else(|| format!("no result from guest-stream ping: {pinged}"))
+}
+
+/// `guest-stream LISTENER_ARGS` in the first guest and, once it had time to bind its socket
+/// under emulation, `guest-stream SENDER_ARGS` in the second; both must succeed. Returns their
+/// standard outputs. (The listener counts or answers from the first frame on, so starting
+/// late only costs the sender frames that have no effect.)
+fn guest_stream_pair(
+    g: &[Guest],
+    listener_args: &str,
+    sender_args: &str,
+) -> Result<(String, String), String> {
+    let listener = g[0].spawn(
+        &format!("/opt/xroce/guest-stream {listener_args}"),
+        RUN_TIMEOUT,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let sent = sh(&g[1], &format!("/opt/xroce/guest-stream {sender_args}"));
+    let listened = listener.wait().map_err(|e| e.to_string())?;
+    let sent = sent?;
+    if !listened.success() {
+        return Err(format!("guest-stream {listener_args}: {}", listened.text()));
+    }
+    Ok((listened.stdout, sent))
 }
 
 /// The p50 and minimum round trips (µs) of `guest-stream ping`'s line:
@@ -176,28 +184,13 @@ fn parse_ping_line(out: &str) -> Option<PingTimes> {
 
 /// `guest-stream` from the second guest to the first for 5 s; the receiver's MB/s.
 fn raw_stream(g: &[Guest]) -> Result<f64, String> {
-    let receiver = g[0].spawn(
-        &format!("/opt/xroce/guest-stream recv eth0 {} 60", g[1].ipv4()),
-        RUN_TIMEOUT,
-    );
-    // The receiver counts from its first frame, so starting late only shortens what it sees;
-    // this gives it the time to bind its socket under emulation.
-    std::thread::sleep(Duration::from_secs(2));
-    let sent = sh(
-        &g[1],
-        &format!(
-            "/opt/xroce/guest-stream send eth0 {} {} {RAW_PAYLOAD} 5",
-            g[1].ipv4(),
-            g[0].ipv4()
-        ),
-    );
-    let received = receiver.wait().map_err(|e| e.to_string())?;
-    sent?;
-    if !received.success() {
-        return Err(format!("guest-stream recv: {}", received.text()));
-    }
-    parse_stream_line(&received.stdout)
-        .ok_or_else(|| format!("no result from guest-stream recv: {}", received.text()))
+    let (received, _) = guest_stream_pair(
+        g,
+        &format!("recv eth0 {} 60", g[1].ipv4()),
+        &format!("send eth0 {} {} {RAW_PAYLOAD} 5", g[1].ipv4(), g[0].ipv4()),
+    )?;
+    parse_stream_line(&received)
+        .ok_or_else(|| format!("no result from guest-stream recv: {received}"))
 }
 
 /// The MB/s of `guest-stream recv`'s line: `received F frames, B bytes in S s: X MB/s`.
