@@ -621,7 +621,9 @@ fn transfers_survive_one_percent_loss_on_the_path() {
 /// settings allow, and the program then tears down and exits normally. (`ibv_rc_pingpong`
 /// itself asks for retry_cnt 7, which rdma_rxe and xroce treat as "retry forever", so the
 /// client is a small program with the same connection exchange, a SEND always in flight and a
-/// finite retry count: timeout 14 = 67 ms, 3 retries.)
+/// finite retry count: timeout 14 = 67 ms, 3 retries. Its SENDs are one packet each, so only
+/// timeouts consume the retries: CI once saw a sequence NAK for a lost middle packet of the
+/// last 4096-byte SEND take one of them, and the error came one timeout early.)
 #[test]
 fn a_dead_peer_ends_in_retry_exceeded() {
     if !root_or_skip() {
@@ -632,7 +634,7 @@ fn a_dead_peer_ends_in_retry_exceeded() {
     let mut rig = Rig::new("xrdead", 1500);
     let server = rig
         .guest
-        .spawn("ibv_rc_pingpong -g 1 -n 100000000", PROGRAM_TIMEOUT);
+        .spawn("ibv_rc_pingpong -g 1 -s 1024 -n 100000000", PROGRAM_TIMEOUT);
     wait_listening_in(&rig.guest);
     let (timeout, retry_cnt) = (14u32, 3u32);
     let cmd = rig.on_xroce(&format!(

@@ -1,6 +1,6 @@
 /*
- * A client for an unmodified `ibv_rc_pingpong` server (same TCP exchange, 4096-byte SENDs
- * at path MTU 1024) that connects its QP with a finite retry count, so that a server that
+ * A client for an unmodified `ibv_rc_pingpong -s 1024` server (same TCP exchange, 1024-byte
+ * SENDs: one packet each at path MTU 1024) that connects its QP with a finite retry count, so that a server that
  * disappears mid-transfer ends in IBV_WC_RETRY_EXC_ERR rather than in ibv_rc_pingpong's
  * infinite retries (retry_cnt 7 means "forever" to rdma_rxe and xroce).
  *
@@ -24,7 +24,11 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
-#define SIZE 4096
+/* One packet per SEND, and one SEND in flight: the server then never sees a PSN beyond the one
+ * it expects, so it never answers with a sequence NAK. A sequence NAK consumes the retry count
+ * just as a timeout does (in rdma_rxe as in xroce), and one drawn by a lost middle packet just
+ * before the peer died would make the error come one timeout early. */
+#define SIZE 1024
 #define PORT 18515
 
 static double now_ms(void)
