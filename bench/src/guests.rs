@@ -6,7 +6,7 @@
 //! between 0.75 and 1.35 on the same build, so each number is the median of several rounds.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab};
 
@@ -25,6 +25,11 @@ pub struct GuestNumbers {
     pub send_lat_min_us: f64,
     /// `ib_write_bw` 64 KiB, MB/s.
     pub write_bw_mb_s: f64,
+    /// Host CPU the guests' vCPU threads used while `ib_write_bw` ran, in cores (CPU seconds
+    /// per second): the receiving guest's, then the sending guest's. A vCPU that computes all
+    /// the time uses a whole core, so less says the guest spent the rest waiting (on QEMU's
+    /// emulated devices, or idle). NaN where it could not be read.
+    pub write_bw_vcpu_cores: [f64; 2],
 }
 
 /// Rounds of the comparison; each runs both stacks, rdma_rxe first.
@@ -217,6 +222,10 @@ fn median_numbers(runs: impl Iterator<Item = GuestNumbers> + Clone) -> GuestNumb
         send_lat_p99_us: median(|n| n.send_lat_p99_us),
         send_lat_min_us: median(|n| n.send_lat_min_us),
         write_bw_mb_s: median(|n| n.write_bw_mb_s),
+        write_bw_vcpu_cores: [
+            median(|n| n.write_bw_vcpu_cores[0]),
+            median(|n| n.write_bw_vcpu_cores[1]),
+        ],
     }
 }
 
@@ -262,7 +271,9 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
         .first()
         .copied()
         .ok_or_else(|| format!("no latency line in:\n{lat}"))?;
+    let before = HostCpu::sample(g);
     let bw = server_client(g, wrap, &format!("ib_write_bw -d {dev} -x 1 -F -D 5"))?;
+    let write_bw_vcpu_cores = before.cores_since();
     let bw = parse_bw(&bw)
         .first()
         .copied()
@@ -272,7 +283,69 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
         send_lat_p99_us: lat.p99,
         send_lat_min_us: lat.min,
         write_bw_mb_s: bw.mb_per_s,
+        write_bw_vcpu_cores,
     })
+}
+
+/// The CPU time the guests' vCPU threads had used at one moment.
+struct HostCpu {
+    at: Instant,
+    pids: [Option<u32>; 2],
+    ticks: [Option<u64>; 2],
+}
+
+impl HostCpu {
+    fn sample(g: &[Guest]) -> HostCpu {
+        let pids = [0, 1].map(|i| g.get(i).and_then(Guest::pid));
+        HostCpu {
+            at: Instant::now(),
+            pids,
+            ticks: pids.map(|p| p.and_then(vcpu_ticks)),
+        }
+    }
+
+    /// Cores each vCPU used on average since the sample.
+    fn cores_since(&self) -> [f64; 2] {
+        let seconds = self.at.elapsed().as_secs_f64();
+        // SAFETY: sysconf only reads a system constant.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        [0, 1].map(
+            |i| match (self.ticks[i], self.pids[i].and_then(vcpu_ticks)) {
+                (Some(a), Some(b)) if per_second > 0.0 && seconds > 0.0 => {
+                    b.saturating_sub(a) as f64 / per_second / seconds
+                }
+                _ => f64::NAN,
+            },
+        )
+    }
+}
+
+/// The CPU time of qemu `pid`'s vCPU threads, which qemu names "CPU N/TCG" (or "/KVM") when
+/// started with `-name ...,debug-threads=on`, as the guests are.
+fn vcpu_ticks(pid: u32) -> Option<u64> {
+    let mut total = None;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let dir = task.path();
+        let is_vcpu =
+            std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with("CPU "));
+        if is_vcpu {
+            let ticks = cpu_ticks_of_stat(&std::fs::read_to_string(dir.join("stat")).ok()?)?;
+            total = Some(total.unwrap_or(0) + ticks);
+        }
+    }
+    total
+}
+
+/// User plus system time, in clock ticks, from the text of a `/proc/.../stat`. The command name, in parentheses, may itself hold spaces and parentheses, so the
+/// fields are counted from the last ')': the state is field 3, utime 14 and stime 15.
+fn cpu_ticks_of_stat(stat: &str) -> Option<u64> {
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
 }
 
 #[cfg(test)]
@@ -285,6 +358,7 @@ mod tests {
             send_lat_p99_us: lat * 10.0,
             send_lat_min_us: lat / 2.0,
             write_bw_mb_s: bw,
+            write_bw_vcpu_cores: [bw / 100.0, lat / 100.0],
         }
     }
 
@@ -327,5 +401,15 @@ mod tests {
         let runs = [n(100.0, 10.0), n(200.0, 30.0), n(300.0, 20.0)];
         let m = median_numbers(runs.iter().copied());
         assert_eq!((m.send_lat_us, m.write_bw_mb_s), (200.0, 20.0));
+        assert_eq!(m.write_bw_vcpu_cores, [0.2, 2.0]);
+    }
+
+    #[test]
+    fn cpu_time_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        let stat = "4242 (CPU 0/TCG (x)) S 1 4242 4242 0 -1 4194560 1029 0 0 0 \
+                    1234 567 0 0 20 0 3 0 1000 1000000 500 18446744073709551615";
+        assert_eq!(cpu_ticks_of_stat(stat), Some(1234 + 567));
+        assert_eq!(cpu_ticks_of_stat("4242 (qemu) S 1 2"), None);
+        assert_eq!(cpu_ticks_of_stat("no parenthesis"), None);
     }
 }

@@ -301,7 +301,9 @@ fn start(
     };
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", lab.netns(), "qemu-system-x86_64"])
-        .args(["-name", &config.name])
+        // debug-threads names qemu's threads (the vCPU's is "CPU 0/TCG"), so that the
+        // benchmark can tell the vCPU's CPU time from the I/O threads'.
+        .args(["-name", &format!("{},debug-threads=on", config.name)])
         .args(["-accel", accel_arg, "-cpu", cpu, "-smp", "1"])
         .args(["-m", &config.memory_mib.to_string()])
         .args([
@@ -399,7 +401,14 @@ pub(crate) fn is_our_qemu(pid: u32, name: &str) -> bool {
         .is_some_and(|a| a.ends_with(b"qemu-system-x86_64"))
         && args
             .windows(2)
-            .any(|w| w[0] == b"-name" && w[1] == name.as_bytes())
+            .any(|w| w[0] == b"-name" && name_option_is(w[1], name))
+}
+
+/// Whether qemu's `-name` option `value` names guest `name` (`NAME` or `NAME,options`).
+fn name_option_is(value: &[u8], name: &str) -> bool {
+    value
+        .strip_prefix(name.as_bytes())
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(b","))
 }
 
 /// SIGKILLs the qemu processes with these PIDs and waits (briefly) for them to go.
@@ -417,5 +426,18 @@ pub(crate) fn kill_all(pids: &[u32]) {
             unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_option_is;
+
+    #[test]
+    fn a_guest_is_known_by_its_name_with_or_without_options() {
+        assert!(name_option_is(b"xrbench0", "xrbench0"));
+        assert!(name_option_is(b"xrbench0,debug-threads=on", "xrbench0"));
+        assert!(!name_option_is(b"xrbench01,debug-threads=on", "xrbench0"));
+        assert!(!name_option_is(b"xrbench", "xrbench0"));
     }
 }

@@ -370,6 +370,17 @@ fn main() {
                     rxe.send_lat_min_us,
                     xroce.send_lat_min_us
                 ));
+                let host_cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+                let [rxe_in, rxe_out] = rxe.write_bw_vcpu_cores;
+                let [xroce_in, xroce_out] = xroce.write_bw_vcpu_cores;
+                r.notes.push(format!(
+                    "Guests: host CPU of the guests' vCPU threads during ib_write_bw (median of \
+                     the rounds), as cores of the host's {host_cpus}: with rdma_rxe the \
+                     receiving guest's {rxe_in:.2} and the sending guest's {rxe_out:.2}, with \
+                     xroce {xroce_in:.2} and {xroce_out:.2}. A vCPU that computed all the time \
+                     would use a whole core; below that, the guest spent the rest waiting on \
+                     QEMU's emulated devices, or idle."
+                ));
                 match &c.raw_stream_mb_s {
                     Ok(raw) => {
                         r.rows.push(Row::new(
