@@ -585,6 +585,43 @@ fn send_window_is_128_psns() {
     );
 }
 
+/// A region deregistered while a message through it is under way: the packets already sent
+/// stand, the next one is not built (LOC_PROT_ERR, QP to ERROR). The requester skips the
+/// per-packet region checks of a WQE whose list passed while no region was deregistered;
+/// deregistering must end that.
+#[test]
+fn a_region_deregistered_mid_message_stops_the_message() {
+    let mut sim = Sim::new(27, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(200 * 1024, RW);
+    let dst = sim.nodes[1].alloc(200 * 1024, RW);
+    // A second registration of the same memory, which goes away mid-message.
+    let pd = sim.nodes[0].pd;
+    let (id, doomed) = sim.nodes[0].dev.reg_mr(pd, src.va, src.len, RW).unwrap();
+    // Responses are dropped, so the 128-PSN window stops the WRITE after 129 packets.
+    sim.drop_filter = Some(Box::new(|from, _| from == 1));
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&doomed, 0, 200 * 1024)]),
+        )
+        .unwrap();
+    let t = spec_timeout_ns(o.timeout);
+    assert!(!sim.run_until(t / 2, |s| cq_len(s, 0, a.send_cq) > 0));
+    assert_eq!(counters(&sim, 0).tx_requests, 129);
+    sim.nodes[0].dev.dereg_mr(id).unwrap();
+    sim.drop_filter = None;
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::LocProtErr)]);
+    assert_eq!(
+        counters(&sim, 0).tx_requests,
+        129,
+        "nothing sent after the deregistration"
+    );
+    assert_eq!(state(&sim, a), QpState::Error);
+}
+
 /// AckReq: on the last packet of a message, and on a middle packet whenever more than 64
 /// packets went without it (digest §4.4): packets 65, 131 and 197 of a 200-packet WRITE, and
 /// its last one, 199.

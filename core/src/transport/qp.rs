@@ -140,7 +140,8 @@ pub(crate) struct SendWqe {
     /// The memory table's generation when the scatter/gather list last passed its local
     /// checks (0: never). The requester checks a WQE when it looks ahead at it from the end of
     /// the message before and again when it starts it; while no region went away in between,
-    /// the second check is this comparison.
+    /// the second check is this comparison, and so are the region checks of every packet's
+    /// gather.
     pub checked_in: u64,
 }
 

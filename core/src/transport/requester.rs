@@ -360,8 +360,11 @@ impl Qp {
                     .copy_from_slice(&data[s..s + payload_len as usize]);
                 Ok(())
             }
+            // The list passed its region checks when the WQE started (or was looked ahead
+            // at); while no region has been deregistered since, they still hold for every
+            // piece of it, and the per-packet lookups are skipped.
             None => sgl::gather(
-                &sh.mem,
+                (w.checked_in != sh.mem.generation()).then_some(&sh.mem),
                 host,
                 self.pd,
                 &w.wr.sg_list,

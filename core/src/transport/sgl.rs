@@ -15,9 +15,10 @@ pub(crate) enum SglError {
 }
 
 /// Calls `f(addr, range)` for each SGE piece covering `[offset, offset + len)` of the list,
-/// after checking it with `needed` rights.
+/// after checking it with `needed` rights against `table` (`None`: the caller vouches that the
+/// whole list passed [`check`] with those rights, and no region went away since).
 fn walk(
-    table: &MemoryTable,
+    table: Option<&MemoryTable>,
     pd: PdId,
     sges: &[Sge],
     mut offset: u64,
@@ -37,9 +38,11 @@ fn walk(
         }
         let n = ((sl - offset) as usize).min(len - done);
         let addr = sge.addr.checked_add(offset).ok_or(SglError::Protection)?;
-        table
-            .check_local(sge.lkey, pd, addr, n as u64, needed)
-            .map_err(|_| SglError::Protection)?;
+        if let Some(table) = table {
+            table
+                .check_local(sge.lkey, pd, addr, n as u64, needed)
+                .map_err(|_| SglError::Protection)?;
+        }
         f(addr, done..done + n)?;
         done += n;
         offset = 0;
@@ -51,9 +54,10 @@ fn walk(
     }
 }
 
-/// Copies `out.len()` bytes starting `offset` bytes into the list.
+/// Copies `out.len()` bytes starting `offset` bytes into the list. `table` as for `walk`:
+/// `None` skips the region checks of a list that already passed them.
 pub(crate) fn gather(
-    table: &MemoryTable,
+    table: Option<&MemoryTable>,
     host: &dyn HostMemory,
     pd: PdId,
     sges: &[Sge],
@@ -77,7 +81,7 @@ pub(crate) fn scatter(
     data: &[u8],
 ) -> Result<(), SglError> {
     walk(
-        table,
+        Some(table),
         pd,
         sges,
         offset,
