@@ -568,21 +568,34 @@ fn send_window_is_128_psns() {
     let (a, b) = connect(&mut sim, 0, 1, &o);
     let src = sim.nodes[0].alloc(200 * 1024, RW);
     let dst = sim.nodes[1].alloc(200 * 1024, RW);
-    sim.drop_filter = Some(Box::new(|from, _| from == 1));
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 200 * 1024)]),
-        )
-        .unwrap();
-    let t = spec_timeout_ns(o.timeout);
-    assert!(!sim.run_until(t - 1, |s| cq_len(s, 0, a.send_cq) > 0));
-    assert_eq!(counters(&sim, 0).tx_requests, 129);
+    stall_a_write_in_the_window(&mut sim, a, &o, &src, &dst);
     assert_eq!(
         sim.nodes[1].dev.query_qp(b.qpn).unwrap().rq_psn,
         o.psn.0 + 129,
         "the responder executed all 129"
     );
+}
+
+/// Posts a 200-packet WRITE from `src` to `dst` (node 0 to node 1) with every response lost,
+/// and runs until just before the retransmission timer: the window has then put exactly 129
+/// packets on the wire.
+fn stall_a_write_in_the_window(
+    sim: &mut Sim,
+    a: QpEnd,
+    o: &ConnectOptions,
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+) {
+    sim.drop_filter = Some(Box::new(|from, _| from == 1));
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(dst, 0), vec![sge(src, 0, 200 * 1024)]),
+        )
+        .unwrap();
+    let t = spec_timeout_ns(o.timeout);
+    assert!(!sim.run_until(t - 1, |s| cq_len(s, 0, a.send_cq) > 0));
+    assert_eq!(counters(sim, 0).tx_requests, 129);
 }
 
 /// A region deregistered while a message through it is under way: the packets already sent
@@ -599,17 +612,7 @@ fn a_region_deregistered_mid_message_stops_the_message() {
     // A second registration of the same memory, which goes away mid-message.
     let pd = sim.nodes[0].pd;
     let (id, doomed) = sim.nodes[0].dev.reg_mr(pd, src.va, src.len, RW).unwrap();
-    // Responses are dropped, so the 128-PSN window stops the WRITE after 129 packets.
-    sim.drop_filter = Some(Box::new(|from, _| from == 1));
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(1, write_op(&dst, 0), vec![sge(&doomed, 0, 200 * 1024)]),
-        )
-        .unwrap();
-    let t = spec_timeout_ns(o.timeout);
-    assert!(!sim.run_until(t / 2, |s| cq_len(s, 0, a.send_cq) > 0));
-    assert_eq!(counters(&sim, 0).tx_requests, 129);
+    stall_a_write_in_the_window(&mut sim, a, &o, &doomed, &dst);
     sim.nodes[0].dev.dereg_mr(id).unwrap();
     sim.drop_filter = None;
     let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
