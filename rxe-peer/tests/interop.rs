@@ -622,8 +622,9 @@ fn transfers_survive_one_percent_loss_on_the_path() {
 /// itself asks for retry_cnt 7, which rdma_rxe and xroce treat as "retry forever", so the
 /// client is a small program with the same connection exchange, a SEND always in flight and a
 /// finite retry count: timeout 14 = 67 ms, 3 retries. Its SENDs are one packet each, so only
-/// timeouts consume the retries: CI once saw a sequence NAK for a lost middle packet of the
-/// last 4096-byte SEND take one of them, and the error came one timeout early.)
+/// timeouts consume the retries: CI once saw a sequence NAK for the last 4096-byte SEND (its
+/// tail arrived after rdma_rxe had RNR-NAKed its head) take one of them, and the error came
+/// one timeout early.)
 #[test]
 fn a_dead_peer_ends_in_retry_exceeded() {
     if !root_or_skip() {

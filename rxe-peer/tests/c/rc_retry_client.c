@@ -26,8 +26,9 @@
 
 /* One packet per SEND, and one SEND in flight: the server then never sees a PSN beyond the one
  * it expects, so it never answers with a sequence NAK. A sequence NAK consumes the retry count
- * just as a timeout does (in rdma_rxe as in xroce), and one drawn by a lost middle packet just
- * before the peer died would make the error come one timeout early. */
+ * just as a timeout does (in rdma_rxe as in xroce); with multi-packet SENDs rdma_rxe sends one
+ * when a SEND's tail arrives after it RNR-NAKed its head, and one just before the peer died
+ * would make the error come one timeout early. */
 #define SIZE 1024
 #define PORT 18515
 
