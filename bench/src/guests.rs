@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use xroce_datapath::cpu_time;
 use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab};
 
 use crate::perftest::{parse_bw, parse_lat};
@@ -291,7 +292,7 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
 struct HostCpu {
     at: Instant,
     pids: [Option<u32>; 2],
-    ticks: [Option<u64>; 2],
+    spent: [Option<Duration>; 2],
 }
 
 impl HostCpu {
@@ -300,20 +301,16 @@ impl HostCpu {
         HostCpu {
             at: Instant::now(),
             pids,
-            ticks: pids.map(|p| p.and_then(vcpu_ticks)),
+            spent: pids.map(|p| p.and_then(vcpu_time)),
         }
     }
 
     /// Cores each vCPU used on average since the sample.
     fn cores_since(&self) -> [f64; 2] {
         let seconds = self.at.elapsed().as_secs_f64();
-        // SAFETY: sysconf only reads a system constant.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         [0, 1].map(
-            |i| match (self.ticks[i], self.pids[i].and_then(vcpu_ticks)) {
-                (Some(a), Some(b)) if per_second > 0.0 && seconds > 0.0 => {
-                    b.saturating_sub(a) as f64 / per_second / seconds
-                }
+            |i| match (self.spent[i], self.pids[i].and_then(vcpu_time)) {
+                (Some(a), Some(b)) if seconds > 0.0 => b.saturating_sub(a).as_secs_f64() / seconds,
                 _ => f64::NAN,
             },
         )
@@ -322,7 +319,7 @@ impl HostCpu {
 
 /// The CPU time of qemu `pid`'s vCPU threads, which qemu names "CPU N/TCG" (or "/KVM") when
 /// started with `-name ...,debug-threads=on`, as the guests are.
-fn vcpu_ticks(pid: u32) -> Option<u64> {
+fn vcpu_time(pid: u32) -> Option<Duration> {
     let mut total = None;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
@@ -332,20 +329,11 @@ fn vcpu_ticks(pid: u32) -> Option<u64> {
         let is_vcpu =
             std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with("CPU "));
         if is_vcpu {
-            let ticks = cpu_ticks_of_stat(&std::fs::read_to_string(dir.join("stat")).ok()?)?;
-            total = Some(total.unwrap_or(0) + ticks);
+            let spent = cpu_time::from_stat_file(&dir.join("stat"))?;
+            total = Some(total.unwrap_or(Duration::ZERO) + spent);
         }
     }
     total
-}
-
-/// User plus system time, in clock ticks, from the text of a `/proc/.../stat`. The command name, in parentheses, may itself hold spaces and parentheses, so the
-/// fields are counted from the last ')': the state is field 3, utime 14 and stime 15.
-fn cpu_ticks_of_stat(stat: &str) -> Option<u64> {
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
 }
 
 #[cfg(test)]
@@ -402,14 +390,5 @@ mod tests {
         let m = median_numbers(runs.iter().copied());
         assert_eq!((m.send_lat_us, m.write_bw_mb_s), (200.0, 20.0));
         assert_eq!(m.write_bw_vcpu_cores, [0.2, 2.0]);
-    }
-
-    #[test]
-    fn cpu_time_is_read_past_a_command_name_with_spaces_and_parentheses() {
-        let stat = "4242 (CPU 0/TCG (x)) S 1 4242 4242 0 -1 4194560 1029 0 0 0 \
-                    1234 567 0 0 20 0 3 0 1000 1000000 500 18446744073709551615";
-        assert_eq!(cpu_ticks_of_stat(stat), Some(1234 + 567));
-        assert_eq!(cpu_ticks_of_stat("4242 (qemu) S 1 2"), None);
-        assert_eq!(cpu_ticks_of_stat("no parenthesis"), None);
     }
 }

@@ -8,10 +8,12 @@
 //! - [`port`]: the small frame I/O trait the engine drives (AF_XDP here; DPDK and the simulator
 //!   elsewhere).
 //! - [`engine`]: the progress loop joining a port, the kernel's addressing and the transport.
+//! - [`cpu_time`]: CPU time of threads and processes from `/proc`.
 //! - [`registry`]: xroce RDMA devices (`xroce link`) and the sysfs tree libibverbs finds them by.
 //! - [`netns`], [`test_support`]: fixtures for the end-to-end tests of this and other crates.
 
 pub mod afxdp;
+pub mod cpu_time;
 pub mod engine;
 pub mod netlink;
 pub mod netns;

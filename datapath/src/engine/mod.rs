@@ -354,16 +354,9 @@ impl Engine {
     /// `/proc/self/task/TID/stat`; `None` if it cannot be read.
     pub fn progress_cpu_time(&self) -> Option<Duration> {
         let tid = self.progress_thread_id()?;
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-        // Fields after the parenthesised name: state is field 3; utime, stime are 14 and 15.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let hz = u64::try_from(hz).ok().filter(|h| *h > 0)?;
-        Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+        crate::cpu_time::from_stat_file(std::path::Path::new(&format!(
+            "/proc/self/task/{tid}/stat"
+        )))
     }
 
     /// The transport's and the engine's counters as `name=value` pairs separated by spaces.
