@@ -148,6 +148,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     // Frames handed to the port this round (loopback packets are not).
     let mut wired = 0u64;
     let mut built_bytes = 0;
+    let mut routes = RouteMemo::default();
     while built < TX_BATCH && built_bytes < TX_BATCH_BYTES {
         let mut produced = false;
         let room = io.port.send_with(&mut |buf| {
@@ -155,13 +156,22 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             produced = true;
             let frame_len = ETH_HEADER + tx.len;
             built_bytes += frame_len;
-            if dev.gids().contains(&Some(tx.dst)) {
-                // Loopback: a QP talking to a QP of this device never touches the wire.
-                shared.counters.tx_loopback.fetch_add(1, Ordering::Relaxed);
-                dev.handle_packet(now, &buf[ETH_HEADER..frame_len], mem);
-                return None;
-            }
-            let mac = next_hop_mac(shared, neighbours, tx.dst)?;
+            let route = routes.route(tx.dst, |dst| {
+                if dev.gids().contains(&Some(dst)) {
+                    Some(Route::Loopback)
+                } else {
+                    next_hop_mac(shared, neighbours, dst).map(Route::Wire)
+                }
+            });
+            let mac = match route? {
+                Route::Wire(mac) => mac,
+                Route::Loopback => {
+                    // A QP talking to a QP of this device never touches the wire.
+                    shared.counters.tx_loopback.fetch_add(1, Ordering::Relaxed);
+                    dev.handle_packet(now, &buf[ETH_HEADER..frame_len], mem);
+                    return None;
+                }
+            };
             let eth = EthernetRepr {
                 src: EthernetAddress(neighbours.mac()),
                 dst: EthernetAddress(mac),
@@ -623,6 +633,42 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
 
 /// The destination MAC for a packet to `dst`, or `None` (packet dropped, counted) when the
 /// route leaves by another interface or the neighbour is not resolved yet.
+/// Where a frame for a destination goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// To a GID of this device: handed to the transport without touching the wire.
+    Loopback,
+    /// To the wire, with this next-hop MAC.
+    Wire([u8; 6]),
+}
+
+/// The route of the last destination of one transmit round. A stream sends a whole round to
+/// one peer, and finding the route (a scan of the GID table, then a hash lookup in the
+/// neighbour cache) was about 100 instructions per frame. Neither table changes during a round
+/// (address and neighbour changes are applied between rounds). A destination without a route
+/// is not remembered: every frame for it is counted where it is dropped.
+#[derive(Default)]
+struct RouteMemo {
+    last: Option<(IpAddress, Route)>,
+}
+
+impl RouteMemo {
+    fn route(
+        &mut self,
+        dst: IpAddress,
+        resolve: impl FnOnce(IpAddress) -> Option<Route>,
+    ) -> Option<Route> {
+        match self.last {
+            Some((known, route)) if known == dst => Some(route),
+            _ => {
+                let route = resolve(dst)?;
+                self.last = Some((dst, route));
+                Some(route)
+            }
+        }
+    }
+}
+
 fn next_hop_mac(shared: &Shared, neighbours: &mut Neighbours, dst: IpAddress) -> Option<[u8; 6]> {
     match neighbours.lookup(dst) {
         NextHop::Mac(mac) => Some(mac),
@@ -663,6 +709,36 @@ fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xroce_core::wire::Ipv4Address;
+
+    /// The memo answers for the destination it saw last, asks again for any other, and does
+    /// not remember a destination that had no route.
+    #[test]
+    fn a_round_resolves_a_destination_once_until_the_next_one_comes() {
+        let a = IpAddress::V4(Ipv4Address([10, 0, 0, 1]));
+        let b = IpAddress::V4(Ipv4Address([10, 0, 0, 2]));
+        let mut memo = RouteMemo::default();
+        let mut asked = Vec::new();
+        let mut route = |memo: &mut RouteMemo, dst, answer: Option<Route>| {
+            memo.route(dst, |d| {
+                asked.push(d);
+                answer
+            })
+        };
+        let mac = Route::Wire([2, 0, 0, 0, 0, 1]);
+        assert_eq!(route(&mut memo, a, Some(mac)), Some(mac));
+        assert_eq!(route(&mut memo, a, None), Some(mac));
+        assert_eq!(
+            route(&mut memo, b, Some(Route::Loopback)),
+            Some(Route::Loopback)
+        );
+        assert_eq!(route(&mut memo, a, Some(mac)), Some(mac));
+        // No route: dropped, and asked again for the next frame.
+        assert_eq!(route(&mut memo, b, None), None);
+        assert_eq!(route(&mut memo, b, None), None);
+        assert_eq!(route(&mut memo, b, Some(mac)), Some(mac));
+        assert_eq!(asked, vec![a, b, a, b, b, b]);
+    }
 
     /// An application that polls: frames that cut naps short are taken by it, and after
     /// `WASTED_FRAME_WAKES` such naps in a row the naps stop watching for frames.
