@@ -762,13 +762,30 @@ fn ping_pong_waiting_on_each_send_sends_each_ack_with_the_answer() {
     ping_pong_batching(SendCompletions::EachWaited);
 }
 
+/// The same, with applications that take longer than the ACK hold between their send's
+/// completion and their look for the answer, as under emulation (a QEMU guest without KVM runs
+/// that stretch of perftest and the provider in tens of microseconds, not one). The question
+/// is already waiting when the application looks: its ACK must still wait for the answer.
+/// Before, the look that found the hold expired sent the ACK on its own first: 60 % of the
+/// rounds in the benchmark's guests took two batches.
+#[test]
+fn ping_pong_with_slow_applications_sends_each_ack_with_the_answer() {
+    ping_pong_batching(SendCompletions::EachWaitedThenThink);
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum SendCompletions {
     /// Sends are unsignalled but for side 1's last.
     LastOnly,
     /// Every send is signalled and waited for right after it is posted.
     EachWaited,
+    /// As `EachWaited`, and the application then spends `THINK` outside the verbs before it
+    /// looks for the answer.
+    EachWaitedThenThink,
 }
+
+/// Ten times the ACK hold (5 µs).
+const THINK: Duration = Duration::from_micros(50);
 
 fn ping_pong_batching(mode: SendCompletions) {
     if !root_or_skip() {
@@ -795,14 +812,20 @@ fn ping_pong_batching(mode: SendCompletions) {
             let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(i * MSG, MSG)]);
             let signalled = match mode {
                 SendCompletions::LastOnly => side == 1 && i + 1 == ROUNDS,
-                SendCompletions::EachWaited => true,
+                SendCompletions::EachWaited | SendCompletions::EachWaitedThenThink => true,
             };
             if !signalled {
                 wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
             }
             engine.post_send(qp.qpn, wr).expect("post_send");
-            if mode == SendCompletions::EachWaited {
+            if mode != SendCompletions::LastOnly {
                 spin_for_one(engine, qp.send_cq, "the send's ACK");
+            }
+            if mode == SendCompletions::EachWaitedThenThink {
+                let until = Instant::now() + THINK;
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
             }
         };
         for i in 0..ROUNDS {
@@ -814,7 +837,7 @@ fn ping_pong_batching(mode: SendCompletions) {
                 send(i);
             }
         }
-        if mode == SendCompletions::EachWaited {
+        if mode != SendCompletions::LastOnly {
             // A message that gets no answer: side 1 takes it and keeps polling its empty
             // CQ, so the ACK held for an answer must go out on its own after a while.
             if side == 0 {
@@ -854,9 +877,16 @@ fn ping_pong_batching(mode: SendCompletions) {
             "side {side}: every message is acknowledged ({acks} ACKs for {ROUNDS})"
         );
         assert!(frames >= ROUNDS + acks, "side {side}: {frames} frames");
-        // One batch per round, with some slack for rounds the progress thread took over.
+        // One batch per round, with some slack for rounds the progress thread took over. An
+        // application that thinks outside the verbs looks gone to the progress thread, which
+        // then sends what is held: in 10-30 % of the rounds here. ACKs on their own cost every
+        // round two batches.
+        let slack = match mode {
+            SendCompletions::EachWaitedThenThink => ROUNDS / 2,
+            _ => ROUNDS / 4,
+        };
         assert!(
-            batches <= ROUNDS * 5 / 4,
+            batches <= ROUNDS + slack,
             "side {side}: {batches} transmit batches for {frames} frames in {ROUNDS} rounds: \
              ACKs go out on their own"
         );
