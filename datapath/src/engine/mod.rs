@@ -628,10 +628,9 @@ impl Engine {
             return st.dev.poll_cq(cq, max, out);
         }
         let holding = matches!(st.deferred, Deferred::AcksUntil(t) if now < t);
-        let n = match st.deferred {
+        match st.deferred {
             Deferred::Requests => {
                 progress::progress_once(&self.shared, st);
-                st.dev.poll_cq(cq, max, out)?
             }
             Deferred::AcksUntil(_) if !holding => {
                 // The hold ran out, but completions the application has yet to take come
@@ -641,16 +640,15 @@ impl Engine {
                 // takes completions stored earlier, so a poll that finds none, and sends,
                 // comes soon. That poll sends only what was held: what it receives next
                 // below is held afresh, for the answer to it.
-                match st.dev.poll_cq(cq, max, out)? {
-                    0 => {
-                        progress::send(&self.shared, st, now);
-                        0
-                    }
-                    n => n,
+                let n = st.dev.poll_cq(cq, max, out)?;
+                if n > 0 {
+                    return Ok(n);
                 }
+                progress::send(&self.shared, st, now);
             }
-            _ => st.dev.poll_cq(cq, max, out)?,
-        };
+            _ => {}
+        }
+        let n = st.dev.poll_cq(cq, max, out)?;
         if n > 0 {
             return Ok(n);
         }

@@ -631,8 +631,6 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
     }
 }
 
-/// The destination MAC for a packet to `dst`, or `None` (packet dropped, counted) when the
-/// route leaves by another interface or the neighbour is not resolved yet.
 /// Where a frame for a destination goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -669,6 +667,8 @@ impl RouteMemo {
     }
 }
 
+/// The destination MAC for a packet to `dst`, or `None` (packet dropped, counted) when the
+/// route leaves by another interface or the neighbour is not resolved yet.
 fn next_hop_mac(shared: &Shared, neighbours: &mut Neighbours, dst: IpAddress) -> Option<[u8; 6]> {
     match neighbours.lookup(dst) {
         NextHop::Mac(mac) => Some(mac),
