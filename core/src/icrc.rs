@@ -12,7 +12,8 @@
 //!
 //! The headers (at most 60 bytes) are copied into a stack buffer and masked; the rest of the
 //! packet is hashed in place in the same streaming pass, so the payload is read once and nothing
-//! is allocated.
+//! is allocated. A short packet (at most 128 bytes covered) is copied whole and hashed in one
+//! call.
 
 use crc32fast::Hasher;
 
@@ -64,33 +65,61 @@ pub fn compute(ip_packet: &[u8]) -> Result<u32, WireError> {
     compute_with_end(ip_packet).map(|(crc, _)| crc)
 }
 
+/// Packets whose covered part is at most this long are hashed from one masked copy in one
+/// call. Each call into crc32fast has a fixed cost: for a 64-byte SEND, one call instead of two
+/// saves a sixth of the ICRC's instructions; the copy costs less than that.
+const ONE_CALL_MAX: usize = 128;
+
 /// The ICRC and the offset of its slot, from one look at the IP header.
 fn compute_with_end(ip_packet: &[u8]) -> Result<(u32, usize), WireError> {
     let (ip_len, covered_end) = layout(ip_packet)?;
-    let masked_len = ip_len + udp::HEADER_LEN + bth::HEADER_LEN;
-    let mut masked = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN];
-    let m = &mut masked[..masked_len];
-    m.copy_from_slice(&ip_packet[..masked_len]);
+    let mut h = Hasher::new_with_initial(AFTER_PSEUDO_LRH);
+    if covered_end <= ONE_CALL_MAX {
+        let mut copy = [0u8; ONE_CALL_MAX];
+        let c = &mut copy[..covered_end];
+        c.copy_from_slice(&ip_packet[..covered_end]);
+        mask_headers(c, ip_len);
+        h.update(c);
+    } else {
+        // The headers (at most 60 bytes) are masked in a copy; the rest is hashed in place.
+        let masked_len = ip_len + udp::HEADER_LEN + bth::HEADER_LEN;
+        let mut masked = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN];
+        let m = &mut masked[..masked_len];
+        m.copy_from_slice(&ip_packet[..masked_len]);
+        mask_headers(m, ip_len);
+        h.update(m);
+        h.update(&ip_packet[masked_len..covered_end]);
+    }
+    Ok((h.finalize(), covered_end))
+}
+
+/// Sets the fields the ICRC does not cover to ones, in a copy of the packet's start that holds
+/// at least the IP header (`ip_len` bytes), the UDP header and the BTH.
+#[inline(always)]
+fn mask_headers(m: &mut [u8], ip_len: usize) {
+    // Inlined into both callers, with the offsets constant in each branch: every packet sent
+    // and received comes here.
     if ip_len == ipv4::HEADER_LEN {
         m[1] = 0xff; // TOS
         m[8] = 0xff; // TTL
         m[10] = 0xff; // header checksum
         m[11] = 0xff;
+        mask_udp_and_bth(m, ipv4::HEADER_LEN);
     } else {
         m[0] |= 0x0f; // traffic class (low nibble of byte 0) ...
         m[1] = 0xff; // ... and flow label
         m[2] = 0xff;
         m[3] = 0xff;
         m[7] = 0xff; // hop limit
+        mask_udp_and_bth(m, ipv6::HEADER_LEN);
     }
+}
+
+#[inline(always)]
+fn mask_udp_and_bth(m: &mut [u8], ip_len: usize) {
     m[ip_len + 6] = 0xff; // UDP checksum
     m[ip_len + 7] = 0xff;
     m[ip_len + udp::HEADER_LEN + 4] = 0xff; // BTH FECN | BECN | resv6a
-
-    let mut h = Hasher::new_with_initial(AFTER_PSEUDO_LRH);
-    h.update(m);
-    h.update(&ip_packet[masked_len..covered_end]);
-    Ok((h.finalize(), covered_end))
 }
 
 fn read_slot(ip_packet: &[u8], end: usize) -> u32 {
@@ -193,6 +222,64 @@ mod tests {
         let crc = fill(&mut pkt).unwrap();
         assert_eq!(crc, 0x9413_8a9d);
         assert_eq!(pkt[pkt.len() - 4..], [0x9d, 0x8a, 0x13, 0x94]);
+    }
+
+    /// The definition spelled out (the pseudo-LRH, then a masked copy of everything covered)
+    /// against both ways `compute` hashes: packets of every length around the one-call limit,
+    /// over IPv4 and IPv6, with varied bytes in every masked field.
+    #[test]
+    fn short_and_long_packets_match_the_definition() {
+        let v4 = hex(WORKED_V4);
+        let v6_header = hex("6fff ffff 0020 11ff fe80 0000 0000 0000 0000 0000 0000 0001
+             fe80 0000 0000 0000 0000 0000 0000 0002");
+        for ip_len in [ipv4::HEADER_LEN, ipv6::HEADER_LEN] {
+            for payload in 0..=200usize {
+                let transport_len = udp::HEADER_LEN + bth::HEADER_LEN + payload + ICRC_LEN;
+                let mut pkt = if ip_len == ipv4::HEADER_LEN {
+                    let mut h = v4[..20].to_vec();
+                    h[2..4].copy_from_slice(&((20 + transport_len) as u16).to_be_bytes());
+                    h
+                } else {
+                    let mut h = v6_header.clone();
+                    h[4..6].copy_from_slice(&(transport_len as u16).to_be_bytes());
+                    h
+                };
+                pkt.extend(&v4[20..28]); // UDP header
+                pkt.extend(&v4[28..40]); // BTH
+                pkt[ip_len + 4..ip_len + 6]
+                    .copy_from_slice(&((transport_len) as u16).to_be_bytes());
+                pkt.extend((0..payload).map(|i| (i * 7 + payload) as u8));
+                pkt.extend([0; ICRC_LEN]);
+                // Vary the masked fields: they must not change the result.
+                pkt[1] ^= payload as u8;
+                pkt[ip_len + 6] = payload as u8;
+                pkt[ip_len + udp::HEADER_LEN + 4] = 0xc0;
+
+                let covered = pkt.len() - ICRC_LEN;
+                let mut definition = vec![0xff; 8];
+                definition.extend(&pkt[..covered]);
+                let m = &mut definition[8..];
+                if ip_len == ipv4::HEADER_LEN {
+                    for i in [1, 8, 10, 11] {
+                        m[i] = 0xff;
+                    }
+                } else {
+                    m[0] |= 0x0f;
+                    for i in [1, 2, 3, 7] {
+                        m[i] = 0xff;
+                    }
+                }
+                for i in [ip_len + 6, ip_len + 7, ip_len + udp::HEADER_LEN + 4] {
+                    m[i] = 0xff;
+                }
+                let want = crc32fast::hash(&definition);
+                assert_eq!(
+                    compute(&pkt).unwrap(),
+                    want,
+                    "IP header {ip_len} B, payload {payload} B"
+                );
+            }
+        }
     }
 
     #[test]

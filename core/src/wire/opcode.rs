@@ -115,6 +115,17 @@ impl HeaderSet {
         self.0 == 0
     }
 
+    /// The headers of the set in wire order, each with its offset from the end of the BTH:
+    /// one pass for a parser or writer that handles every header of a packet (asking
+    /// [`offset_of`](Self::offset_of) per kind walks the set once per kind). Visits only the
+    /// headers present, so a packet with none (a SEND) costs nothing here.
+    pub fn in_wire_order(self) -> InWireOrder {
+        InWireOrder {
+            bits: self.0,
+            offset: 0,
+        }
+    }
+
     /// Offset of `kind` from the end of the BTH, or `None` if the set does not contain it.
     pub const fn offset_of(self, kind: HeaderKind) -> Option<usize> {
         if !self.contains(kind) {
@@ -133,6 +144,28 @@ impl HeaderSet {
             i += 1;
         }
         None
+    }
+}
+
+/// See [`HeaderSet::in_wire_order`].
+pub struct InWireOrder {
+    /// Headers not visited yet; bit `k` stands for `HeaderKind::ALL[k]`.
+    bits: u16,
+    offset: usize,
+}
+
+impl Iterator for InWireOrder {
+    type Item = (HeaderKind, usize);
+
+    fn next(&mut self) -> Option<(HeaderKind, usize)> {
+        if self.bits == 0 {
+            return None;
+        }
+        let kind = *HeaderKind::ALL.get(self.bits.trailing_zeros() as usize)?;
+        self.bits &= self.bits - 1;
+        let at = self.offset;
+        self.offset += kind.wire_len();
+        Some((kind, at))
     }
 }
 
@@ -625,6 +658,21 @@ mod tests {
         assert_eq!(a.offset_of(HeaderKind::AtomicAckEth), Some(4));
         let ud = HeaderSet::DETH.with(HeaderSet::IMM_DT);
         assert_eq!(ud.offset_of(HeaderKind::ImmDt), Some(8));
+    }
+
+    #[test]
+    fn one_pass_in_wire_order_agrees_with_offset_of_for_every_opcode() {
+        for op in (0..=255u8).map(Opcode) {
+            let Some(info) = op.info() else { continue };
+            let walked: Vec<_> = info.headers.in_wire_order().collect();
+            let asked: Vec<_> = HeaderKind::ALL
+                .into_iter()
+                .filter_map(|k| info.headers.offset_of(k).map(|off| (k, off)))
+                .collect();
+            assert_eq!(walked, asked, "{}", info.name);
+            let end = walked.last().map_or(0, |&(k, off)| off + k.wire_len());
+            assert_eq!(end, info.headers.len(), "{}", info.name);
+        }
     }
 
     #[test]

@@ -157,32 +157,31 @@ impl TransportRepr {
         p.check_len()?;
         let bth = BthRepr::parse(&p.bth())?;
         let mut r = TransportRepr::new(bth);
-        if let Some(b) = p.header(HeaderKind::Rdeth) {
-            r.rdeth = Some(RdethRepr::parse(b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::Deth) {
-            r.deth = Some(DethRepr::parse(b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::Feth) {
-            r.feth = Some(FethRepr::parse(b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::Reth) {
-            r.reth = Some(RethRepr::parse(b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::AtomicEth) {
-            r.atomic_eth = Some(AtomicEthRepr::parse(b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::Aeth) {
-            r.aeth = Some(AethRepr::parse(b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::AtomicAckEth) {
-            r.atomic_ack_eth = Some(AtomicAckEthRepr::parse(b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::ImmDt) {
-            r.immediate = Some(parse_u32("ImmDt", b)?);
-        }
-        if let Some(b) = p.header(HeaderKind::Ieth) {
-            r.invalidate_rkey = Some(parse_u32("IETH", b)?);
+        // One walk over the opcode's headers (every packet received comes here).
+        let b = p.buffer.as_ref();
+        for (kind, off) in p.info().headers.in_wire_order() {
+            let at = bth::HEADER_LEN + off;
+            // `check_len` above guarantees every header is there.
+            let Some(h) = b.get(at..at + kind.wire_len()) else {
+                return Err(WireError::Truncated {
+                    layer: "extension headers",
+                    need: at + kind.wire_len(),
+                    have: b.len(),
+                });
+            };
+            match kind {
+                HeaderKind::Rdeth => r.rdeth = Some(RdethRepr::parse(h)?),
+                HeaderKind::Deth => r.deth = Some(DethRepr::parse(h)?),
+                HeaderKind::Feth => r.feth = Some(FethRepr::parse(h)?),
+                HeaderKind::Reth => r.reth = Some(RethRepr::parse(h)?),
+                HeaderKind::AtomicEth => r.atomic_eth = Some(AtomicEthRepr::parse(h)?),
+                HeaderKind::Aeth => r.aeth = Some(AethRepr::parse(h)?),
+                HeaderKind::AtomicAckEth => r.atomic_ack_eth = Some(AtomicAckEthRepr::parse(h)?),
+                HeaderKind::ImmDt => r.immediate = Some(parse_u32("ImmDt", h)?),
+                HeaderKind::Ieth => r.invalidate_rkey = Some(parse_u32("IETH", h)?),
+                // Reserved bytes, no field.
+                HeaderKind::CnpReserved => {}
+            }
         }
         Ok(r)
     }
@@ -266,42 +265,29 @@ impl TransportRepr {
         bth.pad_count = pad_for(payload_len) as u8;
         bth.emit(&mut buf[..bth::HEADER_LEN])?;
         let ext = &mut buf[bth::HEADER_LEN..hlen];
-        let at = |kind: HeaderKind| -> core::ops::Range<usize> {
-            let off = info.headers.offset_of(kind).unwrap_or(0);
-            off..off + kind.wire_len()
-        };
-        if let Some(h) = &self.rdeth {
-            h.emit(&mut ext[at(HeaderKind::Rdeth)])?;
-        }
-        if let Some(h) = &self.deth {
-            h.emit(&mut ext[at(HeaderKind::Deth)])?;
-        }
-        if let Some(h) = &self.feth {
-            h.emit(&mut ext[at(HeaderKind::Feth)])?;
-        }
-        if let Some(h) = &self.reth {
-            h.emit(&mut ext[at(HeaderKind::Reth)])?;
-        }
-        if let Some(h) = &self.atomic_eth {
-            h.emit(&mut ext[at(HeaderKind::AtomicEth)])?;
-        }
-        if let Some(h) = &self.aeth {
-            h.emit(&mut ext[at(HeaderKind::Aeth)])?;
-        }
-        if let Some(h) = &self.atomic_ack_eth {
-            h.emit(&mut ext[at(HeaderKind::AtomicAckEth)])?;
-        }
-        if let Some(v) = self.immediate {
-            emit_u32("ImmDt", v, &mut ext[at(HeaderKind::ImmDt)])?;
-        }
-        if let Some(v) = self.invalidate_rkey {
-            emit_u32("IETH", v, &mut ext[at(HeaderKind::Ieth)])?;
-        }
-        if info.headers.contains(HeaderKind::CnpReserved) {
-            ext[at(HeaderKind::CnpReserved)].fill(0);
+        // One walk over the opcode's headers. `check_headers` made sure each is `Some` here.
+        for (kind, off) in info.headers.in_wire_order() {
+            let h = &mut ext[off..off + kind.wire_len()];
+            match kind {
+                HeaderKind::Rdeth => emit_some(&self.rdeth, |v| v.emit(h))?,
+                HeaderKind::Deth => emit_some(&self.deth, |v| v.emit(h))?,
+                HeaderKind::Feth => emit_some(&self.feth, |v| v.emit(h))?,
+                HeaderKind::Reth => emit_some(&self.reth, |v| v.emit(h))?,
+                HeaderKind::AtomicEth => emit_some(&self.atomic_eth, |v| v.emit(h))?,
+                HeaderKind::Aeth => emit_some(&self.aeth, |v| v.emit(h))?,
+                HeaderKind::AtomicAckEth => emit_some(&self.atomic_ack_eth, |v| v.emit(h))?,
+                HeaderKind::ImmDt => emit_some(&self.immediate, |&v| emit_u32("ImmDt", v, h))?,
+                HeaderKind::Ieth => emit_some(&self.invalidate_rkey, |&v| emit_u32("IETH", v, h))?,
+                HeaderKind::CnpReserved => h.fill(0),
+            }
         }
         Ok(hlen)
     }
+}
+
+/// Writes a header that is present; one that is not was already reported by `check_headers`.
+fn emit_some<H>(header: &Option<H>, emit: impl FnOnce(&H) -> Result<()>) -> Result<()> {
+    header.as_ref().map_or(Ok(()), emit)
 }
 
 /// Pad bytes that bring `payload_len` to a multiple of four.
