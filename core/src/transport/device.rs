@@ -524,11 +524,6 @@ impl Device {
             .ok_or(VerbsError::NoSuchObject("queue pair"))
     }
 
-    /// The QP has send WQEs not yet completed (sent and unacknowledged, or waiting to go).
-    pub fn send_queue_busy(&self, qpn: u32) -> bool {
-        self.qps.get(&qpn).is_some_and(|qp| !qp.sq.is_empty())
-    }
-
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
         self.qps.get(&qpn)
     }
@@ -558,10 +553,23 @@ impl Device {
         wr: SendWr,
         host: &dyn HostMemory,
     ) -> Result<(), VerbsError> {
+        self.post_send_was_busy(qpn, wr, host).map(|_| ())
+    }
+
+    /// [`post_send`](Self::post_send), telling also whether the send queue was busy before this
+    /// WR: it held WQEs not yet completed (sent and unacknowledged, or waiting to go). One
+    /// lookup of the QP serves the check, the post and the ready list: this runs for every WR.
+    pub fn post_send_was_busy(
+        &mut self,
+        qpn: u32,
+        wr: SendWr,
+        host: &dyn HostMemory,
+    ) -> Result<bool, VerbsError> {
         let qp = self
             .qps
             .get_mut(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        let was_busy = !qp.sq.is_empty();
         let cap = qp.attr.cap;
         if matches!(qp.attr.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::Invalid("QP is not ready to send (needs RTS)"));
@@ -640,11 +648,11 @@ impl Device {
             // Posting to a QP in error completes at once with a flush error.
             let wc = qp.send_wc(&wqe, WcStatus::WrFlushErr);
             self.sh.complete_quiet(qp.send_cq, wc);
-            return Ok(());
+            return Ok(was_busy);
         }
         qp.sq.push_back(wqe);
-        self.mark_ready(qpn);
-        Ok(())
+        queue_ready(&mut self.ready, &mut self.timer_floor, qp);
+        Ok(was_busy)
     }
 
     /// `ibv_post_recv`.
@@ -857,12 +865,18 @@ impl Device {
     fn mark_ready(&mut self, qpn: u32) {
         // One lookup for both (this runs for every post and every packet received).
         if let Some(qp) = self.qps.get_mut(&qpn) {
-            lower_timer_floor(&mut self.timer_floor, qp);
-            if !qp.queued {
-                qp.queued = true;
-                self.ready.push_back(qpn);
-            }
+            queue_ready(&mut self.ready, &mut self.timer_floor, qp);
         }
+    }
+}
+
+/// Puts `qp` on the round robin of QPs that may have something to send, once, and keeps
+/// [`Device::poll_timeout`] a lower bound after it may have armed a timer.
+fn queue_ready(ready: &mut VecDeque<u32>, timer_floor: &mut Option<Nanos>, qp: &mut Qp) {
+    lower_timer_floor(timer_floor, qp);
+    if !qp.queued {
+        qp.queued = true;
+        ready.push_back(qp.qpn);
     }
 }
 

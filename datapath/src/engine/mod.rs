@@ -529,8 +529,7 @@ impl Engine {
         let mut in_verbs = self.shared.enter_verbs();
         let mut guard = self.lock();
         let st = &mut *guard;
-        let busy = st.dev.send_queue_busy(qpn);
-        st.dev.post_send(qpn, wr, &st.mem)?;
+        let busy = st.dev.post_send_was_busy(qpn, wr, &st.mem)?;
         self.after_post(guard, busy, &mut in_verbs);
         Ok(())
     }
@@ -545,16 +544,17 @@ impl Engine {
     pub unsafe fn post_send_caller_inline(&self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let mut in_verbs = self.shared.enter_verbs();
         let mut guard = self.lock();
-        let busy = guard.dev.send_queue_busy(qpn);
-        if wr
+        let busy = if wr
             .flags
             .contains(xroce_core::transport::verbs::SendFlags::INLINE)
         {
-            guard.dev.post_send(qpn, wr, &memory::CallerMemory)?;
+            guard
+                .dev
+                .post_send_was_busy(qpn, wr, &memory::CallerMemory)?
         } else {
             let st = &mut *guard;
-            st.dev.post_send(qpn, wr, &st.mem)?;
-        }
+            st.dev.post_send_was_busy(qpn, wr, &st.mem)?
+        };
         self.after_post(guard, busy, &mut in_verbs);
         Ok(())
     }
