@@ -40,7 +40,8 @@ fn rc_send_write_read_atomics() {
                     addr: dst.va,
                     length: 8192,
                     lkey: dst.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();
@@ -219,7 +220,8 @@ fn uc_send_and_write() {
                     addr: dst.va,
                     length: 4096,
                     lkey: dst.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();

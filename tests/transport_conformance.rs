@@ -611,7 +611,7 @@ fn rc_pingpong_sends_as_sent_by_xroce_match_rxe() {
                     end.qpn,
                     RecvWr {
                         wr_id: i as u64,
-                        sg_list: vec![sge],
+                        sg_list: vec![sge].into(),
                     },
                 )
                 .unwrap();
@@ -919,7 +919,7 @@ fn rc_pingpong_sends_fed_to_an_xroce_responder() {
                     r.qpn,
                     RecvWr {
                         wr_id: i as u64,
-                        sg_list: vec![sge],
+                        sg_list: vec![sge].into(),
                     },
                 )
                 .unwrap();

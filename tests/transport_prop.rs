@@ -261,7 +261,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Result<Fingerprint, String> {
                     let slot = arenas[rn].take(slot_len, 1);
                     let rwr = RecvWr {
                         wr_id: wr_id | 1 << 63,
-                        sg_list: split(&mut g, slot, slot_len, rmr.lkey),
+                        sg_list: split(&mut g, slot, slot_len, rmr.lkey).into(),
                     };
                     sim.nodes[rn].post_recv(flow.resp.qpn, rwr).unwrap();
                     if flow.ty == QpType::Uc {
@@ -306,7 +306,8 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Result<Fingerprint, String> {
                                 addr: slot,
                                 length: 16,
                                 lkey: rmr.lkey,
-                            }],
+                            }]
+                            .into(),
                         };
                         sim.nodes[rn].post_recv(flow.resp.qpn, rwr).unwrap();
                         flow.recvs.push(ExpectRecv {
@@ -667,7 +668,7 @@ fn run_ud_seed(seed: u64, totals: &mut Totals) -> Result<(), String> {
         let slot = 40 + len + g.below(32);
         let rwr = RecvWr {
             wr_id: k,
-            sg_list: split(&mut g, dst.va + r_off, slot, dst.lkey),
+            sg_list: split(&mut g, dst.va + r_off, slot, dst.lkey).into(),
         };
         sim.nodes[to].post_recv(qb.qpn, rwr).unwrap();
         let mut wr = SendWr::new(

@@ -50,7 +50,7 @@ fn sge(mr: &MemoryRegion, offset: u64, length: u32) -> Sge {
 fn recv_wr(wr_id: u64, mr: &MemoryRegion, offset: u64, length: u32) -> RecvWr {
     RecvWr {
         wr_id,
-        sg_list: vec![sge(mr, offset, length)],
+        sg_list: vec![sge(mr, offset, length)].into(),
     }
 }
 

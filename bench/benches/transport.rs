@@ -63,7 +63,8 @@ fn run_batch(s: &mut Setup, batch: usize, len: u32, op: impl Fn(&Setup) -> SendO
                     addr: s.dst.va,
                     length: len,
                     lkey: s.dst.lkey,
-                }],
+                }]
+                .into(),
             };
             s.sim.nodes[1].post_recv(s.b.qpn, wr).expect("post_recv");
         }

@@ -397,7 +397,7 @@ fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
                     qp.qpn,
                     RecvWr {
                         wr_id: i as u64,
-                        sg_list: vec![buf.sge(WRITE + READ + i * MSG, MSG)],
+                        sg_list: vec![buf.sge(WRITE + READ + i * MSG, MSG)].into(),
                     },
                 )
                 .expect("post_recv");
@@ -610,7 +610,7 @@ fn uc_and_ud_exchanges() {
                     uc.qpn,
                     RecvWr {
                         wr_id: i as u64,
-                        sg_list: vec![buf.sge(uc_recv + i * MSG, MSG)],
+                        sg_list: vec![buf.sge(uc_recv + i * MSG, MSG)].into(),
                     },
                 )
                 .expect("post_recv uc");
@@ -621,7 +621,7 @@ fn uc_and_ud_exchanges() {
                     ud.qpn,
                     RecvWr {
                         wr_id: i as u64,
-                        sg_list: vec![buf.sge(ud_recv + i * slot, slot)],
+                        sg_list: vec![buf.sge(ud_recv + i * slot, slot)].into(),
                     },
                 )
                 .expect("post_recv ud");
@@ -803,7 +803,7 @@ fn ping_pong_batching(mode: SendCompletions) {
         for i in 0..=ROUNDS {
             let wr = RecvWr {
                 wr_id: i as u64,
-                sg_list: vec![buf.sge(ROUNDS * MSG + i * MSG, MSG)],
+                sg_list: vec![buf.sge(ROUNDS * MSG + i * MSG, MSG)].into(),
             };
             engine.post_recv(qp.qpn, wr).expect("post_recv");
         }
@@ -1131,7 +1131,7 @@ fn a_ping_pong_keeps_the_progress_threads_asleep() {
         let post_recv = |i: usize| {
             let wr = RecvWr {
                 wr_id: i as u64,
-                sg_list: vec![buf.sge((1 + i) * MSG, MSG)],
+                sg_list: vec![buf.sge((1 + i) * MSG, MSG)].into(),
             };
             engine.post_recv(qp.qpn, wr).expect("post_recv");
         };

@@ -403,7 +403,7 @@ fn xroce_pingpong(pair: &NetnsPair) -> (f64, f64) {
                     side.qpn,
                     RecvWr {
                         wr_id: 0,
-                        sg_list: vec![sge(side, 0, 64)],
+                        sg_list: vec![sge(side, 0, 64)].into(),
                     },
                 )
                 .expect("recv");
@@ -414,7 +414,7 @@ fn xroce_pingpong(pair: &NetnsPair) -> (f64, f64) {
                         side.qpn,
                         RecvWr {
                             wr_id: 0,
-                            sg_list: vec![sge(side, 0, 64)],
+                            sg_list: vec![sge(side, 0, 64)].into(),
                         },
                     )
                     .expect("recv");
@@ -435,7 +435,7 @@ fn xroce_pingpong(pair: &NetnsPair) -> (f64, f64) {
                         side.qpn,
                         RecvWr {
                             wr_id: 0,
-                            sg_list: vec![sge(side, 0, 64)],
+                            sg_list: vec![sge(side, 0, 64)].into(),
                         },
                     )
                     .expect("recv");

@@ -143,7 +143,7 @@ impl SendWr {
     }
 }
 
-/// The scatter/gather list of a send work request. Almost every WR names one or two
+/// The scatter/gather list of a work request. Almost every WR names one or two
 /// buffers; holding those in place saves an allocation and a free per WR on the posting
 /// path (5 % of a 64 B `ib_send_bw` sender's instructions).
 pub type SgList = smallvec::SmallVec<[Sge; 2]>;
@@ -152,7 +152,9 @@ pub type SgList = smallvec::SmallVec<[Sge; 2]>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    /// Held in place up to two entries, like a send WR's: every receive posted and consumed
+    /// would otherwise allocate and free.
+    pub sg_list: SgList,
 }
 
 impl RecvWr {
