@@ -80,6 +80,11 @@ pub struct Background {
 }
 
 impl Background {
+    /// Whether the command has ended (its output waits for [`wait`](Self::wait)).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
     /// Waits for the command to end (it is bounded by the timeout it was started with).
     pub fn wait(self) -> Result<Output> {
         self.handle

@@ -17,10 +17,15 @@ use std::time::{Duration, Instant};
 use xroce_datapath::netns::{self, root_or_skip, run_bounded, run_bounded_dumping_state};
 use xroce_datapath::test_support::{built, compile_c};
 use xroce_datapath::xdp;
-use xroce_rxe_peer::{default_cache_dir, ensure_image, find_agent, Guest, GuestConfig, Lab};
+use xroce_rxe_peer::{
+    default_cache_dir, ensure_image, find_agent, Background, Guest, GuestConfig, Lab,
+};
 
 /// Longest one program may run (the rxe side is an emulated CPU).
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a guest client may run on after the xroce server it talks to has ended before
+/// the test looks at why (see `Rig::rxe_state_if_still_running`).
+const CLIENT_GRACE: Duration = Duration::from_secs(20);
 /// rdma-core examples and perftest listen on this TCP port by default.
 const PORT: u16 = 18515;
 
@@ -267,6 +272,34 @@ impl Rig {
         }
     }
 
+    /// rdma_rxe's side of a client that is still running `CLIENT_GRACE` after the xroce
+    /// server ended: its QPs (state and PSNs), its counters and the guest kernel's last
+    /// messages, looked at while it still waits, for the failure report. Empty when the client
+    /// ends in time. (An rdma_rxe client once waited, silent, until its timeout after an xroce
+    /// server had finished all its iterations.)
+    fn rxe_state_if_still_running(&self, client: &Background) -> String {
+        let deadline = Instant::now() + CLIENT_GRACE;
+        while !client.is_finished() {
+            if Instant::now() >= deadline {
+                let look = self
+                    .guest
+                    .run(
+                        "rdma res show qp; dmesg | tail -n 20",
+                        Duration::from_secs(30),
+                    )
+                    .map_or_else(|e| e.to_string(), |o| o.text());
+                return format!(
+                    "\n--- rdma_rxe, {} s after the xroce server ended, the client still \
+                     running: counters since the guest booted: {}\n{look}",
+                    CLIENT_GRACE.as_secs(),
+                    self.rxe_counters_now()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        String::new()
+    }
+
     /// Runs `program` as the server on one side and `program <server ip>` as the client on
     /// the other. Returns the client's output if both succeeded, or what each side said.
     fn server_client(&self, program: &str, xroce_serves: bool) -> Result<String, String> {
@@ -276,13 +309,15 @@ impl Rig {
             self.wait_listening_xroce();
             let client = self
                 .guest
-                .run(&format!("{program} {}", self.xroce_ip), PROGRAM_TIMEOUT);
+                .spawn(&format!("{program} {}", self.xroce_ip), PROGRAM_TIMEOUT);
             let server = server.join().expect("server thread");
+            let rxe_while_hung = self.rxe_state_if_still_running(&client);
+            let client = client.wait();
             let (client, server) = match (client, server) {
                 (Ok(c), Ok(s)) => (c, s),
                 (c, s) => panic!(
                     "{program} with xroce as server:\n--- xroce server: {}\n--- guest client: \
-                     {}\n--- rdma_rxe counters since the guest booted: {}",
+                     {}\n--- rdma_rxe counters since the guest booted: {}{rxe_while_hung}",
                     s.map_or_else(|e| e.to_string(), |s| text(&s)),
                     c.map_or_else(|e| e.to_string(), |c| c.text()),
                     self.rxe_counters_now(),
@@ -290,7 +325,7 @@ impl Rig {
             };
             (
                 (server.status.success(), text(&server)),
-                (client.success(), client.text()),
+                (client.success(), client.text() + &rxe_while_hung),
             )
         } else {
             let server = self.guest.spawn(program, PROGRAM_TIMEOUT);
