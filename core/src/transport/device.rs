@@ -16,7 +16,7 @@ use super::address::{AddressVector, AhId};
 use super::cq::{CompletionQueue, CqId, Pushed};
 use super::host_memory::HostMemory;
 use super::memory::{Access, MemoryRegion, MemoryTable, MrId, PdId};
-use super::qp::{Qp, QpAttr, QpInit, SendWqe, WqeState};
+use super::qp::{InlineData, Qp, QpAttr, QpInit, SendWqe, WqeState};
 use super::qp_state::{AttrMask, PathMtu, QpState, QpType};
 use super::requester::MAX_MSG_SIZE;
 use super::srq::{SharedReceiveQueue, SrqId};
@@ -620,7 +620,7 @@ impl Device {
             if length > u64::from(cap.max_inline_data) {
                 return Err(VerbsError::Invalid("inline data above max_inline_data"));
             }
-            let mut data = vec![0u8; length as usize];
+            let mut data = InlineData::from_elem(0, length as usize);
             let mut at = 0usize;
             for sge in &wr.sg_list {
                 let n = sge.length as usize;
