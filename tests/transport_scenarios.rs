@@ -54,6 +54,22 @@ fn recv_wr(wr_id: u64, mr: &MemoryRegion, offset: u64, length: u32) -> RecvWr {
     }
 }
 
+/// Posts receive `10 + id` on `b` (1 KiB at `id` KiB into `dst`) and SEND `id` of 100 bytes
+/// from `src` on `a`.
+fn post_send_and_its_recv(
+    sim: &mut Sim,
+    (a, src): (QpEnd, &MemoryRegion),
+    (b, dst): (QpEnd, &MemoryRegion),
+    id: u64,
+) {
+    sim.nodes[b.node]
+        .post_recv(b.qpn, recv_wr(10 + id, dst, id * 1024, 1024))
+        .unwrap();
+    sim.nodes[a.node]
+        .post_send(a.qpn, SendWr::new(id, SendOp::Send, vec![sge(src, 0, 100)]))
+        .unwrap();
+}
+
 fn cq_len(sim: &Sim, node: usize, cq: CqId) -> usize {
     sim.nodes[node].dev.cq(cq).map_or(0, |q| q.len())
 }
@@ -429,15 +445,7 @@ fn lost_acks_are_covered_by_later_acks_or_re_acked_duplicates() {
         let dst = sim.nodes[1].alloc(4096, RW);
         let dropped = drop_matching(&mut sim, 1, 1, |op, _| op == Opcode::RC_ACKNOWLEDGE);
         for id in 1..=sends {
-            sim.nodes[1]
-                .post_recv(b.qpn, recv_wr(10 + id, &dst, id * 1024, 1024))
-                .unwrap();
-            sim.nodes[0]
-                .post_send(
-                    a.qpn,
-                    SendWr::new(id, SendOp::Send, vec![sge(&src, 0, 100)]),
-                )
-                .unwrap();
+            post_send_and_its_recv(&mut sim, (a, &src), (b, &dst), id);
             // Each SEND leaves before the next is posted, so each asks for its own ACK.
             sim.transmit_all();
         }
@@ -2664,4 +2672,77 @@ fn an_ack_for_a_psn_never_sent_completes_nothing() {
     assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::Success));
     assert!(counters(&sim, 0).timeouts >= 1);
     assert_eq!(&sim.nodes[1].bytes(&dst)[..2048], &data[..]);
+}
+
+/// Before an RC QP is destroyed it sends one more ACK for the last request it executed: after
+/// that nothing answers the peer's resends, and rdma_rxe can be left waiting for exactly that
+/// ACK (see `Device::queue_farewell_ack`). The ACK carries the last PSN and MSN, and the
+/// requester takes it as the duplicate it is: no completion, no error, no retransmission. A QP
+/// that executed nothing, and a UD QP, have no such ACK.
+#[test]
+fn a_qp_about_to_be_destroyed_acknowledges_its_last_request_once_more() {
+    let mut sim = Sim::new(41, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    for id in 1..=3u64 {
+        post_send_and_its_recv(&mut sim, (a, &src), (b, &dst), id);
+    }
+    assert_eq!(wait_cq(&mut sim, 0, a.send_cq, 3).len(), 3);
+    settle(&mut sim);
+    assert_eq!(sim.nodes[1].poll(b.recv_cq).len(), 3);
+    let last_send_psn = sim.nodes[0]
+        .dev
+        .query_qp(a.qpn)
+        .unwrap()
+        .sq_psn
+        .wrapping_sub(1)
+        & 0xff_ffff;
+    let before = (counters(&sim, 0), counters(&sim, 1));
+
+    // The requester's QP executed no request of the peer's: nothing to acknowledge.
+    assert!(!sim.nodes[0].dev.queue_farewell_ack(a.qpn));
+    sim.trace = Some(Vec::new());
+    assert!(sim.nodes[1].dev.queue_farewell_ack(b.qpn));
+    settle(&mut sim);
+    let trace = sim.trace.take().unwrap();
+    let sent: Vec<_> = trace
+        .iter()
+        .map(|(node, p)| {
+            let f = RoceFrame::parse_ip(p).unwrap();
+            let t = f.headers.transport;
+            (
+                *node,
+                t.bth.opcode,
+                t.bth.psn,
+                t.aeth.map(|a| (a.syndrome, a.msn)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        vec![(
+            1,
+            Opcode::RC_ACKNOWLEDGE,
+            last_send_psn,
+            Some((
+                AethSyndrome::Ack {
+                    credits: AethSyndrome::UNLIMITED_CREDITS
+                },
+                3
+            ))
+        )],
+        "one ACK, for the last SEND (the third message)"
+    );
+    assert!(sim.nodes[0].poll(a.send_cq).is_empty());
+    assert_eq!(state(&sim, a), QpState::Rts);
+    let after = (counters(&sim, 0), counters(&sim, 1));
+    assert_eq!(after.0.retransmissions, before.0.retransmissions);
+    assert_eq!(after.0.rx_packets, before.0.rx_packets + 1);
+    assert_eq!(after.1.tx_responses, before.1.tx_responses + 1);
+    sim.nodes[1].dev.destroy_qp(b.qpn).unwrap();
+
+    // UD has no ACKs.
+    let (ua, _, _) = xroce_tests::sim::ud_pair(&mut sim, 0, 1);
+    assert!(!sim.nodes[0].dev.queue_farewell_ack(ua.qpn));
 }

@@ -517,6 +517,20 @@ impl Device {
         Ok(qpn)
     }
 
+    /// Queues one more ACK for the last request `qpn` executed, to be transmitted before
+    /// the QP is destroyed. True when there is one (only an RC QP that executed requests
+    /// and is still connected has). Why: see `Qp::queue_farewell_ack`.
+    pub fn queue_farewell_ack(&mut self, qpn: u32) -> bool {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return false;
+        };
+        let queued = qp.queue_farewell_ack();
+        if queued {
+            queue_ready(&mut self.ready, &mut self.timer_floor, qp);
+        }
+        queued
+    }
+
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         self.qps
             .remove(&qpn)

@@ -403,6 +403,29 @@ impl Qp {
         }
     }
 
+    /// Queues one more ACK for the last request this RC QP executed, for just before it is
+    /// destroyed; false when there is none to send (another transport, a state that sends
+    /// nothing, or nothing executed yet).
+    ///
+    /// rdma_rxe can be left waiting for exactly that ACK: its retransmission timer fires on an
+    /// old deadline while the last message is in flight and resends it, and an ACK arriving
+    /// during the resend moves its `comp.psn` without completing the WQE (see
+    /// docs/decisions.md, "Why rdma_rxe retransmits on a clean path"). Only another ACK for
+    /// that PSN gets it out, and while the QP lives the resent duplicate brings one. After
+    /// the QP is gone nothing answers, and with `retry_cnt` 7 (infinite in rdma_rxe, and what
+    /// the rdma-core examples set) it resends forever. A duplicate ACK costs a peer nothing.
+    pub(crate) fn queue_farewell_ack(&mut self) -> bool {
+        if self.ty != QpType::Rc
+            || !matches!(self.attr.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            || self.resp.psn == self.attr.rq_psn
+        {
+            return false;
+        }
+        let last = psn::add(self.resp.psn, psn::MASK);
+        self.resp.ack(last);
+        true
+    }
+
     /// A request whose PSN is behind the expected one.
     fn rc_duplicate(&mut self, frame: &RoceFrame<'_>, info: &OpcodeInfo) {
         let t = &frame.headers.transport;

@@ -433,6 +433,21 @@ impl Engine {
         }
     }
 
+    /// `ibv_destroy_qp`. What the QP still has to send goes first, with one more ACK for
+    /// the last request it executed (see `Device::queue_farewell_ack`): after this nothing
+    /// answers the peer's resends.
+    pub fn destroy_qp(&self, qpn: u32) -> Result<(), VerbsError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if (st.dev.queue_farewell_ack(qpn) || st.deferred != Deferred::Nothing) && !st.io.failed {
+            progress::send(&self.shared, st, self.shared.now());
+        }
+        let r = st.dev.destroy_qp(qpn);
+        drop(guard);
+        self.shared.wake();
+        r
+    }
+
     /// Runs a data-path verb that gives the progress thread nothing to send (posting a
     /// receive, arming a CQ) on the device, without waking it: a wake-up per `post_recv`
     /// would take the core of an application that polls (one per iteration of

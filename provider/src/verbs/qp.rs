@@ -302,7 +302,7 @@ pub unsafe extern "C" fn destroy_qp(q: *mut ibv_qp) -> c_int {
     // SAFETY: libibverbs passes one of our QPs.
     let x = unsafe { qp(q) };
     let qpn = x.qp.qp_num;
-    if let Err(e) = x.engine.engine.with_device(|d| d.destroy_qp(qpn)) {
+    if let Err(e) = x.engine.engine.destroy_qp(qpn) {
         return errno(&e);
     }
     with_routes(|r| r.qps.remove(&(x.engine.id, qpn)));
