@@ -414,6 +414,8 @@ impl Qp {
     /// that PSN gets it out, and while the QP lives the resent duplicate brings one. After
     /// the QP is gone nothing answers, and with `retry_cnt` 7 (infinite in rdma_rxe, and what
     /// the rdma-core examples set) it resends forever. A duplicate ACK costs a peer nothing.
+    /// It is a frame of its own even when an ACK is still queued (the one an application
+    /// that ends on a receive leaves held): that one may be the ACK arriving during a resend.
     pub(crate) fn queue_farewell_ack(&mut self) -> bool {
         if self.ty != QpType::Rc
             || !matches!(self.attr.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
@@ -422,7 +424,13 @@ impl Qp {
             return false;
         }
         let last = psn::add(self.resp.psn, psn::MASK);
-        self.resp.ack(last);
+        self.resp.push(Outbound::Ack {
+            psn: last,
+            syndrome: AethSyndrome::Ack {
+                credits: AethSyndrome::UNLIMITED_CREDITS,
+            },
+            msn: self.resp.msn,
+        });
         true
     }
 
