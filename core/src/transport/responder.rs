@@ -165,6 +165,12 @@ impl Responder {
             *m = msn;
             return;
         }
+        self.push_ack(psn);
+    }
+
+    /// Queues an ACK for `psn` as a frame of its own.
+    fn push_ack(&mut self, psn: u32) {
+        let msn = self.msn;
         self.push(Outbound::Ack {
             psn,
             syndrome: AethSyndrome::Ack {
@@ -423,14 +429,7 @@ impl Qp {
         {
             return false;
         }
-        let last = psn::add(self.resp.psn, psn::MASK);
-        self.resp.push(Outbound::Ack {
-            psn: last,
-            syndrome: AethSyndrome::Ack {
-                credits: AethSyndrome::UNLIMITED_CREDITS,
-            },
-            msn: self.resp.msn,
-        });
+        self.resp.push_ack(psn::add(self.resp.psn, psn::MASK));
         true
     }
 

@@ -74,12 +74,6 @@ impl<T: AsRef<[u8]>> TransportPacket<T> {
         }
     }
 
-    /// The bytes of one extension header, if the opcode carries it.
-    pub fn header(&self, kind: HeaderKind) -> Option<&[u8]> {
-        let off = bth::HEADER_LEN + self.info().headers.offset_of(kind)?;
-        self.buffer.as_ref().get(off..off + kind.wire_len())
-    }
-
     pub fn header_len(&self) -> usize {
         self.info().header_len()
     }
