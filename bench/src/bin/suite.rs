@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: the performance suite. perftest over xroce between two network
 //! namespaces on a veth pair, next to raw AF_XDP, kernel UDP and kernel TCP doing the same
 //! exchanges on the same pair in the same run, and rdma_rxe↔rdma_rxe next to xroce↔xroce in
-//! identical QEMU guests. Writes a Markdown table and an SVG plot.
+//! identical QEMU guests. Writes a Markdown table and an SVG plot. The goals that compare
+//! xroce with raw AF_XDP are measured in back-to-back rounds (`xroce_bench::paired`).
 //!
 //! Usage: suite [--quick] [--no-guests] [--out DIR]   (root; run by `cargo xtask bench`)
 //!   --quick      fewer sizes, shorter runs, no guests: a quick look while optimising
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use xroce_bench::baseline::{self, RoundTrip};
+use xroce_bench::paired::{self, Paired};
 use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, XrocePair, DEV};
 use xroce_bench::report::{size_text, Goal, Kind, Report, Row};
 use xroce_bench::{guests, plot};
@@ -106,27 +108,37 @@ fn main() {
         .pair
         .exec(0, &format!("ping -c 1 -W 1 {}", x.pair.ipv4(1)));
 
-    p.say("baselines: 64 B round trips");
-    let xsk_rt = baseline::xsk_pingpong(&x.pair, 64, pings);
-    let xsk2_rt = baseline::xsk_pingpong_turns(&x.pair, 64, pings, 2);
+    p.say("baselines: kernel UDP and TCP");
     let udp_rt = baseline::udp_pingpong(&x.pair, 64, pings);
     let tcp_rt = baseline::tcp_pingpong(&x.pair, 64, pings);
+    let udp_4k = baseline::udp_stream(&x.pair, 4096, stream_for);
+    let tcp_64k = baseline::tcp_stream(&x.pair, 65536, stream_for);
+    let udp_64 = baseline::udp_stream(&x.pair, 64, stream_for);
+
+    let lat_iters = 10_000 / if opts.quick { 5 } else { 1 };
+    let b2b = back_to_back(&x, &mut r, ROUNDS, pings, secs, lat_iters, &p);
+    let median_rt = |rts: &[RoundTrip]| RoundTrip {
+        p50: paired::median(rts.iter().map(|t| t.p50).collect()).unwrap_or(f64::NAN),
+        p99: paired::median(rts.iter().map(|t| t.p99).collect()).unwrap_or(f64::NAN),
+    };
     for (method, rt) in [
-        ("raw AF_XDP (busy-polled)", xsk_rt),
-        (RAW_TWO_FRAMES, xsk2_rt),
+        ("raw AF_XDP (busy-polled)", median_rt(&b2b.raw_one_frame)),
+        (RAW_TWO_FRAMES, median_rt(&b2b.raw_two_frames)),
         ("kernel UDP", udp_rt),
         ("kernel TCP", tcp_rt),
     ] {
         r.rows.push(one_way(LAT, method, rt));
     }
-    p.say("baselines: streams");
-    let xsk_4k = baseline::xsk_stream(&x.pair, 4096, stream_for);
-    let udp_4k = baseline::udp_stream(&x.pair, 4096, stream_for);
-    let tcp_64k = baseline::tcp_stream(&x.pair, 65536, stream_for);
-    let xsk_64 = baseline::xsk_stream(&x.pair, 64, stream_for);
-    let udp_64 = baseline::udp_stream(&x.pair, 64, stream_for);
+    let raw_median = |streams: &[baseline::Stream], of: fn(&baseline::Stream) -> f64| {
+        paired::median(streams.iter().map(of).collect()).unwrap_or(f64::NAN)
+    };
     for (test, size, method, mb) in [
-        ("4 KiB frames", 4096, "raw AF_XDP", xsk_4k.mb_per_s),
+        (
+            "4 KiB frames",
+            4096,
+            "raw AF_XDP",
+            raw_median(&b2b.raw_4k, |s| s.mb_per_s),
+        ),
         ("4 KiB datagrams", 4096, "kernel UDP", udp_4k.mb_per_s),
         ("64 KiB writes", 65536, "kernel TCP", tcp_64k.mb_per_s),
     ] {
@@ -140,7 +152,11 @@ fn main() {
         ));
     }
     for (test, method, mpps) in [
-        ("64 B frames", "raw AF_XDP", xsk_64.mpps),
+        (
+            "64 B frames",
+            "raw AF_XDP",
+            raw_median(&b2b.raw_64, |s| s.mpps),
+        ),
         ("64 B datagrams", "kernel UDP", udp_64.mpps),
     ] {
         r.rows
@@ -155,10 +171,16 @@ fn main() {
     };
     for program in ["ib_send_lat", "ib_write_lat", "ib_read_lat"] {
         for &size in lat_sizes {
-            p.say(&format!("{program} {} over xroce", size_text(size)));
-            let iters = if size >= 65536 { 2000 } else { 10_000 } / if opts.quick { 5 } else { 1 };
-            let args = ["-s", &size.to_string(), "-n", &iters.to_string()].map(String::from);
-            if let Some(l) = median_latency(&x, &mut r, program, &args, lat_runs) {
+            let measured = if program == "ib_send_lat" && size == 64 {
+                paired::median_index(&b2b.send_lat, |l| l.typical).map(|i| b2b.send_lat[i])
+            } else {
+                p.say(&format!("{program} {} over xroce", size_text(size)));
+                let iters =
+                    if size >= 65536 { 2000 } else { 10_000 } / if opts.quick { 5 } else { 1 };
+                let args = ["-s", &size.to_string(), "-n", &iters.to_string()].map(String::from);
+                median_latency(&x, &mut r, program, &args, lat_runs)
+            };
+            if let Some(l) = measured {
                 r.rows.push(Row {
                     p99: Some(l.p99),
                     ..Row::new(LAT, program, size, "xroce", Kind::LatencyUs, l.typical)
@@ -186,7 +208,8 @@ fn main() {
         });
     }
     r.notes.push(format!(
-        "xroce latencies: the run with the median p50 of {lat_runs} runs per size"
+        "xroce latencies: the run with the median p50 of {lat_runs} runs per size (64 B \
+         ib_send_lat over RC: of the {ROUNDS} back-to-back rounds)"
     ));
 
     let bw_sizes: &[u64] = if opts.quick {
@@ -194,7 +217,14 @@ fn main() {
     } else {
         &[64, 4096, 65536, 1 << 20]
     };
-    for (program, l) in bandwidth(&x, &mut r, BW4096, bw_sizes, secs, &p) {
+    let from_rounds = [
+        paired::median_index(&b2b.send_bw_64, |l| l.mpps)
+            .map(|i| ("ib_send_bw", b2b.send_bw_64[i])),
+        paired::median_index(&b2b.write_bw_64k, |l| l.mb_per_s)
+            .map(|i| ("ib_write_bw", b2b.write_bw_64k[i])),
+    ];
+    let from_rounds: Vec<(&str, BwLine)> = from_rounds.into_iter().flatten().collect();
+    for (program, l) in bandwidth(&x, &mut r, BW4096, bw_sizes, secs, &from_rounds, &p) {
         if l.size == 64 && program != "ib_read_bw" {
             // 64 B message rates next to the 64 B packet baselines.
             r.rows
@@ -315,7 +345,7 @@ fn main() {
     // ---------------------------------------------------------------- netdev MTU 1500
     p.say("namespaces at MTU 1500");
     let x = XrocePair::new("xrperf", 1500, &bin_dir).unwrap_or_else(|e| fail("set-up", e));
-    bandwidth(&x, &mut r, BW1024, bw_sizes, secs, &p);
+    bandwidth(&x, &mut r, BW1024, bw_sizes, secs, &[], &p);
     drop(x);
 
     // ---------------------------------------------------------------- guests
@@ -450,7 +480,7 @@ fn main() {
             .push("QEMU guest comparison skipped (--quick or --no-guests)".into());
     }
 
-    goals(&mut r, xsk_rt, xsk2_rt, udp_rt, guest_numbers);
+    goals(&mut r, &b2b, udp_rt, guest_numbers);
     r.notes.push(format!(
         "Baselines: raw AF_XDP is xroce's own AF_XDP socket code sending the same prebuilt \
          UDP frame (no protocol, no checksum) as fast as the ring takes it, round trips \
@@ -478,7 +508,6 @@ fn main() {
     ));
 }
 
-/// perftest's options for every run: the xroce device, GID 1 (IPv4), no CPU-frequency check.
 /// Runs a perftest latency program `runs` times and returns the run with the median p50: a
 /// burst of noise from a neighbour on this shared machine then moves one run, not the result.
 fn median_latency(
@@ -491,18 +520,15 @@ fn median_latency(
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut lines = Vec::new();
     for _ in 0..runs {
-        match x.run(program, &perftest_args(&args), Duration::from_secs(300)) {
-            Ok(run) => match parse_lat(&run.client).first() {
-                Some(l) => lines.push(*l),
-                None => r.notes.push(format!("{program} {args:?}: no result line")),
-            },
-            Err(e) => r.notes.push(format!("{program} {args:?} failed: {e}")),
+        match perftest_line(x, program, &args, parse_lat) {
+            Ok(l) => lines.push(l),
+            Err(e) => r.notes.push(e),
         }
     }
-    lines.sort_by(|a, b| a.typical.total_cmp(&b.typical));
-    lines.get(lines.len() / 2).copied()
+    paired::median_index(&lines, |l| l.typical).map(|i| lines[i])
 }
 
+/// perftest's options for every run: the xroce device, GID 1 (IPv4), no CPU-frequency check.
 fn perftest_args(extra: &[&str]) -> Vec<String> {
     ["-d", DEV, "-x", "1", "-F"]
         .iter()
@@ -512,43 +538,171 @@ fn perftest_args(extra: &[&str]) -> Vec<String> {
 }
 
 /// SEND, WRITE and READ bandwidth at each size, as rows of `section`; returns every result
-/// line with its program.
+/// line with its program. A program and size in `measured` (the back-to-back rounds) is not
+/// run again: its line from there is used.
 fn bandwidth(
     x: &XrocePair,
     r: &mut Report,
     section: &str,
     sizes: &[u64],
     secs: u64,
+    measured: &[(&str, BwLine)],
     p: &Progress,
 ) -> Vec<(&'static str, BwLine)> {
     let mut lines = Vec::new();
     for program in ["ib_send_bw", "ib_write_bw", "ib_read_bw"] {
         for &size in sizes {
-            p.say(&format!("{program} {} over xroce", size_text(size)));
-            match x.run(
-                program,
-                &perftest_args(&["-s", &size.to_string(), "-D", &secs.to_string()]),
-                Duration::from_secs(300),
-            ) {
-                Ok(run) => match parse_bw(&run.client).first() {
-                    Some(l) => {
-                        r.rows.push(Row::new(
-                            section,
-                            program,
-                            size,
-                            "xroce",
-                            Kind::MegabytesPerSecond,
-                            l.mb_per_s,
-                        ));
-                        lines.push((program, *l));
-                    }
-                    None => r.notes.push(format!("{program} {size}: no result line")),
-                },
-                Err(e) => r.notes.push(format!("{program} {size} failed: {e}")),
+            let known = measured
+                .iter()
+                .find(|(prog, l)| *prog == program && l.size == size)
+                .map(|(_, l)| *l);
+            let line = match known {
+                Some(l) => Ok(l),
+                None => {
+                    p.say(&format!("{program} {} over xroce", size_text(size)));
+                    let size = size.to_string();
+                    let secs = secs.to_string();
+                    perftest_line(x, program, &["-s", &size, "-D", &secs], parse_bw)
+                }
+            };
+            match line {
+                Ok(l) => {
+                    r.rows.push(Row::new(
+                        section,
+                        program,
+                        size,
+                        "xroce",
+                        Kind::MegabytesPerSecond,
+                        l.mb_per_s,
+                    ));
+                    lines.push((program, l));
+                }
+                Err(e) => r.notes.push(e),
             }
         }
     }
     lines
+}
+
+/// One perftest run over xroce and its first result line.
+fn perftest_line<T: Copy>(
+    x: &XrocePair,
+    program: &str,
+    args: &[&str],
+    parse: fn(&str) -> Vec<T>,
+) -> Result<T, String> {
+    let run = x
+        .run(program, &perftest_args(args), Duration::from_secs(300))
+        .map_err(|e| format!("{program} {args:?} failed: {e}"))?;
+    parse(&run.client)
+        .first()
+        .copied()
+        .ok_or_else(|| format!("{program} {args:?}: no result line"))
+}
+
+/// Number of back-to-back rounds behind the goals that compare xroce with raw AF_XDP.
+const ROUNDS: usize = 3;
+
+/// The measurements behind the goals that compare xroce with raw AF_XDP, taken in rounds
+/// with both back to back (see `xroce_bench::paired`), all at netdev MTU 9000.
+#[derive(Default)]
+struct BackToBack {
+    raw_one_frame: Vec<RoundTrip>,
+    raw_two_frames: Vec<RoundTrip>,
+    /// 64 B `ib_send_lat` over RC.
+    send_lat: Vec<LatLine>,
+    raw_64: Vec<baseline::Stream>,
+    /// 64 B `ib_send_bw`.
+    send_bw_64: Vec<BwLine>,
+    raw_4k: Vec<baseline::Stream>,
+    /// 64 KiB `ib_write_bw`.
+    write_bw_64k: Vec<BwLine>,
+    /// `ib_send_lat` one-way against raw's one-frame one-way, per round.
+    latency: Paired,
+    /// `ib_send_lat` against raw's two frames per turn (RC's floor).
+    floor: Paired,
+    /// 64 B message rate against raw's 64 B packet rate.
+    rate: Paired,
+    /// 64 KiB `ib_write_bw` against raw's 4 KiB frames.
+    write: Paired,
+}
+
+/// Runs `xroce` and `raw` one after the other, xroce first when `xroce_first`.
+fn in_order<A, B>(xroce_first: bool, xroce: impl FnOnce() -> A, raw: impl FnOnce() -> B) -> (A, B) {
+    if xroce_first {
+        let a = xroce();
+        (a, raw())
+    } else {
+        let b = raw();
+        (xroce(), b)
+    }
+}
+
+fn back_to_back(
+    x: &XrocePair,
+    r: &mut Report,
+    rounds: usize,
+    pings: usize,
+    secs: u64,
+    lat_iters: usize,
+    p: &Progress,
+) -> BackToBack {
+    let mut b = BackToBack::default();
+    let stream_for = Duration::from_secs(secs);
+    let (secs, lat_iters) = (secs.to_string(), lat_iters.to_string());
+    for round in 0..rounds {
+        p.say(&format!(
+            "xroce and raw AF_XDP back to back, round {} of {rounds}: 64 B latency, 64 B \
+             message rate, 64 KiB WRITE",
+            round + 1
+        ));
+        let first = paired::xroce_first(round);
+        let (lat, (one, two)) = in_order(
+            first,
+            || perftest_line(x, "ib_send_lat", &["-s", "64", "-n", &lat_iters], parse_lat),
+            || {
+                (
+                    baseline::xsk_pingpong(&x.pair, 64, pings),
+                    baseline::xsk_pingpong_turns(&x.pair, 64, pings, 2),
+                )
+            },
+        );
+        let (send_bw, raw_64) = in_order(
+            first,
+            || perftest_line(x, "ib_send_bw", &["-s", "64", "-D", &secs], parse_bw),
+            || baseline::xsk_stream(&x.pair, 64, stream_for),
+        );
+        let (write_bw, raw_4k) = in_order(
+            first,
+            || perftest_line(x, "ib_write_bw", &["-s", "65536", "-D", &secs], parse_bw),
+            || baseline::xsk_stream(&x.pair, 4096, stream_for),
+        );
+        let lat = lat.map_err(|e| r.notes.push(e)).ok();
+        let send_bw = send_bw.map_err(|e| r.notes.push(e)).ok();
+        let write_bw = write_bw.map_err(|e| r.notes.push(e)).ok();
+        b.latency.push(lat.map(|l| l.typical), Some(one.p50 / 2.0));
+        b.floor.push(lat.map(|l| l.typical), Some(two.p50 / 2.0));
+        b.rate.push(send_bw.map(|l| l.mpps), Some(raw_64.mpps));
+        b.write
+            .push(write_bw.map(|l| l.mb_per_s), Some(raw_4k.mb_per_s));
+        b.raw_one_frame.push(one);
+        b.raw_two_frames.push(two);
+        b.raw_64.push(raw_64);
+        b.raw_4k.push(raw_4k);
+        b.send_lat.extend(lat);
+        b.send_bw_64.extend(send_bw);
+        b.write_bw_64k.extend(write_bw);
+    }
+    r.notes.push(format!(
+        "Back to back: the goals that compare xroce with raw AF_XDP (64 B latency, 64 B message \
+         rate, 64 KiB WRITE) come from {rounds} rounds, each running xroce and raw AF_XDP one \
+         after the other (xroce second in the first round, first in the second, and so on); a \
+         goal's ratio is the median of the rounds' ratios. This host's path drifts by tens of \
+         percent within minutes, which a ratio of two numbers measured minutes apart would \
+         carry. The tables show the medians of the rounds for raw AF_XDP and for those xroce \
+         tests (for ib_send_lat, ib_send_bw and ib_write_bw, the round with the median)."
+    ));
+    b
 }
 
 /// A baseline's round trip as one-way latency (half), like perftest's SEND/WRITE numbers.
@@ -570,51 +724,77 @@ fn one_way(section: &str, method: &str, rt: RoundTrip) -> Row {
     }
 }
 
+/// A goal from two numbers of this run.
+fn ratio_goal(
+    out: &mut Vec<Goal>,
+    what: &str,
+    (num, den): (Option<f64>, Option<f64>),
+    target: f64,
+    at_least: bool,
+    unit: &str,
+) {
+    if let (Some(n), Some(d)) = (num, den) {
+        out.push(Goal {
+            what: what.into(),
+            ratio: n / d,
+            target,
+            at_least,
+            detail: format!("{n:.2} / {d:.2} {unit}"),
+        });
+    }
+}
+
+/// A goal from rounds of xroce and its baseline back to back.
+fn paired_goal(
+    out: &mut Vec<Goal>,
+    what: &str,
+    paired: &Paired,
+    target: f64,
+    at_least: bool,
+    unit: &str,
+) {
+    if let Some(ratio) = paired.median_ratio() {
+        out.push(Goal {
+            what: what.into(),
+            ratio,
+            target,
+            at_least,
+            detail: paired.describe(unit),
+        });
+    }
+}
+
 /// The issue's goals, each a ratio of two numbers of this run.
 fn goals(
     r: &mut Report,
-    xsk_rt: RoundTrip,
-    xsk2_rt: RoundTrip,
+    b2b: &BackToBack,
     udp_rt: RoundTrip,
     guests: Option<(guests::GuestNumbers, guests::GuestNumbers)>,
 ) {
     let mut out = Vec::new();
-    let mut goal = |what: &str,
-                    num: Option<f64>,
-                    den: Option<f64>,
-                    target: f64,
-                    at_least: bool,
-                    unit: &str| {
-        if let (Some(n), Some(d)) = (num, den) {
-            out.push(Goal {
-                what: what.into(),
-                ratio: n / d,
-                target,
-                at_least,
-                detail: format!("{n:.2} / {d:.2} {unit}"),
-            });
-        }
-    };
-    let send_lat = r_value(r, LAT, "ib_send_lat", 64);
-    goal(
+    paired_goal(
+        &mut out,
         "64 B ib_send_lat vs raw AF_XDP one-way",
-        send_lat,
-        Some(xsk_rt.p50 / 2.0),
+        &b2b.latency,
         1.5,
         false,
         "µs",
     );
-    goal(
+    let send_lat = r_value(r, LAT, "ib_send_lat", 64);
+    ratio_goal(
+        &mut out,
         "64 B ib_send_lat vs kernel UDP one-way",
-        send_lat,
-        Some(udp_rt.p50 / 2.0),
+        (send_lat, Some(udp_rt.p50 / 2.0)),
         1.0,
         false,
         "µs",
     );
-    if let (Some(ud), Some(rc)) = (r_value(r, LAT, "ib_send_lat UD", 64), send_lat) {
-        let raw = xsk_rt.p50 / 2.0;
-        let raw2 = xsk2_rt.p50 / 2.0;
+    if let (Some(ud), Some(rc), Some(raw), Some(floor)) = (
+        r_value(r, LAT, "ib_send_lat UD", 64),
+        send_lat,
+        b2b.latency.median_baseline(),
+        b2b.floor.median_baseline(),
+    ) {
         r.notes.push(format!(
             "64 B ib_send_lat over UD (one frame per turn, no ACK): {ud:.2} µs, {:.2}× raw \
              AF_XDP one-way; over RC (answer + ACK per turn): {rc:.2} µs, {:.2}×",
@@ -623,48 +803,54 @@ fn goals(
         ));
         r.notes.push(format!(
             "The floor of RC on this path: raw AF_XDP sending RC's two frames per turn (the \
-             message and an ACK-sized frame, one kick) takes {raw2:.2} µs one-way, {:.2}× its \
+             message and an ACK-sized frame, one kick) takes {floor:.2} µs one-way, {:.2}× its \
              one-frame ping-pong; the 1.5× goal is {} that floor. ib_send_lat over RC is \
-             {:.2}× the floor, over UD {:.2}× raw's one frame.",
-            raw2 / raw,
-            if raw2 / raw >= 1.5 {
+             {:.2}× the floor (median of the rounds: {}), over UD {:.2}× raw's one frame.",
+            floor / raw,
+            if floor / raw >= 1.5 {
                 "at or below"
             } else {
                 "above"
             },
-            rc / raw2,
+            b2b.floor.median_ratio().unwrap_or(f64::NAN),
+            b2b.floor.describe("µs"),
             ud / raw
         ));
     }
-    let write_64k = r_value(r, BW4096, "ib_write_bw", 65536);
-    goal(
+    paired_goal(
+        &mut out,
         "ib_write_bw 64 KiB vs raw AF_XDP 4 KiB frames",
-        write_64k,
-        r.value(BW4096, "4 KiB frames", 4096, "raw AF_XDP"),
+        &b2b.write,
         0.8,
         true,
         "MB/s",
     );
-    goal(
+    ratio_goal(
+        &mut out,
         "ib_write_bw 64 KiB vs kernel UDP 4 KiB datagrams",
-        write_64k,
-        r.value(BW4096, "4 KiB datagrams", 4096, "kernel UDP"),
+        (
+            r_value(r, BW4096, "ib_write_bw", 65536),
+            r.value(BW4096, "4 KiB datagrams", 4096, "kernel UDP"),
+        ),
         1.5,
         true,
         "MB/s",
     );
-    goal(
+    paired_goal(
+        &mut out,
         "64 B ib_send_bw message rate vs raw AF_XDP 64 B packets",
-        r.value(RATE, "ib_send_bw", 64, "xroce"),
-        r.value(RATE, "64 B frames", 64, "raw AF_XDP"),
+        &b2b.rate,
         0.8,
         true,
         "M/s",
     );
-    goal(
+    ratio_goal(
+        &mut out,
         "ib_write_bw 256 QPs vs 1 QP",
-        r.value(SCALE, "256 QPs", 65536, "xroce"),
-        r.value(SCALE, "1 QP", 65536, "xroce"),
+        (
+            r.value(SCALE, "256 QPs", 65536, "xroce"),
+            r.value(SCALE, "1 QP", 65536, "xroce"),
+        ),
         0.8,
         true,
         "MB/s",
@@ -675,27 +861,27 @@ fn goals(
         .filter(|row| row.kind == Kind::CorePercent)
         .map(|row| row.value)
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
-    goal(
+    ratio_goal(
+        &mut out,
         "idle CPU with connected QPs (% of a core)",
-        idle,
-        Some(1.0),
+        (idle, Some(1.0)),
         1.0,
         false,
         "%",
     );
     if let Some((rxe, xroce)) = guests {
-        goal(
+        ratio_goal(
+            &mut out,
             "guests: xroce vs rdma_rxe ib_write_bw",
-            Some(xroce.write_bw_mb_s),
-            Some(rxe.write_bw_mb_s),
+            (Some(xroce.write_bw_mb_s), Some(rxe.write_bw_mb_s)),
             2.0,
             true,
             "MB/s",
         );
-        goal(
+        ratio_goal(
+            &mut out,
             "guests: xroce vs rdma_rxe ib_send_lat",
-            Some(xroce.send_lat_us),
-            Some(rxe.send_lat_us),
+            (Some(xroce.send_lat_us), Some(rxe.send_lat_us)),
             0.5,
             false,
             "µs",
