@@ -25,7 +25,7 @@ use super::verbs::{
     WorkCompletion,
 };
 use super::Nanos;
-use crate::wire::{IpAddress, Opcode, RoceFrame, Transport};
+use crate::wire::{IpAddress, Opcode, Operation, RoceFrame, Transport};
 
 /// Device limits, as rdma_rxe advertises them (digest §8) where they bind.
 pub mod limits {
@@ -226,6 +226,9 @@ pub struct Device {
     next_cq: u32,
     next_srq: u32,
     next_ah: u32,
+    /// RC SEND and WRITE packets handed to a responder: requests whose only answer is an ACK
+    /// (see [`Self::ack_only_requests`]).
+    ack_only_requests: u64,
 }
 
 impl Device {
@@ -254,6 +257,7 @@ impl Device {
             next_cq: 1,
             next_srq: 1,
             next_ah: 1,
+            ack_only_requests: 0,
         }
     }
 
@@ -291,6 +295,14 @@ impl Device {
     /// `counters().completions` without copying every counter (read per poll by the engine).
     pub fn completions_stored(&self) -> u64 {
         self.sh.counters.completions
+    }
+
+    /// How many RC SEND and WRITE packets (new or duplicate) have reached a responder so far:
+    /// requests that call for nothing but an ACK, which may wait a moment for the answer the
+    /// application is about to send (READ and atomic responses carry what the peer waits for,
+    /// and go at once).
+    pub fn ack_only_requests(&self) -> u64 {
+        self.ack_only_requests
     }
 
     pub fn gids(&self) -> &[Option<IpAddress>] {
@@ -767,6 +779,11 @@ impl Device {
             }
         }
         if info.is_request() {
+            if qp.ty == QpType::Rc
+                && matches!(info.operation, Operation::Send | Operation::RdmaWrite)
+            {
+                self.ack_only_requests += 1;
+            }
             qp.handle_request(&mut self.sh, host, &frame);
         } else {
             qp.handle_response(now, &mut self.sh, host, &frame);

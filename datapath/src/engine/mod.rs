@@ -615,9 +615,10 @@ impl Engine {
     /// then moves its own packets, with no hand-off to the progress thread, which stays out of
     /// the way while the application polls.
     ///
-    /// Frames that gave the application completions (on any CQ) make the round stop before
-    /// it transmits: the ACKs they call for are held while the application takes its
-    /// completions and answers. A ping-pong's answer then leaves first with the ACK behind it
+    /// Frames that gave the application completions (on any CQ), or executed SENDs or WRITEs
+    /// (a WRITE completes nothing at the responder, yet `ib_write_lat` answers it), make the
+    /// round stop before it transmits: the ACKs they call for are held while the application
+    /// takes its completions and answers. A ping-pong's answer then leaves first with the ACK behind it
     /// in one batch (see `Device::poll_transmit`), instead of the ACK costing a system call of
     /// its own on the latency path. Held ACKs go out with the next post, with any verb that
     /// changes the device, from the progress thread once the application leaves its verbs
@@ -668,8 +669,9 @@ impl Engine {
             return Ok(n);
         }
         let completions = st.dev.completions_stored();
+        let requests = st.dev.ack_only_requests();
         progress::receive(&self.shared, st, now);
-        if st.dev.completions_stored() != completions {
+        if st.dev.completions_stored() != completions || st.dev.ack_only_requests() != requests {
             if st.deferred == Deferred::Nothing {
                 st.deferred = Deferred::AcksUntil(now + ACK_HOLD_NS);
             }

@@ -38,8 +38,18 @@ const NAP_NS: u64 = 10_000;
 pub(crate) const APP_POLLER_NS: u64 = 10_000_000;
 /// A nap that runs out less than this long after the application's last poll found it
 /// polling (see `EngineCounters::naps_out_while_polled`): well above a wake-up's delay here
-/// (up to some tens of µs), well below the alarm's margin (`nap_alarm`: 750 µs).
+/// (up to some tens of µs), well below the alarm's margin (`nap_alarm`: 750 µs). Also what
+/// makes an application a ping-pong partner whose answer an ACK may wait for (`thread_round`).
 const POLLED_LATELY_NS: u64 = 100_000;
+/// How long this thread holds ACKs for the application's answer (see `thread_round`). Longer
+/// than `poll_cq`'s hold (`ACK_HOLD_NS`): the application is outside its verbs when this
+/// thread takes its frames, and this thread's own wake-up may have taken its core, so coming
+/// back to answer costs it a scheduling delay, on this VM's busy cores up to some tens of µs.
+/// In a `ib_write_lat`-style ping-pong between two engines (`engine_netns.rs`), 5 µs holds ran
+/// out before the answer in up to all of a run's holds, 20 µs in up to three quarters, 50 µs
+/// in a handful; a run out hold costs the next turn a progress-thread wake-up on the peer. A
+/// peer whose application waits for an ACK that no answer will carry is late by this much.
+const THREAD_ACK_HOLD_NS: u64 = 50_000;
 /// Longest check interval while an application keeps polling.
 const MAX_NAP_NS: u64 = 1_000_000;
 /// The progress thread's timer slack (the kernel's default, 50 µs, would stretch its short
@@ -90,6 +100,61 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
     let now = shared.now();
     let received = receive(shared, st, now);
     let mut round = send(shared, st, now);
+    round.work |= received > 0;
+    round
+}
+
+/// A round of the progress thread: [`progress_once`], except that ACKs may wait for the
+/// application's answer, as [`super::Engine::poll_cq`] lets them wait.
+///
+/// An application that spins on memory between its verbs (`ib_write_lat` waits for the
+/// peer's WRITE to land in its buffer, then posts its own and polls for that one's
+/// completion) leaves the peer's WRITE to this thread. Sent at once, the ACK for it reached
+/// the peer alone; the peer took its completion and went back to spinning on memory, so this
+/// side's answer, a moment later, found nobody in the verbs there either, and every turn on
+/// both sides waited for a progress thread to be woken (on this VM's two busy cores a wake-up
+/// from the other core took about 30 µs: `ib_write_lat` 40-60 µs one-way against 8 µs for
+/// `ib_send_lat`). Held until the application answers, the ACK leaves in one kick with the
+/// answer, and the peer, polling for its completion, receives both: neither side needs its
+/// progress thread again.
+///
+/// So when the frames received executed SENDs or WRITEs (whose only answer is an ACK) for an
+/// application that polled lately, the ACKs wait until the application's next post (which
+/// sends them) or `THREAD_ACK_HOLD_NS` (this thread's round then, see [`sleep`]). READ and
+/// atomic requests never start a hold, nor do frames for an application that does not poll
+/// (`ib_write_bw`'s receiver) or polled long ago; a hold that ran out is sent before the
+/// round receives, so that what comes in is held afresh for its own answer.
+pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
+    let now = shared.now();
+    let mut round = Round {
+        work: false,
+        more: false,
+    };
+    // A hold that ran out goes first: what comes in below may be held afresh, for its own
+    // answer (a stale hold must not send the new ACKs at once).
+    if matches!(st.deferred, Deferred::AcksUntil(t) if t <= now) {
+        round = send(shared, st, now);
+    }
+    let requests = st.dev.ack_only_requests();
+    let received = receive(shared, st, now);
+    let hold = match st.deferred {
+        Deferred::AcksUntil(_) => true,
+        Deferred::Nothing => {
+            let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
+            let polled_lately = polled_ns != 0 && now.saturating_sub(polled_ns) < POLLED_LATELY_NS;
+            let hold = polled_lately && st.dev.ack_only_requests() != requests;
+            if hold {
+                st.deferred = Deferred::AcksUntil(now + THREAD_ACK_HOLD_NS);
+            }
+            hold
+        }
+        Deferred::Requests => false,
+    };
+    if !hold {
+        let sent = send(shared, st, now);
+        round.work |= sent.work;
+        round.more |= sent.more;
+    }
     round.work |= received > 0;
     round
 }
@@ -323,7 +388,7 @@ pub(crate) fn run(
             if st.io.failed {
                 break;
             }
-            let work = progress_once(&shared, st).work;
+            let work = thread_round(&shared, st).work;
             frame_watch.took_a_round(work);
             // Address and neighbour changes are rare: while busy, look every millisecond
             // rather than paying a system call per round.
@@ -559,11 +624,19 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
     // out, once per nap of this thread; in a stream that was 4 % of the sender's core. The
     // holder runs the timers itself meanwhile, so a nap bounded by `MAX_NAP_NS` misses none
     // by more than that.
+    // ACKs held for the application's answer (see `thread_round`) count as a timer.
     let timer_ns = match shared.try_state() {
-        Some(st) => st
-            .dev
-            .poll_timeout()
-            .map(|t| t.saturating_sub(shared.now())),
+        Some(st) => {
+            let held = match st.deferred {
+                Deferred::AcksUntil(t) => Some(t),
+                _ => None,
+            };
+            let due = match (st.dev.poll_timeout(), held) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            due.map(|t| t.saturating_sub(shared.now()))
+        }
         None => Some(MAX_NAP_NS),
     };
     let at_most_ns = match wait {
