@@ -298,8 +298,16 @@ fn bench_suite(root: &Path, quick: bool, no_guests: bool) -> Result<(), String> 
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
+    // The results this run is about to overwrite do not make the build it measures dirty.
     let dirty = Command::new("git")
-        .args(["status", "--porcelain", "--untracked-files=no"])
+        .args([
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!bench/results",
+        ])
         .current_dir(root)
         .output()
         .is_ok_and(|o| !o.stdout.is_empty());
