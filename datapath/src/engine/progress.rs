@@ -610,6 +610,21 @@ enum Wait {
     Events,
 }
 
+/// How long a [`sleep`] may last for the transport's timers and the ACKs held for an answer,
+/// `due_in` from now (0: already due).
+///
+/// A nap is taken while the application is in its verbs, and what is due then is the
+/// application's to run: its polls run the timers and send held ACKs. Ending the nap at once
+/// for it made this thread loop, at real-time priority, on the core the application needed to
+/// get back to its verbs: an application blocked for the engine lock meanwhile, or preempted
+/// inside a verb, stayed off its core for 50-500 ms, until the kernel's throttling of
+/// real-time threads let it run (64 KiB `ib_write_lat`: retransmission timeouts with nothing
+/// lost). So what is due does not shorten a nap, which runs its course; other sleeps end at
+/// once, and the round after them runs it.
+fn timer_wait(wait: Wait, due_in: Option<u64>) -> Option<u64> {
+    due_in.filter(|&ns| ns > 0 || !matches!(wait, Wait::Nap(_)))
+}
+
 /// Sleeps until the application kicks, an address changes, a frame arrives (when `frames`
 /// names the socket), the next transport timer is due, or `wait` says.
 fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait: Wait) -> Woke {
@@ -635,7 +650,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            due.map(|t| t.saturating_sub(shared.now()))
+            timer_wait(wait, due.map(|t| t.saturating_sub(shared.now())))
         }
         None => Some(MAX_NAP_NS),
     };
@@ -782,6 +797,17 @@ fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nap_is_not_cut_short_by_what_is_already_due() {
+        assert_eq!(timer_wait(Wait::Nap(1_000_000), Some(0)), None);
+        assert_eq!(timer_wait(Wait::Nap(1_000_000), Some(5_000)), Some(5_000));
+        assert_eq!(timer_wait(Wait::Nap(1_000_000), None), None);
+        // Other sleeps are followed by a round that runs what is due.
+        assert_eq!(timer_wait(Wait::AtMost(3_000), Some(0)), Some(0));
+        assert_eq!(timer_wait(Wait::Events, Some(0)), Some(0));
+        assert_eq!(timer_wait(Wait::Events, Some(7)), Some(7));
+    }
     use xroce_core::wire::Ipv4Address;
 
     /// The memo answers for the destination it saw last, asks again for any other, and does
