@@ -4,7 +4,7 @@
 //! Needs root (creates namespaces, loads XDP). Without root these tests fail unless
 //! `XROCE_SKIP_ROOT_TESTS=1` says to skip them.
 
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{mpsc, Arc, Barrier, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use xroce_datapath::netns::root_or_skip;
 
@@ -295,10 +295,37 @@ fn stream(
 
 struct Setup {
     pair: NetnsPair,
+    // Dropped after `pair` (fields drop in order): the namespaces are gone before the next
+    // test that runs alone starts.
+    _turn: Turn,
+}
+
+/// Tests that count transmit batches per round run alone; the others of this file run in
+/// parallel with each other. On two cores the parallel ones take the cores a ping-pong's
+/// applications spin on, and an application kept off its core lets the ACKs held for its
+/// answer go out on their own: `write_ping_pong_...` counted 2200-2900 batches for 2000 rounds
+/// next to them, 2000-2500 alone (the code before holding ACKs for WRITEs: 3300-4000).
+static TURNS: RwLock<()> = RwLock::new(());
+
+enum Turn {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
 }
 
 impl Setup {
+    /// Namespaces at `mtu`, the test running next to the other shared ones.
     fn new(mtu: u32) -> Setup {
+        let turn = Turn::Shared(TURNS.read().unwrap_or_else(|p| p.into_inner()));
+        Setup::with_turn(mtu, turn)
+    }
+
+    /// The same, with no other test of this file running meanwhile.
+    fn alone(mtu: u32) -> Setup {
+        let turn = Turn::Alone(TURNS.write().unwrap_or_else(|p| p.into_inner()));
+        Setup::with_turn(mtu, turn)
+    }
+
+    fn with_turn(mtu: u32, turn: Turn) -> Setup {
         let pair = NetnsPair::new("xreng", mtu).expect("namespaces");
         for side in 0..2 {
             let iface = pair.iface(side).to_string();
@@ -306,7 +333,7 @@ impl Setup {
                 xdp::load(&xdp::LoadOptions::new(&iface)).expect("load XDP program");
             });
         }
-        Setup { pair }
+        Setup { pair, _turn: turn }
     }
 
     /// Runs `body` on both sides at once, each in its namespace with an engine of its own;
@@ -799,7 +826,7 @@ fn ping_pong_batching(mode: SendCompletions) {
     if !root_or_skip() {
         return;
     }
-    let setup = Setup::new(1500);
+    let setup = Setup::alone(1500);
     const ROUNDS: usize = 2000;
     const MSG: usize = 64;
     let unanswered_acked = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -915,7 +942,7 @@ fn write_ping_pong_spinning_on_memory_sends_each_ack_with_the_answer() {
     if !root_or_skip() {
         return;
     }
-    let setup = Setup::new(1500);
+    let setup = Setup::alone(1500);
     const ROUNDS: usize = 2000;
     const MSG: usize = 64;
     let results = setup.on_both_sides(move |me: Side<Endpoint>| {
@@ -991,9 +1018,10 @@ fn write_ping_pong_spinning_on_memory_sends_each_ack_with_the_answer() {
             "side {side}: every WRITE is acknowledged ({acks} ACKs for {ROUNDS})"
         );
         // One batch per round (the WRITE with the ACK for the peer's), with slack for rounds
-        // the progress threads took over; ACKs on their own cost most rounds two.
+        // the progress threads took over (1.1-1.3 per round here); ACKs on their own cost
+        // most rounds two (1.65-2.0).
         assert!(
-            batches <= ROUNDS + ROUNDS / 4,
+            batches <= ROUNDS + ROUNDS / 2,
             "side {side}: {batches} transmit batches in {ROUNDS} rounds: ACKs go out on their own"
         );
     }
