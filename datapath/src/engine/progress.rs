@@ -797,6 +797,7 @@ fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xroce_core::wire::Ipv4Address;
 
     #[test]
     fn a_nap_is_not_cut_short_by_what_is_already_due() {
@@ -808,7 +809,6 @@ mod tests {
         assert_eq!(timer_wait(Wait::Events, Some(0)), Some(0));
         assert_eq!(timer_wait(Wait::Events, Some(7)), Some(7));
     }
-    use xroce_core::wire::Ipv4Address;
 
     /// The memo answers for the destination it saw last, asks again for any other, and does
     /// not remember a destination that had no route.
