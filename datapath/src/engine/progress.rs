@@ -625,6 +625,14 @@ fn timer_wait(wait: Wait, due_in: Option<u64>) -> Option<u64> {
     due_in.filter(|&ns| ns > 0 || !matches!(wait, Wait::Nap(_)))
 }
 
+/// The smaller of two optional times; `None` only when both are.
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Sleeps until the application kicks, an address changes, a frame arrives (when `frames`
 /// names the socket), the next transport timer is due, or `wait` says.
 fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait: Wait) -> Woke {
@@ -646,10 +654,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
                 Deferred::AcksUntil(t) => Some(t),
                 _ => None,
             };
-            let due = match (st.dev.poll_timeout(), held) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let due = earliest(st.dev.poll_timeout(), held);
             timer_wait(wait, due.map(|t| t.saturating_sub(shared.now())))
         }
         None => Some(MAX_NAP_NS),
@@ -658,10 +663,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
         Wait::AtMost(ns) | Wait::Nap(ns) => Some(ns),
         Wait::Events => None,
     };
-    let mut timeout_ns = match (timer_ns, at_most_ns) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let mut timeout_ns = earliest(timer_ns, at_most_ns);
     // A nap ends on the alarm instead, which a polling application postpones once the naps
     // are as long as they get.
     let mut alarm_fd = -1;
