@@ -209,8 +209,8 @@ pub struct Qp {
     pub(crate) drain_notify: bool,
     /// On the device's ready list.
     pub(crate) queued: bool,
-    /// A request goes ahead of a response when the QP has both (see
-    /// `Device::poll_transmit`).
+    /// A request goes ahead of a response when the QP has both: at the start of a turn, and
+    /// after a request until the turn ends (see `Device::poll_transmit`).
     pub(crate) request_turn: bool,
 }
 
