@@ -96,6 +96,10 @@ pub enum EngineError {
 #[derive(Debug, Default)]
 pub struct EngineCounters {
     pub rx_frames: AtomicU64,
+    /// Of `rx_frames`, those the progress thread took (the application's verbs took the
+    /// rest). Next to an application that polls, the thread should take next to none: each
+    /// one it takes cost a wake-up, and the application, which would have taken it, waited.
+    pub rx_frames_by_thread: AtomicU64,
     pub rx_not_roce: AtomicU64,
     pub tx_frames: AtomicU64,
     /// Rounds that handed frames to the port (one kick of the kernel each, in copy mode):
@@ -369,6 +373,10 @@ impl Engine {
         };
         fields.extend([
             ("rx_frames", c.rx_frames.load(Ordering::Relaxed)),
+            (
+                "rx_frames_by_thread",
+                c.rx_frames_by_thread.load(Ordering::Relaxed),
+            ),
             ("rx_not_roce", c.rx_not_roce.load(Ordering::Relaxed)),
             ("tx_frames", c.tx_frames.load(Ordering::Relaxed)),
             ("tx_batches", c.tx_batches.load(Ordering::Relaxed)),

@@ -137,6 +137,12 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     }
     let requests = st.dev.ack_only_requests();
     let received = receive(shared, st, now);
+    if received > 0 {
+        shared
+            .counters
+            .rx_frames_by_thread
+            .fetch_add(received as u64, Ordering::Relaxed);
+    }
     let hold = match st.deferred {
         Deferred::AcksUntil(_) => true,
         Deferred::Nothing => {

@@ -81,10 +81,11 @@ impl Engine {
         let c = &shared.counters;
         let _ = writeln!(
             out,
-            "frames: rx {} (not RoCE {}) tx {} in {} batches, loopback {}, no neighbour {}, \
-             wrong interface {}; wake-ups {}",
+            "frames: rx {} (not RoCE {}, by the progress thread {}) tx {} in {} batches, \
+             loopback {}, no neighbour {}, wrong interface {}; wake-ups {}",
             c.rx_frames.load(Ordering::Relaxed),
             c.rx_not_roce.load(Ordering::Relaxed),
+            c.rx_frames_by_thread.load(Ordering::Relaxed),
             c.tx_frames.load(Ordering::Relaxed),
             c.tx_batches.load(Ordering::Relaxed),
             c.tx_loopback.load(Ordering::Relaxed),
