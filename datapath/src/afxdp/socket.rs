@@ -625,15 +625,21 @@ impl XskSocket {
             if rc < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
-                    // The kernel is busy or out of buffers: the frames stay queued, try again
-                    // on the next flush.
-                    Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => return Ok(()),
+                    // EAGAIN also ends a kick that used up its 32 descriptors with more
+                    // queued: a 64 KiB message of sixteen two-descriptor frames fills a kick,
+                    // and the ACK behind it waited for the next flush (a progress-thread
+                    // wake-up, on every turn of `ib_write_lat` at 64 KiB). So a kick that
+                    // moved frames is followed by another; one that moved none means the
+                    // kernel is busy or out of buffers, and the frames stay queued for the
+                    // next flush.
+                    Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
                     _ => return Err(e),
                 }
             }
             if self.tx.outstanding() >= before {
                 return Ok(()); // no progress: leave the rest for the next flush
             }
+            self.reap_completions();
         }
         Ok(())
     }

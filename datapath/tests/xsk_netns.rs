@@ -1,0 +1,74 @@
+//! The AF_XDP socket on its own, on a veth pair in network namespaces the test creates (run as
+//! root; skipped otherwise).
+
+use std::ffi::CString;
+
+use xroce_datapath::afxdp::{BindMode, XskConfig, XskSocket};
+use xroce_datapath::netns::{root_or_skip, NetnsPair};
+
+/// Frames the peer's interface has received so far.
+fn rx_packets(pair: &NetnsPair, side: usize) -> u64 {
+    let out = pair
+        .exec(
+            side,
+            &format!(
+                "cat /sys/class/net/{}/statistics/rx_packets",
+                pair.iface(side)
+            ),
+        )
+        .expect("read the interface's statistics");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a packet count")
+}
+
+/// One `flush` sends everything queued, however many kicks that takes. A copy-mode kick sends
+/// at most 32 descriptors and then fails with EAGAIN, the rest still queued; taken for the
+/// kernel pushing back, that ended the flush, and the rest waited for the next one: the ACK
+/// behind a 64 KiB message (sixteen frames of two descriptors each) waited for a progress
+/// thread woken to send it, on every turn of `ib_write_lat` at 64 KiB.
+#[test]
+fn one_flush_sends_a_batch_larger_than_a_kick() {
+    if !root_or_skip() {
+        return;
+    }
+    const FRAMES: u64 = 100;
+    let pair = NetnsPair::new("xrxsk-fl", 1500).expect("namespaces");
+    let iface = CString::new(pair.iface(0)).expect("an interface name");
+    let before = rx_packets(&pair, 1);
+    let pending_after_flush = pair.run_in(0, move || {
+        // SAFETY: if_nametoindex reads a NUL-terminated string that outlives the call.
+        let ifindex = unsafe { libc::if_nametoindex(iface.as_ptr()) };
+        assert_ne!(ifindex, 0, "the veth is in this namespace");
+        let config = XskConfig {
+            mode: BindMode::Copy,
+            ..XskConfig::default()
+        };
+        let mut xsk = XskSocket::open(ifindex, config).expect("an AF_XDP socket");
+        for _ in 0..FRAMES {
+            let queued = xsk.send_with(&mut |buf| {
+                // Broadcast, from a locally administered address, with the IEEE local
+                // experimental EtherType: the peer's kernel counts and drops it.
+                buf[..6].fill(0xff);
+                buf[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+                buf[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+                buf[14..60].fill(0);
+                Some(60)
+            });
+            assert!(queued, "room for {FRAMES} frames in the transmit ring");
+        }
+        xsk.flush().expect("flush");
+        xsk.tx_pending()
+    });
+    assert!(
+        !pending_after_flush,
+        "frames still queued after one flush of {FRAMES}"
+    );
+    // The kernel may send a frame of its own meanwhile (IPv6 neighbour discovery).
+    let received = rx_packets(&pair, 1) - before;
+    assert!(
+        received >= FRAMES,
+        "the peer received {received} frames of {FRAMES}"
+    );
+}
