@@ -1,9 +1,8 @@
 //! The AF_XDP socket on its own, on a veth pair in network namespaces the test creates (run as
 //! root; skipped otherwise).
 
-use std::ffi::CString;
-
 use xroce_datapath::afxdp::{BindMode, XskConfig, XskSocket};
+use xroce_datapath::netlink;
 use xroce_datapath::netns::{root_or_skip, NetnsPair};
 
 /// Frames the peer's interface has received so far.
@@ -35,23 +34,21 @@ fn one_flush_sends_a_batch_larger_than_a_kick() {
     }
     const FRAMES: u64 = 100;
     let pair = NetnsPair::new("xrxsk-fl", 1500).expect("namespaces");
-    let iface = CString::new(pair.iface(0)).expect("an interface name");
+    let iface = pair.iface(0).to_string();
     let before = rx_packets(&pair, 1);
     let pending_after_flush = pair.run_in(0, move || {
-        // SAFETY: if_nametoindex reads a NUL-terminated string that outlives the call.
-        let ifindex = unsafe { libc::if_nametoindex(iface.as_ptr()) };
-        assert_ne!(ifindex, 0, "the veth is in this namespace");
+        let veth = netlink::interface_by_name(&iface).expect("the veth is in this namespace");
         let config = XskConfig {
             mode: BindMode::Copy,
             ..XskConfig::default()
         };
-        let mut xsk = XskSocket::open(ifindex, config).expect("an AF_XDP socket");
+        let mut xsk = XskSocket::open(veth.index, config).expect("an AF_XDP socket");
         for _ in 0..FRAMES {
             let queued = xsk.send_with(&mut |buf| {
-                // Broadcast, from a locally administered address, with the IEEE local
-                // experimental EtherType: the peer's kernel counts and drops it.
+                // Broadcast, from the veth's address, with the IEEE local experimental
+                // EtherType: the peer's kernel counts and drops it.
                 buf[..6].fill(0xff);
-                buf[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+                buf[6..12].copy_from_slice(&veth.mac);
                 buf[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
                 buf[14..60].fill(0);
                 Some(60)

@@ -628,9 +628,9 @@ impl Engine {
     /// round stop before it transmits: the ACKs they call for are held while the application
     /// takes its completions and answers. A ping-pong's answer then leaves first with the ACK
     /// behind it in one batch (see `Device::poll_transmit`), instead of the ACK costing a
-    /// system call of its own on the latency path. Held ACKs go out with the next post, with any verb that
-    /// changes the device, from the progress thread once the application leaves its verbs
-    /// loop, and at the latest with the first poll after `ACK_HOLD_NS` that finds no
+    /// system call of its own on the latency path. Held ACKs go out with the next post, with
+    /// any verb that changes the device, from the progress thread once the application leaves
+    /// its verbs loop, and at the latest with the first poll after `ACK_HOLD_NS` that finds no
     /// completion waiting on its CQ.
     pub fn poll_cq(
         &self,

@@ -25,21 +25,16 @@ const TX_BATCH: usize = 64;
 /// the ACK held for an answer of 64 KiB was left for a round of its own, and the progress
 /// thread was woken for it: `ib_write_lat` at 64 KiB took 260-270 µs one-way, 175-200 after.
 const TX_BATCH_BYTES: usize = 68 * 1024;
+/// What every RoCEv2 frame over IPv6 carries besides its extension headers and payload.
+const ROCE_IPV6_FRAME: usize = ETH_HEADER
+    + wire::ipv6::HEADER_LEN
+    + wire::udp::HEADER_LEN
+    + wire::bth::HEADER_LEN
+    + wire::ICRC_LEN;
 /// The largest frame xroce sends at path MTU 4096: IPv6, and a RETH (WRITE FIRST or ONLY).
-const MAX_FRAME_AT_MTU_4096: usize = ETH_HEADER
-    + wire::ipv6::HEADER_LEN
-    + wire::udp::HEADER_LEN
-    + wire::bth::HEADER_LEN
-    + wire::RethRepr::LEN
-    + 4096
-    + wire::ICRC_LEN;
+const MAX_FRAME_AT_MTU_4096: usize = ROCE_IPV6_FRAME + wire::RethRepr::LEN + 4096;
 /// An ACK frame over IPv6.
-const ACK_FRAME: usize = ETH_HEADER
-    + wire::ipv6::HEADER_LEN
-    + wire::udp::HEADER_LEN
-    + wire::bth::HEADER_LEN
-    + wire::AethRepr::LEN
-    + wire::ICRC_LEN;
+const ACK_FRAME: usize = ROCE_IPV6_FRAME + wire::AethRepr::LEN;
 const _: () = assert!(
     TX_TURN_PACKETS as usize * MAX_FRAME_AT_MTU_4096 + ACK_FRAME <= TX_BATCH_BYTES,
     "a QP's turn at path MTU 4096 and an ACK fit in one batch"
