@@ -845,6 +845,87 @@ fn ack_only_requests_count_messages_when_they_are_whole() {
     );
 }
 
+/// A message counts in `answers_awaiting_acks` when it reaches a QP that sent one message and
+/// waits for its ACK (a ping-pong turn: the engine then holds the ACK for the answer longer);
+/// not when the QP has nothing in flight, nor when it has several (a stream).
+#[test]
+fn answers_awaiting_acks_count_messages_that_reach_a_qp_waiting_for_its_one_ack() {
+    let mut sim = Sim::new(33, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let a_buf = sim.nodes[0].alloc(4096, RW);
+    let b_buf = sim.nodes[1].alloc(4096, RW);
+    for (node, qpn, mr) in [(0, a.qpn, &a_buf), (1, b.qpn, &b_buf)] {
+        for id in 0..4 {
+            sim.nodes[node]
+                .post_recv(qpn, recv_wr(id, mr, 64 * id, 64))
+                .unwrap();
+        }
+    }
+    let now = sim.now;
+    // Everything `from` has to send, in order.
+    let drain = |sim: &mut Sim, from: usize| {
+        let mut packets = Vec::new();
+        let node = &mut sim.nodes[from];
+        let mut buf = vec![0u8; 8192];
+        while let Some(t) = node.dev.poll_transmit(now, &node.mem, &mut buf) {
+            packets.push(buf[..t.len].to_vec());
+        }
+        packets
+    };
+    let deliver = |sim: &mut Sim, to: usize, packet: &[u8]| {
+        let node = &mut sim.nodes[to];
+        node.dev.handle_packet(now, packet, &mut node.mem);
+        (
+            bth_of(packet).0,
+            sim.nodes[0].dev.answers_awaiting_acks(),
+            sim.nodes[1].dev.answers_awaiting_acks(),
+        )
+    };
+    let send = |sim: &mut Sim, node: usize, qpn: u32, mr: &MemoryRegion, id: u64| {
+        sim.nodes[node]
+            .post_send(qpn, SendWr::new(id, SendOp::Send, vec![sge(mr, 0, 64)]))
+            .unwrap();
+    };
+    let mut seen = Vec::new();
+    // A's question reaches B, which has nothing in flight.
+    send(&mut sim, 0, a.qpn, &a_buf, 1);
+    for p in drain(&mut sim, 0) {
+        seen.push(deliver(&mut sim, 1, &p));
+    }
+    // B's answer goes ahead of B's ACK, and reaches A waiting for that ACK.
+    send(&mut sim, 1, b.qpn, &b_buf, 1);
+    for p in drain(&mut sim, 1) {
+        seen.push(deliver(&mut sim, 0, &p));
+    }
+    // A sends two messages (ahead of its ACK for B's): both reach B waiting for its one ACK.
+    send(&mut sim, 0, a.qpn, &a_buf, 2);
+    send(&mut sim, 0, a.qpn, &a_buf, 3);
+    for p in drain(&mut sim, 0) {
+        seen.push(deliver(&mut sim, 1, &p));
+    }
+    // B's two messages reach A, which has two in flight: a stream, not a turn.
+    send(&mut sim, 1, b.qpn, &b_buf, 2);
+    send(&mut sim, 1, b.qpn, &b_buf, 3);
+    for p in drain(&mut sim, 1) {
+        seen.push(deliver(&mut sim, 0, &p));
+    }
+    assert_eq!(
+        seen,
+        [
+            (Opcode::RC_SEND_ONLY, 0, 0),
+            (Opcode::RC_SEND_ONLY, 1, 0),
+            (Opcode::RC_ACKNOWLEDGE, 1, 0),
+            (Opcode::RC_SEND_ONLY, 1, 1),
+            (Opcode::RC_SEND_ONLY, 1, 2),
+            (Opcode::RC_ACKNOWLEDGE, 1, 2),
+            (Opcode::RC_SEND_ONLY, 1, 2),
+            (Opcode::RC_SEND_ONLY, 1, 2),
+            (Opcode::RC_ACKNOWLEDGE, 1, 2),
+        ],
+        "(packet delivered, then A's and B's counts)"
+    );
+}
+
 /// Next to many busy QPs a QP gets one packet per round of the device's round robin, so its
 /// packets are spread out in time: it must still ask for ACKs often enough that its
 /// retransmission timer never fires when nothing was lost. (64 packets between AckReqs took

@@ -229,6 +229,9 @@ pub struct Device {
     /// RC SEND and WRITE messages whose last packet reached a responder: requests whose only
     /// answer is an ACK (see [`Self::ack_only_requests`]).
     ack_only_requests: u64,
+    /// Those of them that reached a QP waiting for the ACK of its one message in flight (see
+    /// [`Self::answers_awaiting_acks`]).
+    answers_awaiting_acks: u64,
 }
 
 impl Device {
@@ -258,6 +261,7 @@ impl Device {
             next_srq: 1,
             next_ah: 1,
             ack_only_requests: 0,
+            answers_awaiting_acks: 0,
         }
     }
 
@@ -306,6 +310,16 @@ impl Device {
     /// MTU 4096), so the ACK left alone after all.
     pub fn ack_only_requests(&self) -> u64 {
         self.ack_only_requests
+    }
+
+    /// How many of [`Self::ack_only_requests`] reached a QP that had sent one message and was
+    /// waiting for its ACK: the shape of a ping-pong turn, where the peer's message comes
+    /// ahead of the peer's ACK for this side's (both in one kick, see
+    /// [`Self::poll_transmit`]). The application takes its completion when that ACK arrives
+    /// and answers then, so the ACK for the peer's message may wait for the answer a little
+    /// longer than usual. A QP with several messages in flight (a stream) does not count.
+    pub fn answers_awaiting_acks(&self) -> u64 {
+        self.answers_awaiting_acks
     }
 
     pub fn gids(&self) -> &[Option<IpAddress>] {
@@ -787,6 +801,9 @@ impl Device {
                 && info.position.ends_message()
             {
                 self.ack_only_requests += 1;
+                if qp.awaits_ack_of_its_only_message() {
+                    self.answers_awaiting_acks += 1;
+                }
             }
             qp.handle_request(&mut self.sh, host, &frame);
         } else {

@@ -595,6 +595,15 @@ impl Qp {
     }
 
     /// The IP/UDP/BTH headers of a packet from this QP to `av`.
+    /// One message in the send queue, sent whole and not yet acknowledged: the application
+    /// waits for that ACK (or goes on without it).
+    pub(crate) fn awaits_ack_of_its_only_message(&self) -> bool {
+        self.ty == QpType::Rc
+            && self.sq.len() == 1
+            && self.req.wqe_index == 1
+            && self.req.psn != self.comp.psn
+    }
+
     pub(crate) fn headers(
         &self,
         sh: &mut Shared,

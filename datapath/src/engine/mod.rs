@@ -116,6 +116,11 @@ pub struct EngineCounters {
     /// Naps of the progress thread that ran out although the application had just polled a
     /// CQ: wake-ups that only checked on it (see `nap_alarm`).
     pub naps_out_while_polled: AtomicU64,
+    /// Holds of ACKs that waited for a ping-pong answer (see `ANSWER_HOLD_NS`).
+    pub answer_holds: AtomicU64,
+    /// Of those, holds that ran out before any ACK came for this side (each turns them off
+    /// for `ANSWER_HOLDS_OFF_NS`).
+    pub answer_holds_ran_out: AtomicU64,
 }
 
 /// State shared by the application side and the progress thread.
@@ -159,6 +164,14 @@ pub(crate) struct State {
     pub(crate) failed: Option<String>,
     /// What waits for the next progress round; that round sets it back to `Nothing`.
     pub(crate) deferred: Deferred,
+    /// The held ACKs wait for a ping-pong answer (see `ANSWER_HOLD_NS`): the completions the
+    /// device had stored when the hold started. Cleared with `deferred`.
+    pub(crate) answer_hold_from: Option<u64>,
+    /// Engine time before which holds are never lengthened for an answer: several such holds
+    /// in a row ran out with no ACK arriving for this side (see `ANSWER_HOLDS_OFF_NS`).
+    pub(crate) answer_holds_off_until: u64,
+    /// Answer holds that ran out with no ACK for this side since one last saw it arrive.
+    pub(crate) answer_holds_ran_out_in_a_row: u32,
 }
 
 /// Packets the transport has ready that a round left for later.
@@ -302,6 +315,9 @@ impl Engine {
                 io: progress::PortState::new(Box::new(socket)),
                 failed: None,
                 deferred: Deferred::Nothing,
+                answer_hold_from: None,
+                answer_holds_off_until: 0,
+                answer_holds_ran_out_in_a_row: 0,
             }),
             wake,
             kick: AtomicBool::new(false),
@@ -392,6 +408,11 @@ impl Engine {
             (
                 "naps_out_while_polled",
                 c.naps_out_while_polled.load(Ordering::Relaxed),
+            ),
+            ("answer_holds", c.answer_holds.load(Ordering::Relaxed)),
+            (
+                "answer_holds_ran_out",
+                c.answer_holds_ran_out.load(Ordering::Relaxed),
             ),
         ]);
         fields
@@ -631,7 +652,9 @@ impl Engine {
     /// system call of its own on the latency path. Held ACKs go out with the next post, with
     /// any verb that changes the device, from the progress thread once the application leaves
     /// its verbs loop, and at the latest with the first poll after `ACK_HOLD_NS` that finds no
-    /// completion waiting on its CQ.
+    /// completion waiting on its CQ. A message that arrived while the application waits for the
+    /// ACK of its own one message in flight, a ping-pong's turn, is held until that ACK is in
+    /// (and `ACK_HOLD_NS` from then) or for `ANSWER_HOLD_NS`.
     pub fn poll_cq(
         &self,
         cq: CqId,
@@ -668,6 +691,22 @@ impl Engine {
                 if n > 0 {
                     return Ok(n);
                 }
+                if st.answer_hold_from == Some(st.dev.completions_stored()) {
+                    // An answer's hold ran out and this side's ACK never came. Now and then
+                    // the peer was only late; but when it holds that ACK for the same reason
+                    // (both sides sent a message at once, and each waits for its ACK before
+                    // it sends again), both stall this long on every turn: after a few in a
+                    // row, holds stay short for a while.
+                    self.shared
+                        .counters
+                        .answer_holds_ran_out
+                        .fetch_add(1, Ordering::Relaxed);
+                    st.answer_holds_ran_out_in_a_row += 1;
+                    if st.answer_holds_ran_out_in_a_row >= ANSWER_HOLDS_RUN_OUT_IN_A_ROW {
+                        st.answer_holds_ran_out_in_a_row = 0;
+                        st.answer_holds_off_until = now + ANSWER_HOLDS_OFF_NS;
+                    }
+                }
                 progress::send(&self.shared, st, now);
             }
             _ => {}
@@ -678,10 +717,42 @@ impl Engine {
         }
         let completions = st.dev.completions_stored();
         let requests = st.dev.ack_only_requests();
+        let answers = st.dev.answers_awaiting_acks();
         progress::receive(&self.shared, st, now);
         if st.dev.completions_stored() != completions || st.dev.ack_only_requests() != requests {
-            if st.deferred == Deferred::Nothing {
-                st.deferred = Deferred::AcksUntil(now + ACK_HOLD_NS);
+            match st.deferred {
+                Deferred::Nothing => {
+                    // A message that came while this side waits for the ACK of its own (a
+                    // ping-pong turn) is ahead of that ACK in the peer's kick, and the
+                    // application answers once the ACK is in. On veth the ACK arrives a
+                    // kernel pass (2-4 µs here) behind the message, often more than
+                    // `ACK_HOLD_NS` on a busy host; the hold then sent this side's ACK
+                    // alone, and a peer spinning on memory took its completion, left its
+                    // verbs, and needed its progress thread for the answer behind it.
+                    let answer = st.dev.answers_awaiting_acks() != answers
+                        && now >= st.answer_holds_off_until;
+                    let hold = if answer { ANSWER_HOLD_NS } else { ACK_HOLD_NS };
+                    st.deferred = Deferred::AcksUntil(now + hold);
+                    st.answer_hold_from = answer.then(|| st.dev.completions_stored());
+                    if answer {
+                        self.shared
+                            .counters
+                            .answer_holds
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Deferred::AcksUntil(until)
+                    if st
+                        .answer_hold_from
+                        .is_some_and(|c| c != st.dev.completions_stored()) =>
+                {
+                    // The ACK the answer waited for (or another completion) is in: from here
+                    // the application answers at once or not at all.
+                    st.deferred = Deferred::AcksUntil(until.min(now + ACK_HOLD_NS));
+                    st.answer_hold_from = None;
+                    st.answer_holds_ran_out_in_a_row = 0;
+                }
+                _ => {}
             }
             return st.dev.poll_cq(cq, max, out);
         }
@@ -732,6 +803,21 @@ impl Engine {
 /// (`ib_send_lat` posts its reply right after its poll); a peer whose application waits for
 /// the ACK itself (a send completion) is late by about this much when no answer comes.
 const ACK_HOLD_NS: u64 = 5_000;
+
+/// How long `poll_cq` holds ACKs for a message that arrived while the application waited for
+/// the ACK of its own one message in flight (`Device::answers_awaiting_acks`): until that ACK
+/// arrives (then `ACK_HOLD_NS` more at most) or this long. As long as the progress thread's
+/// hold (`THREAD_ACK_HOLD_NS`): the ACK comes a kernel pass behind the message, or later when
+/// the peer's core was taken meanwhile.
+const ANSWER_HOLD_NS: u64 = 50_000;
+
+/// Two applications that each send one message and wait for its ACK before the next, at the
+/// same time, hold each other's ACKs until their answer holds run out, on every turn. After
+/// this many in a row ran out with no ACK for this side (one now and then is a late peer),
+/// holds stay short for `ANSWER_HOLDS_OFF_NS`: such a pair then stalls a few times in that
+/// long.
+const ANSWER_HOLDS_RUN_OUT_IN_A_ROW: u32 = 3;
+const ANSWER_HOLDS_OFF_NS: u64 = 10_000_000;
 
 /// CLOCK_MONOTONIC in nanoseconds (what `Instant` reads).
 fn monotonic_ns() -> u64 {

@@ -216,6 +216,7 @@ fn dispatch_events(shared: &Shared, dev: &mut xroce_core::transport::Device) -> 
 /// The second half of a round: runs due timers, transmits a batch and flushes it.
 pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     st.deferred = Deferred::Nothing;
+    st.answer_hold_from = None;
     let State {
         dev,
         mem,
