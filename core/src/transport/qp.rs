@@ -594,7 +594,6 @@ impl Qp {
         }
     }
 
-    /// The IP/UDP/BTH headers of a packet from this QP to `av`.
     /// One message in the send queue, sent whole and not yet acknowledged: the application
     /// waits for that ACK (or goes on without it).
     pub(crate) fn awaits_ack_of_its_only_message(&self) -> bool {
@@ -604,6 +603,7 @@ impl Qp {
             && self.req.psn != self.comp.psn
     }
 
+    /// The IP/UDP/BTH headers of a packet from this QP to `av`.
     pub(crate) fn headers(
         &self,
         sh: &mut Shared,

@@ -164,9 +164,6 @@ pub(crate) struct State {
     pub(crate) failed: Option<String>,
     /// What waits for the next progress round; that round sets it back to `Nothing`.
     pub(crate) deferred: Deferred,
-    /// The held ACKs wait for a ping-pong answer (see `ANSWER_HOLD_NS`): the completions the
-    /// device had stored when the hold started. Cleared with `deferred`.
-    pub(crate) answer_hold_from: Option<u64>,
     /// Engine time before which holds are never lengthened for an answer: several such holds
     /// in a row ran out with no ACK arriving for this side (see `ANSWER_HOLDS_OFF_NS`).
     pub(crate) answer_holds_off_until: u64,
@@ -180,9 +177,13 @@ pub(crate) enum Deferred {
     Nothing,
     /// WRs posted to a streaming QP (see `Engine::after_post`): the next poll sends them.
     Requests,
-    /// ACKs held for the application's answer (see `Engine::poll_cq`), until this engine time
-    /// at the latest.
-    AcksUntil(u64),
+    /// ACKs held for the application's answer (see `Engine::poll_cq`), until engine time
+    /// `until` at the latest. `answer_from`: the hold waits for a ping-pong answer (see
+    /// `ANSWER_HOLD_NS`), and the device had stored this many completions when it started.
+    AcksUntil {
+        until: u64,
+        answer_from: Option<u64>,
+    },
 }
 
 impl Shared {
@@ -315,7 +316,6 @@ impl Engine {
                 io: progress::PortState::new(Box::new(socket)),
                 failed: None,
                 deferred: Deferred::Nothing,
-                answer_hold_from: None,
                 answer_holds_off_until: 0,
                 answer_holds_ran_out_in_a_row: 0,
             }),
@@ -674,12 +674,12 @@ impl Engine {
         if st.io.failed {
             return st.dev.poll_cq(cq, max, out);
         }
-        let holding = matches!(st.deferred, Deferred::AcksUntil(t) if now < t);
+        let holding = matches!(st.deferred, Deferred::AcksUntil { until, .. } if now < until);
         match st.deferred {
             Deferred::Requests => {
                 progress::progress_once(&self.shared, st);
             }
-            Deferred::AcksUntil(_) if !holding => {
+            Deferred::AcksUntil { answer_from, .. } if !holding => {
                 // The hold ran out, but completions the application has yet to take come
                 // first: its answer to them can still carry the ACKs. Under emulation (a
                 // guest without KVM) the application takes tens of microseconds between the
@@ -691,7 +691,7 @@ impl Engine {
                 if n > 0 {
                     return Ok(n);
                 }
-                if st.answer_hold_from == Some(st.dev.completions_stored()) {
+                if answer_from == Some(st.dev.completions_stored()) {
                     // An answer's hold ran out and this side's ACK never came. Now and then
                     // the peer was only late; but when it holds that ACK for the same reason
                     // (both sides sent a message at once, and each waits for its ACK before
@@ -732,8 +732,10 @@ impl Engine {
                     let answer = st.dev.answers_awaiting_acks() != answers
                         && now >= st.answer_holds_off_until;
                     let hold = if answer { ANSWER_HOLD_NS } else { ACK_HOLD_NS };
-                    st.deferred = Deferred::AcksUntil(now + hold);
-                    st.answer_hold_from = answer.then(|| st.dev.completions_stored());
+                    st.deferred = Deferred::AcksUntil {
+                        until: now + hold,
+                        answer_from: answer.then(|| st.dev.completions_stored()),
+                    };
                     if answer {
                         self.shared
                             .counters
@@ -741,15 +743,16 @@ impl Engine {
                             .fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                Deferred::AcksUntil(until)
-                    if st
-                        .answer_hold_from
-                        .is_some_and(|c| c != st.dev.completions_stored()) =>
-                {
+                Deferred::AcksUntil {
+                    until,
+                    answer_from: Some(c),
+                } if c != st.dev.completions_stored() => {
                     // The ACK the answer waited for (or another completion) is in: from here
                     // the application answers at once or not at all.
-                    st.deferred = Deferred::AcksUntil(until.min(now + ACK_HOLD_NS));
-                    st.answer_hold_from = None;
+                    st.deferred = Deferred::AcksUntil {
+                        until: until.min(now + ACK_HOLD_NS),
+                        answer_from: None,
+                    };
                     st.answer_holds_ran_out_in_a_row = 0;
                 }
                 _ => {}

@@ -149,7 +149,7 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     };
     // A hold that ran out goes first: what comes in below may be held afresh, for its own
     // answer (a stale hold must not send the new ACKs at once).
-    if matches!(st.deferred, Deferred::AcksUntil(t) if t <= now) {
+    if matches!(st.deferred, Deferred::AcksUntil { until, .. } if until <= now) {
         round = send(shared, st, now);
     }
     let requests = st.dev.ack_only_requests();
@@ -161,13 +161,16 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
             .fetch_add(received as u64, Ordering::Relaxed);
     }
     let hold = match st.deferred {
-        Deferred::AcksUntil(_) => true,
+        Deferred::AcksUntil { .. } => true,
         Deferred::Nothing => {
             let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
             let polled_lately = polled_ns != 0 && now.saturating_sub(polled_ns) < POLLED_LATELY_NS;
             let hold = polled_lately && st.dev.ack_only_requests() != requests;
             if hold {
-                st.deferred = Deferred::AcksUntil(now + THREAD_ACK_HOLD_NS);
+                st.deferred = Deferred::AcksUntil {
+                    until: now + THREAD_ACK_HOLD_NS,
+                    answer_from: None,
+                };
             }
             hold
         }
@@ -216,7 +219,6 @@ fn dispatch_events(shared: &Shared, dev: &mut xroce_core::transport::Device) -> 
 /// The second half of a round: runs due timers, transmits a batch and flushes it.
 pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     st.deferred = Deferred::Nothing;
-    st.answer_hold_from = None;
     let State {
         dev,
         mem,
@@ -675,7 +677,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
     let timer_ns = match shared.try_state() {
         Some(st) => {
             let held = match st.deferred {
-                Deferred::AcksUntil(t) => Some(t),
+                Deferred::AcksUntil { until, .. } => Some(until),
                 _ => None,
             };
             let due = earliest(st.dev.poll_timeout(), held);
