@@ -845,6 +845,17 @@ fn ack_only_requests_count_messages_when_they_are_whole() {
     );
 }
 
+/// Everything node `from` has to send at `now`, in order, without delivering it.
+fn drain(sim: &mut Sim, from: usize, now: Nanos) -> Vec<Vec<u8>> {
+    let mut packets = Vec::new();
+    let node = &mut sim.nodes[from];
+    let mut buf = vec![0u8; 8192];
+    while let Some(t) = node.dev.poll_transmit(now, &node.mem, &mut buf) {
+        packets.push(buf[..t.len].to_vec());
+    }
+    packets
+}
+
 /// A message counts in `answers_awaiting_acks` when it reaches a QP that sent one message and
 /// waits for its ACK (a ping-pong turn: the engine then holds the ACK for the answer longer);
 /// not when the QP has nothing in flight, nor when it has several (a stream).
@@ -862,16 +873,6 @@ fn answers_awaiting_acks_count_messages_that_reach_a_qp_waiting_for_its_one_ack(
         }
     }
     let now = sim.now;
-    // Everything `from` has to send, in order.
-    let drain = |sim: &mut Sim, from: usize| {
-        let mut packets = Vec::new();
-        let node = &mut sim.nodes[from];
-        let mut buf = vec![0u8; 8192];
-        while let Some(t) = node.dev.poll_transmit(now, &node.mem, &mut buf) {
-            packets.push(buf[..t.len].to_vec());
-        }
-        packets
-    };
     let deliver = |sim: &mut Sim, to: usize, packet: &[u8]| {
         let node = &mut sim.nodes[to];
         node.dev.handle_packet(now, packet, &mut node.mem);
@@ -889,24 +890,24 @@ fn answers_awaiting_acks_count_messages_that_reach_a_qp_waiting_for_its_one_ack(
     let mut seen = Vec::new();
     // A's question reaches B, which has nothing in flight.
     send(&mut sim, 0, a.qpn, &a_buf, 1);
-    for p in drain(&mut sim, 0) {
+    for p in drain(&mut sim, 0, now) {
         seen.push(deliver(&mut sim, 1, &p));
     }
     // B's answer goes ahead of B's ACK, and reaches A waiting for that ACK.
     send(&mut sim, 1, b.qpn, &b_buf, 1);
-    for p in drain(&mut sim, 1) {
+    for p in drain(&mut sim, 1, now) {
         seen.push(deliver(&mut sim, 0, &p));
     }
     // A sends two messages (ahead of its ACK for B's): both reach B waiting for its one ACK.
     send(&mut sim, 0, a.qpn, &a_buf, 2);
     send(&mut sim, 0, a.qpn, &a_buf, 3);
-    for p in drain(&mut sim, 0) {
+    for p in drain(&mut sim, 0, now) {
         seen.push(deliver(&mut sim, 1, &p));
     }
     // B's two messages reach A, which has two in flight: a stream, not a turn.
     send(&mut sim, 1, b.qpn, &b_buf, 2);
     send(&mut sim, 1, b.qpn, &b_buf, 3);
-    for p in drain(&mut sim, 1) {
+    for p in drain(&mut sim, 1, now) {
         seen.push(deliver(&mut sim, 0, &p));
     }
     assert_eq!(
@@ -2896,4 +2897,58 @@ fn a_qp_about_to_be_destroyed_acknowledges_its_last_request_once_more() {
     // UD has no ACKs.
     let (ua, _, _) = xroce_tests::sim::ud_pair(&mut sim, 0, 1);
     assert!(!sim.nodes[0].dev.queue_farewell_ack(ua.qpn));
+}
+
+/// `mid_message` tells whether the newest packet to reach a QP leaves its message unfinished
+/// (the engine's progress thread then waits awake for the rest): true after the first and
+/// middle packets of a WRITE and of a READ response, false after their last packets, after an
+/// ACK, and after a READ request.
+#[test]
+fn mid_message_holds_between_the_first_and_the_last_packet_of_a_message() {
+    let mut sim = Sim::new(34, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let a_buf = sim.nodes[0].alloc(4096, RW);
+    let b_buf = sim.nodes[1].alloc(4096, RW);
+    let now = sim.now;
+    let mut seen = Vec::new();
+    let mut exchange = |sim: &mut Sim, from: usize| {
+        let to = 1 - from;
+        for p in drain(sim, from, now) {
+            let node = &mut sim.nodes[to];
+            node.dev.handle_packet(now, &p, &mut node.mem);
+            seen.push((bth_of(&p).0, node.dev.mid_message()));
+        }
+    };
+    // A WRITE of three packets (path MTU 1024) from A, and B's ACK.
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&b_buf, 0), vec![sge(&a_buf, 0, 3000)]),
+        )
+        .unwrap();
+    exchange(&mut sim, 0);
+    exchange(&mut sim, 1);
+    // A READ of three packets: the request to B, the response to A.
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(2, read_op(&b_buf, 0), vec![sge(&a_buf, 0, 3000)]),
+        )
+        .unwrap();
+    exchange(&mut sim, 0);
+    exchange(&mut sim, 1);
+    assert_eq!(
+        seen,
+        [
+            (Opcode::RC_RDMA_WRITE_FIRST, true),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, true),
+            (Opcode::RC_RDMA_WRITE_LAST, false),
+            (Opcode::RC_ACKNOWLEDGE, false),
+            (Opcode::RC_RDMA_READ_REQUEST, false),
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, true),
+            (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, true),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, false),
+        ],
+        "(packet delivered, then the receiver's mid_message)"
+    );
 }

@@ -232,6 +232,8 @@ pub struct Device {
     /// Those of them that reached a QP waiting for the ACK of its one message in flight (see
     /// [`Self::answers_awaiting_acks`]).
     answers_awaiting_acks: u64,
+    /// See [`Self::mid_message`].
+    mid_message: bool,
 }
 
 impl Device {
@@ -262,6 +264,7 @@ impl Device {
             next_ah: 1,
             ack_only_requests: 0,
             answers_awaiting_acks: 0,
+            mid_message: false,
         }
     }
 
@@ -320,6 +323,13 @@ impl Device {
     /// longer than usual. A QP with several messages in flight (a stream) does not count.
     pub fn answers_awaiting_acks(&self) -> u64 {
         self.answers_awaiting_acks
+    }
+
+    /// The newest packet that reached a QP was the first or a middle packet of a message
+    /// (a SEND, a WRITE or a READ response): the rest of that message is on its way. A
+    /// progress thread that went to sleep now would be woken again for each of those packets.
+    pub fn mid_message(&self) -> bool {
+        self.mid_message
     }
 
     pub fn gids(&self) -> &[Option<IpAddress>] {
@@ -795,6 +805,7 @@ impl Device {
                 return;
             }
         }
+        self.mid_message = !info.position.ends_message();
         if info.is_request() {
             if qp.ty == QpType::Rc
                 && matches!(info.operation, Operation::Send | Operation::RdmaWrite)

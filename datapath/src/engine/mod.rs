@@ -16,7 +16,7 @@ mod report;
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -113,6 +113,11 @@ pub struct EngineCounters {
     pub tx_wrong_interface: AtomicU64,
     /// Kicks that woke the sleeping progress thread.
     pub wakeups: AtomicU64,
+    /// Sleeps of the progress thread that a frame ended (it watched for frames).
+    pub frame_wakeups: AtomicU64,
+    /// Times the progress thread, having taken a packet that is not the last of its message,
+    /// waited awake for the next one instead of sleeping (see `MID_MESSAGE_WAIT_NS`).
+    pub mid_message_waits: AtomicU64,
     /// Naps of the progress thread that ran out although the application had just polled a
     /// CQ: wake-ups that only checked on it (see `nap_alarm`).
     pub naps_out_while_polled: AtomicU64,
@@ -145,6 +150,8 @@ pub(crate) struct Shared {
     /// When an application last polled a CQ (0 = never). Only an application that polls is
     /// counted on to come back and drive progress (see `progress::run`).
     pub(crate) app_polled_at: AtomicU64,
+    /// The CPU the application last polled a CQ on (-1 = none yet).
+    pub(crate) app_cpu: AtomicI32,
     /// Ends the progress thread's naps; a polling application postpones it.
     pub(crate) nap_alarm: nap_alarm::NapAlarm,
     /// Kernel thread id of the progress thread (0 until it runs), for CPU accounting.
@@ -329,6 +336,7 @@ impl Engine {
             app_in_verbs: AtomicU32::new(0),
             app_active_at: AtomicU64::new(0),
             app_polled_at: AtomicU64::new(0),
+            app_cpu: AtomicI32::new(-1),
             nap_alarm,
             progress_tid: std::sync::atomic::AtomicI32::new(0),
             epoch_ns: monotonic_ns(),
@@ -405,6 +413,11 @@ impl Engine {
             ("rx_dropped_ring_full", drops.ring_full),
             ("rx_dropped_other", drops.other),
             ("wakeups", c.wakeups.load(Ordering::Relaxed)),
+            ("frame_wakeups", c.frame_wakeups.load(Ordering::Relaxed)),
+            (
+                "mid_message_waits",
+                c.mid_message_waits.load(Ordering::Relaxed),
+            ),
             (
                 "naps_out_while_polled",
                 c.naps_out_while_polled.load(Ordering::Relaxed),
@@ -667,6 +680,7 @@ impl Engine {
         // One clock read per poll (a few tens of ns here): the round below uses it too.
         let now = self.shared.now();
         self.shared.app_polled_at.store(now, Ordering::Relaxed);
+        self.shared.app_cpu.store(current_cpu(), Ordering::Relaxed);
         // A steady poller keeps the progress thread asleep (see `nap_alarm`).
         self.shared.nap_alarm.app_polled(now);
         let mut guard = self.lock();
@@ -821,6 +835,13 @@ const ANSWER_HOLD_NS: u64 = 50_000;
 /// long.
 const ANSWER_HOLDS_RUN_OUT_IN_A_ROW: u32 = 3;
 const ANSWER_HOLDS_OFF_NS: u64 = 10_000_000;
+
+/// The CPU the calling thread runs on (glibc reads it from the thread's rseq area: no system
+/// call), or -1.
+pub(crate) fn current_cpu() -> i32 {
+    // SAFETY: sched_getcpu takes no arguments and has no preconditions.
+    unsafe { libc::sched_getcpu() }
+}
 
 /// CLOCK_MONOTONIC in nanoseconds (what `Instant` reads).
 fn monotonic_ns() -> u64 {

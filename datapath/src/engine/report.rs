@@ -82,7 +82,8 @@ impl Engine {
         let _ = writeln!(
             out,
             "frames: rx {} (not RoCE {}, by the progress thread {}) tx {} in {} batches, \
-             loopback {}, no neighbour {}, wrong interface {}; wake-ups {}",
+             loopback {}, no neighbour {}, wrong interface {}; wake-ups {} (by frames {}), \
+             waits for the rest of a message {}",
             c.rx_frames.load(Ordering::Relaxed),
             c.rx_not_roce.load(Ordering::Relaxed),
             c.rx_frames_by_thread.load(Ordering::Relaxed),
@@ -92,6 +93,8 @@ impl Engine {
             c.tx_no_neighbour.load(Ordering::Relaxed),
             c.tx_wrong_interface.load(Ordering::Relaxed),
             c.wakeups.load(Ordering::Relaxed),
+            c.frame_wakeups.load(Ordering::Relaxed),
+            c.mid_message_waits.load(Ordering::Relaxed),
         );
         let _ = writeln!(
             out,
