@@ -155,7 +155,7 @@ pub(crate) struct Shared {
     /// Ends the progress thread's naps; a polling application postpones it.
     pub(crate) nap_alarm: nap_alarm::NapAlarm,
     /// Kernel thread id of the progress thread (0 until it runs), for CPU accounting.
-    pub(crate) progress_tid: std::sync::atomic::AtomicI32,
+    pub(crate) progress_tid: AtomicI32,
     /// CLOCK_MONOTONIC when the engine started: engine time counts from here.
     pub(crate) epoch_ns: u64,
     pub(crate) config: EngineConfig,
@@ -338,7 +338,7 @@ impl Engine {
             app_polled_at: AtomicU64::new(0),
             app_cpu: AtomicI32::new(-1),
             nap_alarm,
-            progress_tid: std::sync::atomic::AtomicI32::new(0),
+            progress_tid: AtomicI32::new(0),
             epoch_ns: monotonic_ns(),
             config,
         });

@@ -361,7 +361,7 @@ pub(crate) fn run(
     let mut long_nap_rang = false;
     // Since when this thread has been taking a message's packets without sleeping, and
     // whether it is waiting awake for the next one now (see `MID_MESSAGE_WAIT_NS`).
-    let mut linger_since: Option<u64> = None;
+    let mut message_wait_since: Option<u64> = None;
     let mut waiting_for_rest = false;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
@@ -454,17 +454,17 @@ pub(crate) fn run(
         // `MID_MESSAGE_WAIT_MAX_NS` per wake-up.
         if work
             && mid_message
-            && linger_since.is_none()
+            && message_wait_since.is_none()
             && super::current_cpu() == shared.app_cpu.load(Ordering::Relaxed)
         {
-            linger_since = Some(now);
+            message_wait_since = Some(now);
         }
-        let lingering = mid_message
-            && linger_since.is_some_and(|t| now.saturating_sub(t) < MID_MESSAGE_WAIT_MAX_NS);
+        let waiting_for_message = mid_message
+            && message_wait_since.is_some_and(|t| now.saturating_sub(t) < MID_MESSAGE_WAIT_MAX_NS);
         // Real-time priority lasts for the round a wake-up was for and the round that finds
         // nothing left (then the thread sleeps again, still raised: see `WakePriority`), and
         // while it waits for the rest of a message.
-        wake_priority.round_done(work, lingering);
+        wake_priority.round_done(work, waiting_for_message);
         if work {
             waiting_for_rest = false;
             if shared.progress_waiters.load(Ordering::SeqCst) > 0 {
@@ -473,7 +473,7 @@ pub(crate) fn run(
             last_work = now;
             continue;
         }
-        if lingering && now.saturating_sub(last_work) < MID_MESSAGE_WAIT_NS {
+        if waiting_for_message && now.saturating_sub(last_work) < MID_MESSAGE_WAIT_NS {
             if !waiting_for_rest {
                 waiting_for_rest = true;
                 shared
@@ -484,7 +484,7 @@ pub(crate) fn run(
             std::hint::spin_loop();
             continue;
         }
-        linger_since = None;
+        message_wait_since = None;
         waiting_for_rest = false;
         // Nothing to do. Next to an application that polls its CQs (a poller: it polled in
         // the last few ms) this thread never busy-waits: on two cores a third spinning thread
@@ -642,9 +642,9 @@ impl WakePriority {
 
     /// A round of progress is done; `work`: it found something to do. The second round
     /// with work since the wake-up drops to normal priority, unless the thread is waiting
-    /// for the rest of a message (`lingering`, itself bounded in time).
-    fn round_done(&mut self, work: bool, lingering: bool) {
-        if work && !lingering {
+    /// for the rest of a message (`waiting_for_message`, itself bounded in time).
+    fn round_done(&mut self, work: bool, waiting_for_message: bool) {
+        if work && !waiting_for_message {
             if self.worked {
                 self.settle();
             }
@@ -774,7 +774,8 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
     if fds[0].revents != 0 {
         super::read_counter(shared.wake.as_raw_fd());
     }
-    if frames.is_some() && fds[2].revents != 0 {
+    let woke_by_frames = frames.is_some() && fds[2].revents != 0;
+    if woke_by_frames {
         shared
             .counters
             .frame_wakeups
@@ -782,7 +783,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
     }
     Woke {
         addresses: fds[1].revents != 0,
-        frames: frames.is_some() && fds[2].revents != 0,
+        frames: woke_by_frames,
         alarm: fds[3].revents != 0,
     }
 }
