@@ -40,6 +40,15 @@ pub enum RxePeerCommand {
         /// `/opt/xroce/xroce exec -- PROGRAM`): xroce on Debian's stock kernel.
         #[arg(long)]
         xroce: bool,
+        /// With --xroce: build xroce in release mode (for measuring it against rdma_rxe)
+        /// instead of the debug build.
+        #[arg(long, requires = "xroce")]
+        release: bool,
+        /// Also copy FILE into every guest, as /opt/files/NAME (its file name). May be given
+        /// several times: a second provider build to compare (`XROCE_PROVIDER=/opt/files/NAME
+        /// /opt/xroce/xroce exec -- ...`), your own test program.
+        #[arg(long, value_name = "FILE")]
+        file: Vec<PathBuf>,
     },
     /// Run a shell command in a guest and print its output; exits with the command's status
     /// (124 when it was stopped at the timeout).
@@ -86,7 +95,19 @@ pub fn run(root: &Path, command: RxePeerCommand) -> Result<(), String> {
             attach,
             no_rxe,
             xroce,
-        } => up(root, guests, mtu, &attach, no_rxe, xroce),
+            release,
+            file,
+        } => up(
+            root,
+            UpOptions {
+                guests,
+                mtu,
+                attach: &attach,
+                no_rxe,
+                xroce: xroce.then_some(if release { "release" } else { "debug" }),
+                files: &file,
+            },
+        ),
         RxePeerCommand::Run {
             guest,
             timeout,
@@ -154,20 +175,51 @@ fn running() -> Result<RunningLab, String> {
         })
 }
 
-fn up(
-    root: &Path,
+/// What `up` boots.
+struct UpOptions<'a> {
     guests: u8,
     mtu: u32,
-    attach: &[String],
+    attach: &'a [String],
     no_rxe: bool,
-    xroce: bool,
-) -> Result<(), String> {
+    /// Put xroce into the guests, built with this cargo profile ("debug" or "release").
+    xroce: Option<&'static str>,
+    /// Copied into every guest under /opt/files.
+    files: &'a [PathBuf],
+}
+
+fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
+    let UpOptions {
+        guests,
+        mtu,
+        attach,
+        no_rxe,
+        xroce,
+        files,
+    } = opts;
     need_root("the lab is a network namespace with a bridge and taps")?;
     if let Some(lab) = RunningLab::load(&state_file()).map_err(|e| e.to_string())? {
         return Err(format!(
             "a lab is already running (namespace {}); `cargo xtask rxe-peer down` removes it",
             lab.ns
         ));
+    }
+    let mut extra_files = Vec::new();
+    for f in files {
+        let name = f
+            .file_name()
+            .ok_or_else(|| format!("--file {}: not a file name", f.display()))?;
+        if !f.is_file() {
+            return Err(format!("--file {}: no such file", f.display()));
+        }
+        let guest_path = format!("/opt/files/{}", name.to_string_lossy());
+        if extra_files.iter().any(|(_, g)| *g == guest_path) {
+            return Err(format!(
+                "--file {}: another --file is also called {}; rename one",
+                f.display(),
+                name.to_string_lossy()
+            ));
+        }
+        extra_files.push((f.clone(), guest_path));
     }
     crate::packages::ensure_test_packages()?;
     // $XROCE_GUEST_AGENT names a built agent (the tests use it); otherwise build it.
@@ -189,17 +241,15 @@ fn up(
             root.join("target/debug/xroce-guest-agent")
         }
     };
-    let mut extra_files = Vec::new();
-    if xroce {
-        crate::step(
-            root,
-            "build xroce and the provider",
-            &crate::cargo(),
-            &["build", "-p", "xroce-cli", "-p", "xroce-provider"],
-        )?;
+    if let Some(profile) = xroce {
+        let mut args = vec!["build", "-p", "xroce-cli", "-p", "xroce-provider"];
+        if profile == "release" {
+            args.push("--release");
+        }
+        crate::step(root, "build xroce and the provider", &crate::cargo(), &args)?;
         for name in ["xroce", "libxroce_provider.so"] {
             extra_files.push((
-                root.join("target/debug").join(name),
+                root.join("target").join(profile).join(name),
                 format!("/opt/xroce/{name}"),
             ));
         }
