@@ -396,7 +396,14 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
     let doc = format!(
         "# Datapath benchmark\n\n`cargo xtask bench datapath` on a veth pair (MTU 9000, path MTU 4096) between two\n\
          network namespaces, one run. Only ratios within one run mean anything.\n\n\
-         - machine: {cpus} CPUs, {cpu}, kernel {kernel}\n- commit: {commit}\n- date: {date}\n\n{table}"
+         - machine: {cpus} CPUs, {cpu}, kernel {kernel}\n- commit: {commit}\n- date: {date}\n\n{table}\n\
+         Ping-pong round trips are timed at the client from its post to the answer's receive\n\
+         completion. `xroce RC SEND`: both sides take their SENDs' completions as they come and\n\
+         wait for nothing but the answer, as the raw AF_XDP and kernel UDP ping-pongs do; each\n\
+         answer still carries the ACK for the request it answers (two frames per turn on the\n\
+         wire). `each SEND's ACK awaited`: both sides wait for each SEND's completion before the\n\
+         next step, as perftest's `ib_send_lat` does, which puts the ACK frame behind each answer\n\
+         on the turn's path; `raw AF_XDP, 2 frames per turn` is the floor of that exchange.\n"
     );
     let path = root.join("bench/results/datapath.md");
     std::fs::write(&path, doc).map_err(|e| format!("cannot write {}: {e}", path.display()))?;

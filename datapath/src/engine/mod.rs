@@ -499,6 +499,14 @@ impl Engine {
         f(&mut self.lock().dev)
     }
 
+    /// `ibv_req_notify_cq`: arms `cq` for its next completion (or next solicited one). The
+    /// application will wait for the event outside its verbs; see `NapAlarm::app_waits`.
+    pub fn req_notify_cq(&self, cq: CqId, solicited_only: bool) -> Result<(), VerbsError> {
+        self.with_device_quiet(|d| d.req_notify_cq(cq, solicited_only))?;
+        self.shared.nap_alarm.app_waits();
+        Ok(())
+    }
+
     /// The GID table (index = GID index; IPv4 addresses stand for IPv4-mapped GIDs).
     pub fn gids(&self) -> Vec<Option<IpAddress>> {
         self.lock().dev.gids().to_vec()
@@ -674,11 +682,17 @@ impl Engine {
         max: usize,
         out: &mut Vec<WorkCompletion>,
     ) -> Result<usize, VerbsError> {
+        // When the application last left a verb (before this poll enters).
+        let left_at = self.shared.app_active_at.load(Ordering::Relaxed);
         // Any poll, productive or not, says the application is driving progress: the progress
         // thread then keeps off the lock.
         let _in_verbs = self.shared.enter_verbs();
         // One clock read per poll (a few tens of ns here): the round below uses it too.
         let now = self.shared.now();
+        if left_at != 0 && now.saturating_sub(left_at) >= progress::APP_ACTIVE_NS {
+            // It was away from its verbs (on memory, say): not a steady poller.
+            self.shared.nap_alarm.app_left();
+        }
         self.shared.app_polled_at.store(now, Ordering::Relaxed);
         self.shared.app_cpu.store(current_cpu(), Ordering::Relaxed);
         // A steady poller keeps the progress thread asleep (see `nap_alarm`).

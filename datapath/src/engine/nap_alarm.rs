@@ -15,10 +15,21 @@
 //! application, though still polling, is kept from its loop for longer than that (a one-vCPU
 //! guest, whose kernel network work runs on the same CPU), every alarm that rings for nothing
 //! doubles the postponement, up to `MAX_POSTPONE_NS`, until the thread next takes over.
+//!
+//! A push that makes the alarm the CPU's earliest timer has the kernel reprogram the CPU's
+//! timer, twice (once for the old expiry, once for the new): a trap to the hypervisor in a
+//! VM, which made each push cost a ping-pong turn about 11 µs here (2-5 % of 64 B turns, the
+//! whole p99). An application that keeps polling for `STEADY_PUSHES` pushes is a steady
+//! poller (`ib_send_lat`, `ib_send_bw`, any CQ-polling loop), and its postponement grows to
+//! `STEADY_POSTPONE_NS`: a 250 Hz kernel's tick period, so the scheduler's tick comes first,
+//! a push reprograms nothing, and pushes come a quarter as often. The thread taking over, or
+//! the application coming back from elsewhere several times between two pushes, brings it
+//! back to `POSTPONE_NS`: an application that works outside its verbs (`ib_write_lat` spins
+//! on memory between its polls) keeps the 1 ms bound.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// How far ahead a push moves the alarm: the longest the thread waits to take over from an
 /// application that stopped polling (its longest nap).
@@ -33,6 +44,19 @@ const PUSH_EVERY_NS: u64 = POSTPONE_NS / 4;
 /// (about 0.6 wake-ups per turn, each preempting the application on its only CPU). Each such
 /// wasted alarm doubles the postponement up to this; the thread taking over resets it.
 const MAX_POSTPONE_NS: u64 = 8_000_000;
+/// Pushes in a row (with no take-over between them) that make the application a steady
+/// poller: 2 ms of polling at `PUSH_EVERY_NS`.
+const STEADY_PUSHES: u32 = 8;
+/// A steady poller's postponement: a 250 Hz kernel's tick period (4 ms), so the next tick
+/// comes first and the alarm is not the CPU's earliest timer and moving it reprograms nothing. (Measured here:
+/// `timerfd_settime` 1.9 µs 1 ms ahead, 0.6 µs 4 ms ahead; 64 B ping-pong turns over 12 µs
+/// 560-1100 in 20 000 with `POSTPONE_NS`, 80-170 with this.) An application that stops
+/// polling after that is taken over up to this long after, unless a frame wakes the thread
+/// first (see `FrameWatch` in `progress`).
+const STEADY_POSTPONE_NS: u64 = 4_000_000;
+/// Returns to the verbs from elsewhere between two pushes that mean the application is not a
+/// steady poller (see `NapAlarm::app_left`).
+const LEAVES_PER_PUSH: u32 = 4;
 
 pub(crate) struct NapAlarm {
     fd: OwnedFd,
@@ -45,6 +69,13 @@ pub(crate) struct NapAlarm {
     pushed_at: AtomicU64,
     /// How far ahead a push moves the alarm now (`POSTPONE_NS` to `MAX_POSTPONE_NS`).
     postpone_ns: AtomicU64,
+    /// Pushes since the thread last took over or the application last left its verbs (see
+    /// `STEADY_PUSHES`).
+    pushes: AtomicU32,
+    /// The application is a steady poller: pushes postpone by at least `STEADY_POSTPONE_NS`.
+    steady: AtomicBool,
+    /// Times the application came back to its verbs from elsewhere since the last push.
+    leaves: AtomicU32,
 }
 
 impl NapAlarm {
@@ -65,6 +96,9 @@ impl NapAlarm {
             long_naps: AtomicBool::new(false),
             pushed_at: AtomicU64::new(0),
             postpone_ns: AtomicU64::new(POSTPONE_NS),
+            pushes: AtomicU32::new(0),
+            steady: AtomicBool::new(false),
+            leaves: AtomicU32::new(0),
         })
     }
 
@@ -80,14 +114,53 @@ impl NapAlarm {
     pub(crate) fn short_naps(&self) {
         self.long_naps.store(false, Ordering::Relaxed);
         self.postpone_ns.store(POSTPONE_NS, Ordering::Relaxed);
+        self.pushes.store(0, Ordering::Relaxed);
+        self.steady.store(false, Ordering::Relaxed);
+    }
+
+    /// The application comes back to its verbs after `APP_ACTIVE_NS` or more away. Once in
+    /// a while that is an interrupt or a preemption (every millisecond or so in a ping-pong
+    /// here); `LEAVES_PER_PUSH` times between two pushes, it is an application that works
+    /// outside its verbs (`ib_write_lat` spins on memory for the peer's WRITE on every turn),
+    /// and not a steady poller, whatever it pushed so far.
+    pub(crate) fn app_left(&self) {
+        if self.leaves.fetch_add(1, Ordering::Relaxed) + 1 >= LEAVES_PER_PUSH
+            && (self.pushes.load(Ordering::Relaxed) != 0 || self.steady.load(Ordering::Relaxed))
+        {
+            self.pushes.store(0, Ordering::Relaxed);
+            self.steady.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The application arms a CQ (`ibv_req_notify_cq`): it is about to wait for an event
+    /// outside its verbs, and the frames that bring it may need the thread. A steady poller's
+    /// alarm, pushed up to `STEADY_POSTPONE_NS` out, is brought back within `POSTPONE_NS`.
+    pub(crate) fn app_waits(&self) {
+        if self.steady.swap(false, Ordering::Relaxed) {
+            self.pushes.store(0, Ordering::Relaxed);
+            if self.long_naps.load(Ordering::Relaxed) {
+                self.set(self.postpone_ns.load(Ordering::Relaxed));
+            }
+        }
+    }
+
+    /// How far ahead a push moves the alarm now.
+    fn postponement(&self) -> u64 {
+        let p = self.postpone_ns.load(Ordering::Relaxed);
+        if self.steady.load(Ordering::Relaxed) {
+            p.max(STEADY_POSTPONE_NS)
+        } else {
+            p
+        }
     }
 
     /// A long nap ended on the alarm and the thread found the application still in its verbs
     /// loop: the pushes came too far apart. Doubles the postponement (see `MAX_POSTPONE_NS`).
     pub(crate) fn rang_for_nothing(&self) {
-        let p = self.postpone_ns.load(Ordering::Relaxed);
-        self.postpone_ns
-            .store((p * 2).min(MAX_POSTPONE_NS), Ordering::Relaxed);
+        self.postpone_ns.store(
+            (self.postponement() * 2).min(MAX_POSTPONE_NS),
+            Ordering::Relaxed,
+        );
     }
 
     /// Sets the alarm `ns` from now (at least 1 ns: zero would disarm it). Setting it also
@@ -124,9 +197,18 @@ impl NapAlarm {
                 .compare_exchange(at, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
             {
-                self.set(self.postpone_ns.load(Ordering::Relaxed));
+                self.set(self.pushed());
             }
         }
+    }
+
+    /// Counts a push and returns how far ahead it moves the alarm (see `STEADY_PUSHES`).
+    fn pushed(&self) -> u64 {
+        self.leaves.store(0, Ordering::Relaxed);
+        if self.pushes.fetch_add(1, Ordering::Relaxed) + 1 >= STEADY_PUSHES {
+            self.steady.store(true, Ordering::Relaxed);
+        }
+        self.postponement()
     }
 
     /// `Some(last push time)` when a poll at `now` should push (see `app_polled`).
@@ -135,7 +217,7 @@ impl NapAlarm {
             return None;
         }
         let pushed = self.pushed_at.load(Ordering::Relaxed);
-        let every = self.postpone_ns.load(Ordering::Relaxed) / (POSTPONE_NS / PUSH_EVERY_NS);
+        let every = self.postponement() / (POSTPONE_NS / PUSH_EVERY_NS);
         (now.saturating_sub(pushed) >= every).then_some(pushed)
     }
 }
@@ -159,6 +241,7 @@ mod tests {
         while now < to {
             if alarm.push_due(now).is_some() {
                 alarm.pushed_at.store(now, Ordering::Relaxed);
+                alarm.pushed();
                 pushes.push(now);
             }
             now += every;
@@ -186,32 +269,113 @@ mod tests {
         assert!(poll_run(&alarm, start + 6_000 * US, start + 8_000 * US, 5 * US).is_empty());
     }
 
+    /// Gaps between the pushes of polls every 5 µs over `[from, from + span)`.
+    fn push_gaps(alarm: &NapAlarm, from: u64, span: u64) -> Vec<u64> {
+        let pushes = poll_run(alarm, from, from + span, 5 * US);
+        pushes.windows(2).map(|p| p[1] - p[0]).collect()
+    }
+
     /// Alarms that ring for nothing stretch the postponement, and the pushes with it, up to
     /// the limit; the thread taking over brings both back.
     #[test]
     fn wasted_alarms_stretch_the_postponement_until_the_thread_takes_over() {
         let alarm = NapAlarm::new().expect("timerfd");
         alarm.nap(POSTPONE_NS, true);
-        let gaps = |alarm: &NapAlarm, from: u64| {
-            let pushes = poll_run(alarm, from, from + 40_000 * US, 5 * US);
-            pushes.windows(2).map(|p| p[1] - p[0]).max()
-        };
-        assert_eq!(gaps(&alarm, 10 * US), Some(PUSH_EVERY_NS));
         alarm.rang_for_nothing();
         assert_eq!(alarm.postpone_ns.load(Ordering::Relaxed), 2 * POSTPONE_NS);
-        assert_eq!(gaps(&alarm, 50_000 * US), Some(2 * PUSH_EVERY_NS));
+        // Three pushes: too few to make the application a steady poller.
+        assert_eq!(
+            push_gaps(&alarm, 10 * US, 1_600 * US),
+            [2 * PUSH_EVERY_NS, 2 * PUSH_EVERY_NS]
+        );
         for _ in 0..10 {
             alarm.rang_for_nothing();
         }
         assert_eq!(alarm.postpone_ns.load(Ordering::Relaxed), MAX_POSTPONE_NS);
         let every = MAX_POSTPONE_NS / 4;
-        assert_eq!(gaps(&alarm, 100_000 * US), Some(every));
+        let gaps = push_gaps(&alarm, 10_000 * US, 40_000 * US);
+        assert!(
+            !gaps.is_empty() && gaps.iter().all(|g| *g == every),
+            "{gaps:?}"
+        );
         assert!(
             every < MAX_POSTPONE_NS,
             "each push lands well inside the alarm it replaces"
         );
         alarm.short_naps();
         assert_eq!(alarm.postpone_ns.load(Ordering::Relaxed), POSTPONE_NS);
+    }
+
+    /// After `STEADY_PUSHES` pushes in a row the postponement is `STEADY_POSTPONE_NS` and
+    /// the pushes a quarter of it apart; the thread taking over ends that, and alarms that
+    /// ring for nothing still stretch it.
+    #[test]
+    fn a_steady_poller_pushes_the_alarm_past_the_tick_and_less_often() {
+        let alarm = NapAlarm::new().expect("timerfd");
+        alarm.nap(POSTPONE_NS, true);
+        let gaps = push_gaps(&alarm, 10 * US, 20_000 * US);
+        let steady = STEADY_PUSHES as usize;
+        assert!(gaps.len() > steady, "{gaps:?}");
+        assert!(
+            gaps[..steady - 1].iter().all(|g| *g == PUSH_EVERY_NS),
+            "{gaps:?}"
+        );
+        assert!(
+            gaps[steady - 1..]
+                .iter()
+                .all(|g| *g == STEADY_POSTPONE_NS / 4),
+            "{gaps:?}"
+        );
+        assert_eq!(alarm.postponement(), STEADY_POSTPONE_NS);
+        const {
+            assert!(
+                STEADY_POSTPONE_NS >= 1_000_000_000 / 250,
+                "at least a 250 Hz kernel's tick period"
+            )
+        };
+
+        // The thread took over: the application must prove itself a steady poller again.
+        alarm.short_naps();
+        alarm.nap(POSTPONE_NS, true);
+        let gaps = push_gaps(&alarm, 30_000 * US, 1_900 * US);
+        assert!(gaps.iter().all(|g| *g == PUSH_EVERY_NS), "{gaps:?}");
+
+        // So must one that arms a CQ to wait for its event.
+        push_gaps(&alarm, 35_000 * US, 4_000 * US);
+        assert_eq!(alarm.postponement(), STEADY_POSTPONE_NS);
+        alarm.app_waits();
+        assert_eq!(alarm.postponement(), POSTPONE_NS);
+
+        // An application that comes back from elsewhere must too.
+        push_gaps(&alarm, 40_000 * US, 20_000 * US);
+        assert_eq!(alarm.postponement(), STEADY_POSTPONE_NS);
+        for _ in 1..LEAVES_PER_PUSH {
+            alarm.app_left();
+        }
+        assert_eq!(
+            alarm.postponement(),
+            STEADY_POSTPONE_NS,
+            "an interrupt now and then is not leaving"
+        );
+        alarm.app_left();
+        assert_eq!(alarm.postponement(), POSTPONE_NS);
+        let gaps = push_gaps(&alarm, 60_000 * US, 1_900 * US);
+        assert!(gaps.iter().all(|g| *g == PUSH_EVERY_NS), "{gaps:?}");
+
+        push_gaps(&alarm, 70_000 * US, 20_000 * US);
+        alarm.rang_for_nothing();
+        assert_eq!(
+            alarm.postponement(),
+            MAX_POSTPONE_NS.min(2 * STEADY_POSTPONE_NS)
+        );
+        // Leaving resets the steadiness, not the stretch the wasted alarm asked for.
+        for _ in 0..LEAVES_PER_PUSH {
+            alarm.app_left();
+        }
+        assert_eq!(
+            alarm.postponement(),
+            MAX_POSTPONE_NS.min(2 * STEADY_POSTPONE_NS)
+        );
     }
 
     /// The alarm polls readable once it expires, setting it forgets an unread expiry, and

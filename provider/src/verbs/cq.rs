@@ -164,11 +164,7 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, num_entries: c_int, wc: *mut ib
 pub unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) -> c_int {
     // SAFETY: libibverbs passes one of our CQs.
     let x = unsafe { cq(c) };
-    match x
-        .engine
-        .engine
-        .with_device_quiet(|d| d.req_notify_cq(x.id, solicited_only != 0))
-    {
+    match x.engine.engine.req_notify_cq(x.id, solicited_only != 0) {
         Ok(()) => 0,
         Err(e) => errno(&e),
     }
