@@ -16,13 +16,14 @@
 //! guest, whose kernel network work runs on the same CPU), every alarm that rings for nothing
 //! doubles the postponement, up to `MAX_POSTPONE_NS`, until the thread next takes over.
 //!
-//! A push that makes the alarm the CPU's earliest timer has the kernel reprogram the CPU's
-//! timer, twice (once for the old expiry, once for the new): a trap to the hypervisor in a
-//! VM, which made each push cost a ping-pong turn about 11 µs here (2-5 % of 64 B turns, the
-//! whole p99). An application that keeps polling for `STEADY_PUSHES` pushes is a steady
-//! poller (`ib_send_lat`, `ib_send_bw`, any CQ-polling loop), and its postponement grows to
-//! `STEADY_POSTPONE_NS`: a 250 Hz kernel's tick period, so the scheduler's tick comes first,
-//! a push reprograms nothing, and pushes come a quarter as often. The thread taking over, or
+//! A push moves the alarm later. While it is the CPU's earliest timer, that leaves the CPU's
+//! timer programmed for the old expiry, which then fires for nothing: a timer interrupt per
+//! push, a trap to the hypervisor in a VM, which cost a ping-pong turn about 11 µs here (2-5 %
+//! of 64 B turns, the whole p99). An application that keeps polling for `STEADY_PUSHES`
+//! pushes is a steady poller (`ib_send_lat`, `ib_send_bw`, any CQ-polling loop), and its
+//! postponement grows to `STEADY_POSTPONE_NS`: a 250 Hz kernel's tick period, so the
+//! scheduler's tick comes first, a push costs no interrupt, and pushes come a quarter as
+//! often. The thread taking over, or
 //! the application coming back from elsewhere several times between two pushes, brings it
 //! back to `POSTPONE_NS`: an application that works outside its verbs (`ib_write_lat` spins
 //! on memory between its polls) keeps the 1 ms bound.
@@ -48,11 +49,11 @@ const MAX_POSTPONE_NS: u64 = 8_000_000;
 /// poller: 2 ms of polling at `PUSH_EVERY_NS`.
 const STEADY_PUSHES: u32 = 8;
 /// A steady poller's postponement: a 250 Hz kernel's tick period (4 ms), so the next tick
-/// comes first and the alarm is not the CPU's earliest timer and moving it reprograms nothing. (Measured here:
-/// `timerfd_settime` 1.9 µs 1 ms ahead, 0.6 µs 4 ms ahead; 64 B ping-pong turns over 12 µs
-/// 560-1100 in 20 000 with `POSTPONE_NS`, 80-170 with this.) An application that stops
-/// polling after that is taken over up to this long after, unless a frame wakes the thread
-/// first (see `FrameWatch` in `progress`).
+/// comes first, the alarm is not the CPU's earliest timer, and moving it costs no interrupt.
+/// (Measured here: `timerfd_settime` 1.9 µs 1 ms ahead, 0.6 µs 4 ms ahead; 64 B ping-pong
+/// turns over 12 µs 560-1100 in 20 000 with `POSTPONE_NS`, 80-170 with this.) An application
+/// that stops polling after that is taken over up to this long after, unless a frame wakes
+/// the thread first (see `FrameWatch` in `progress`).
 const STEADY_POSTPONE_NS: u64 = 4_000_000;
 /// Returns to the verbs from elsewhere between two pushes that mean the application is not a
 /// steady poller (see `NapAlarm::app_left`).
