@@ -39,16 +39,8 @@ fn headers() -> FrameHeaders {
             payload_len: 0,
         },
         transport: TransportRepr::new(BthRepr {
-            opcode: Opcode::RC_SEND_ONLY,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qpn: 0x11,
             ack_req: true,
-            psn: 0x123456,
+            ..BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, 0x123456)
         }),
     }
 }

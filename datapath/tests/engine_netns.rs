@@ -1200,16 +1200,8 @@ fn the_progress_thread_takes_a_message_of_many_packets_awake() {
                     _ => (Opcode::RC_RDMA_WRITE_MIDDLE, None),
                 };
                 let mut transport = TransportRepr::new(BthRepr {
-                    opcode,
-                    solicited: false,
-                    mig_req: false,
-                    pad_count: 0,
-                    pkey: 0xffff,
-                    fecn: false,
-                    becn: false,
-                    dest_qpn: qpn,
                     ack_req: i == PACKETS - 1,
-                    psn,
+                    ..BthRepr::new(opcode, qpn, psn)
                 });
                 transport.reth = reth;
                 let headers = FrameHeaders {

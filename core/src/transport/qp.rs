@@ -18,8 +18,8 @@ use super::verbs::{
 };
 use super::{psn, Nanos};
 use crate::wire::{
-    bth::DEFAULT_PKEY, ipv4, BthRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode,
-    TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
+    ipv4, BthRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, TransportRepr,
+    UdpRepr, ROCEV2_UDP_PORT,
 };
 
 /// Queue sizes asked for at creation (`struct ibv_qp_cap`).
@@ -646,17 +646,6 @@ impl Qp {
     }
 
     pub(crate) fn bth(&self, opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {
-        BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn,
-            ack_req: false,
-            psn,
-        }
+        BthRepr::new(opcode, dest_qpn, psn)
     }
 }

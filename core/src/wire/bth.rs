@@ -119,6 +119,23 @@ pub struct BthRepr {
 }
 
 impl BthRepr {
+    /// A BTH as xroce sends one: the default partition key, no flags set (set `ack_req` and
+    /// the others on the result where needed).
+    pub fn new(opcode: Opcode, dest_qpn: u32, psn: u32) -> Self {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Parses a BTH. A transport version other than 0 is an error (rdma_rxe drops such packets).
     pub fn parse<T: AsRef<[u8]>>(p: &BthPacket<T>) -> Result<Self> {
         check_len("BTH", p.b(), HEADER_LEN)?;

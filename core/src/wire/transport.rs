@@ -296,16 +296,8 @@ mod tests {
 
     fn repr(opcode: u8) -> TransportRepr {
         TransportRepr::new(BthRepr {
-            opcode: Opcode(opcode),
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qpn: 0x11,
             ack_req: true,
-            psn: 7,
+            ..BthRepr::new(Opcode(opcode), 0x11, 7)
         })
     }
 
