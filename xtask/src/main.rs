@@ -358,7 +358,7 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
             "datapath",
         ],
     )?;
-    println!("==> run: target/release/datapath (about 30 s)");
+    println!("==> run: target/release/datapath (about a minute)");
     let out = Command::new(root.join("target/release/datapath"))
         .current_dir(root)
         .stderr(std::process::Stdio::inherit())
@@ -395,7 +395,11 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
         .unwrap_or_default();
     let doc = format!(
         "# Datapath benchmark\n\n`cargo xtask bench datapath` on a veth pair (MTU 9000, path MTU 4096) between two\n\
-         network namespaces, one run. Only ratios within one run mean anything.\n\n\
+         network namespaces, one run. Only ratios within one run mean anything. The comparisons\n\
+         with raw AF_XDP ran in rounds, xroce and raw AF_XDP back to back in each (in alternating\n\
+         order), because this host's path drifts by tens of percent within a minute: values are\n\
+         medians over the rounds, a ratio is the median of the rounds' ratios, and the rounds'\n\
+         ratios follow it. Kernel UDP was measured once.\n\n\
          - machine: {cpus} CPUs, {cpu}, kernel {kernel}\n- commit: {commit}\n- date: {date}\n\n{table}\n\
          Ping-pong round trips are timed at the client from its post to the answer's receive\n\
          completion. `xroce RC SEND`: both sides take their SENDs' completions as they come and\n\

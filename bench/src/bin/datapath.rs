@@ -13,6 +13,13 @@
 //!   (path MTU 4096 → one frame per 4 KiB, two descriptors each); kernel UDP: datagrams of the
 //!   same size.
 //!
+//! The comparisons with raw AF_XDP run in rounds (5, or `XROCE_BENCH_ROUNDS`), xroce and raw
+//! AF_XDP back to back in each, in alternating order: this host's path drifts by tens of
+//! percent within a minute, and a ratio of two numbers measured back to back carries much less
+//! of that than one of numbers measured a minute apart (see `xroce_bench::paired`). The table
+//! gives the medians over the rounds, each ratio as the median of the rounds' ratios, and the
+//! rounds' ratios themselves. Kernel UDP, far from the goals, is measured once.
+//!
 //! Needs root. Timings are noisy; only ratios from one run mean anything.
 
 use std::net::Ipv4Addr;
@@ -22,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use xroce_bench::baseline::{self, RoundTrip};
 use xroce_bench::cpu::CpuTime;
+use xroce_bench::paired::{self, Paired};
 use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
 use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
 use xroce_core::transport::verbs::{RecvWr, SendOp, SendWr, Sge, WcStatus};
@@ -50,9 +58,11 @@ const USAGE: &str = "usage: datapath   (root; run by `cargo xtask bench datapath
 
 xroce's engine over AF_XDP next to raw AF_XDP and kernel UDP on one veth pair (MTU 9000)
 between two network namespaces it creates: a 64 B ping-pong and 4 KiB / 64 KiB streams,
-printed as a Markdown table with ratios. About 30 s.
+printed as a Markdown table with ratios. The comparisons with raw AF_XDP run in rounds,
+both back to back in each; ratios are medians of the rounds' ratios. About a minute.
 
 Environment:
+  XROCE_BENCH_ROUNDS rounds of the comparisons with raw AF_XDP (default 5)
   XROCE_BENCH_SECS   seconds per stream (default 2)
   XROCE_BENCH_ONLY   pingpong | stream-4k | stream-64k: only xroce's part (for profiling)";
 
@@ -107,6 +117,7 @@ fn main() {
         }
         return;
     }
+    let rounds = rounds();
     let mut rows: Vec<(String, String, f64, String)> = Vec::new();
     eprintln!("==> ping-pong, 64 B ({PINGS} round trips each)");
     let udp_rtt = rt(baseline::udp_pingpong(&pair, 64, PINGS));
@@ -114,57 +125,105 @@ fn main() {
         "    kernel UDP   p50 {:.1} µs  p99 {:.1} µs",
         udp_rtt.0, udp_rtt.1
     );
-    let xsk_rtt = rt(baseline::xsk_pingpong(&pair, 64, PINGS));
-    eprintln!(
-        "    raw AF_XDP   p50 {:.1} µs  p99 {:.1} µs",
-        xsk_rtt.0, xsk_rtt.1
-    );
-    let xsk2_rtt = rt(baseline::xsk_pingpong_turns(&pair, 64, PINGS, 2));
-    eprintln!(
-        "    raw AF_XDP, 2 frames per turn (RC's answer + ACK)   p50 {:.1} µs  p99 {:.1} µs",
-        xsk2_rtt.0, xsk2_rtt.1
-    );
-    let roce_rtt = xroce_pingpong(&pair, SendAcks::Reaped);
-    eprintln!(
-        "    xroce RC SEND p50 {:.1} µs  p99 {:.1} µs",
-        roce_rtt.0, roce_rtt.1
-    );
-    let awaited_rtt = xroce_pingpong(&pair, SendAcks::Awaited);
-    eprintln!(
-        "    xroce RC SEND, each SEND's ACK awaited (perftest's pattern)   p50 {:.1} µs  p99 {:.1} µs",
-        awaited_rtt.0, awaited_rtt.1
-    );
+    // Raw AF_XDP (one frame and two frames per turn) and xroce (both ways) back to back in
+    // each round; the order alternates (see `xroce_bench::paired`).
+    let mut pings: Vec<PingRound> = Vec::new();
+    for round in 0..rounds {
+        eprintln!("  round {} of {rounds}", round + 1);
+        let raw = |pair: &NetnsPair| {
+            let one = rt(baseline::xsk_pingpong(pair, 64, PINGS));
+            eprintln!("    raw AF_XDP   p50 {:.1} µs  p99 {:.1} µs", one.0, one.1);
+            let two = rt(baseline::xsk_pingpong_turns(pair, 64, PINGS, 2));
+            eprintln!(
+                "    raw AF_XDP, 2 frames per turn (RC's answer + ACK)   p50 {:.1} µs  p99 {:.1} µs",
+                two.0, two.1
+            );
+            (one, two)
+        };
+        let xroce = |pair: &NetnsPair| {
+            let reaped = xroce_pingpong(pair, SendAcks::Reaped);
+            eprintln!(
+                "    xroce RC SEND p50 {:.1} µs  p99 {:.1} µs",
+                reaped.0, reaped.1
+            );
+            let awaited = xroce_pingpong(pair, SendAcks::Awaited);
+            eprintln!(
+                "    xroce RC SEND, each SEND's ACK awaited (perftest's pattern)   p50 {:.1} µs  p99 {:.1} µs",
+                awaited.0, awaited.1
+            );
+            (reaped, awaited)
+        };
+        let ((raw, raw2), (reaped, awaited)) = if paired::xroce_first(round) {
+            let x = xroce(&pair);
+            (raw(&pair), x)
+        } else {
+            let r = raw(&pair);
+            (r, xroce(&pair))
+        };
+        pings.push(PingRound {
+            raw,
+            raw2,
+            reaped,
+            awaited,
+        });
+    }
+    let ping = |f: fn(&PingRound) -> (f64, f64), base: fn(&PingRound) -> (f64, f64), p99: bool| {
+        let mut c = Paired::default();
+        for r in &pings {
+            let (x, b) = (f(r), base(r));
+            if p99 {
+                c.push(Some(x.1), Some(b.1));
+            } else {
+                c.push(Some(x.0), Some(b.0));
+            }
+        }
+        c
+    };
+    let raw1 = |r: &PingRound| r.raw;
+    let raw2 = |r: &PingRound| r.raw2;
+    let reaped = |r: &PingRound| r.reaped;
+    let awaited = |r: &PingRound| r.awaited;
+    let median_of = |v: Vec<f64>| paired::median(v).unwrap_or(f64::NAN);
+    let raw_p50 = median_of(pings.iter().map(|r| r.raw.0).collect());
+    let raw_p99 = median_of(pings.iter().map(|r| r.raw.1).collect());
+    let raw2_vs_raw = ping(raw2, raw1, false);
+    let reaped_vs_raw = ping(reaped, raw1, false);
+    let awaited_vs_raw = ping(awaited, raw1, false);
+    let awaited_vs_raw2 = ping(awaited, raw2, false);
+    let reaped_p99 = ping(reaped, raw1, true);
+    let awaited_p99 = ping(awaited, raw1, true);
+    let xroce_p50 = reaped_vs_raw.median_xroce().unwrap_or(f64::NAN);
     rows.push((
         "64 B ping-pong RTT p50 (µs)".into(),
         "kernel UDP".into(),
         udp_rtt.0,
         String::new(),
     ));
-    rows.push(("".into(), "raw AF_XDP".into(), xsk_rtt.0, String::new()));
+    rows.push(("".into(), "raw AF_XDP".into(), raw_p50, String::new()));
     rows.push((
         "".into(),
         "raw AF_XDP, 2 frames per turn".into(),
-        xsk2_rtt.0,
-        format!("{:.2}× raw AF_XDP", xsk2_rtt.0 / xsk_rtt.0),
+        raw2_vs_raw.median_xroce().unwrap_or(f64::NAN),
+        ratio(&raw2_vs_raw, "raw AF_XDP"),
     ));
     rows.push((
         "".into(),
         "xroce RC SEND".into(),
-        roce_rtt.0,
+        xroce_p50,
         format!(
-            "{:.2}× raw AF_XDP, {:.2}× kernel UDP",
-            roce_rtt.0 / xsk_rtt.0,
-            roce_rtt.0 / udp_rtt.0
+            "{}, {:.2}× kernel UDP",
+            ratio(&reaped_vs_raw, "raw AF_XDP"),
+            xroce_p50 / udp_rtt.0
         ),
     ));
     rows.push((
         "".into(),
         "xroce RC SEND, each SEND's ACK awaited".into(),
-        awaited_rtt.0,
+        awaited_vs_raw.median_xroce().unwrap_or(f64::NAN),
         format!(
-            "{:.2}× raw AF_XDP, {:.2}× raw with 2 frames per turn",
-            awaited_rtt.0 / xsk_rtt.0,
-            awaited_rtt.0 / xsk2_rtt.0
+            "{}, {}",
+            ratio(&awaited_vs_raw, "raw AF_XDP"),
+            ratio(&awaited_vs_raw2, "raw with 2 frames per turn")
         ),
     ));
     rows.push((
@@ -173,18 +232,18 @@ fn main() {
         udp_rtt.1,
         String::new(),
     ));
-    rows.push(("".into(), "raw AF_XDP".into(), xsk_rtt.1, String::new()));
+    rows.push(("".into(), "raw AF_XDP".into(), raw_p99, String::new()));
     rows.push((
         "".into(),
         "xroce RC SEND".into(),
-        roce_rtt.1,
-        format!("{:.2}× raw AF_XDP", roce_rtt.1 / xsk_rtt.1),
+        reaped_p99.median_xroce().unwrap_or(f64::NAN),
+        ratio(&reaped_p99, "raw AF_XDP"),
     ));
     rows.push((
         "".into(),
         "xroce RC SEND, each SEND's ACK awaited".into(),
-        awaited_rtt.1,
-        format!("{:.2}× raw AF_XDP", awaited_rtt.1 / xsk_rtt.1),
+        awaited_p99.median_xroce().unwrap_or(f64::NAN),
+        ratio(&awaited_p99, "raw AF_XDP"),
     ));
 
     for size in [4096usize, 65536] {
@@ -196,30 +255,53 @@ fn main() {
         // 4 KiB datagrams (one per 4 KiB frame, as xroce and raw AF_XDP put them on the wire).
         let udp = baseline::udp_stream(&pair, size.min(4096), stream_for()).mb_per_s;
         eprintln!("    kernel UDP   {:.0} MB/s", udp);
-        // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096).
-        let raw = baseline::xsk_stream(&pair, size.min(4096), stream_for());
-        let xsk = raw.mb_per_s;
-        eprintln!(
-            "    raw AF_XDP   {:.0} MB/s  {}",
-            xsk,
-            per_frame(raw.sender_cpu, xsk)
-        );
-        let (roce, roce_cpu) = xroce_write_stream(&pair, size);
-        eprintln!(
-            "    xroce WRITE  {:.0} MB/s  {}",
-            roce,
-            per_frame(roce_cpu, roce)
-        );
+        let mut vs_raw = Paired::default();
+        for round in 0..rounds {
+            eprintln!("  round {} of {rounds}", round + 1);
+            // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096).
+            let raw = |pair: &NetnsPair| {
+                let raw = baseline::xsk_stream(pair, size.min(4096), stream_for());
+                eprintln!(
+                    "    raw AF_XDP   {:.0} MB/s  {}",
+                    raw.mb_per_s,
+                    per_frame(raw.sender_cpu, raw.mb_per_s)
+                );
+                raw.mb_per_s
+            };
+            let xroce = |pair: &NetnsPair| {
+                let (roce, roce_cpu) = xroce_write_stream(pair, size);
+                eprintln!(
+                    "    xroce WRITE  {:.0} MB/s  {}",
+                    roce,
+                    per_frame(roce_cpu, roce)
+                );
+                roce
+            };
+            let (xsk, roce) = if paired::xroce_first(round) {
+                let x = xroce(&pair);
+                (raw(&pair), x)
+            } else {
+                let r = raw(&pair);
+                (r, xroce(&pair))
+            };
+            vs_raw.push(Some(roce), Some(xsk));
+        }
+        let roce = vs_raw.median_xroce().unwrap_or(f64::NAN);
         let what = format!("stream {} KiB (MB/s delivered)", size / 1024);
         rows.push((what, "kernel UDP".into(), udp, String::new()));
-        rows.push(("".into(), "raw AF_XDP".into(), xsk, String::new()));
+        rows.push((
+            "".into(),
+            "raw AF_XDP".into(),
+            vs_raw.median_baseline().unwrap_or(f64::NAN),
+            String::new(),
+        ));
         rows.push((
             "".into(),
             "xroce RC WRITE".into(),
             roce,
             format!(
-                "{:.2}× raw AF_XDP, {:.2}× kernel UDP",
-                roce / xsk,
+                "{}, {:.2}× kernel UDP",
+                ratio(&vs_raw, "raw AF_XDP"),
                 roce / udp
             ),
         ));
@@ -246,6 +328,34 @@ fn per_frame(cpu: CpuTime, mb_per_s: f64) -> String {
 
 fn rt(r: RoundTrip) -> (f64, f64) {
     (r.p50, r.p99)
+}
+
+/// How many rounds compare xroce with raw AF_XDP: 5, or `XROCE_BENCH_ROUNDS`.
+fn rounds() -> usize {
+    std::env::var("XROCE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(5)
+}
+
+/// One round of the ping-pongs: (p50, p99) in µs of each.
+struct PingRound {
+    raw: (f64, f64),
+    raw2: (f64, f64),
+    reaped: (f64, f64),
+    awaited: (f64, f64),
+}
+
+/// "1.47× raw AF_XDP (rounds 1.45, 1.52, 1.47)": the median of the rounds' ratios to `of`,
+/// and each round's.
+fn ratio(c: &Paired, of: &str) -> String {
+    let rounds: Vec<String> = c.ratios().iter().map(|r| format!("{r:.2}")).collect();
+    format!(
+        "{:.2}× {of} (rounds {})",
+        c.median_ratio().unwrap_or(f64::NAN),
+        rounds.join(", ")
+    )
 }
 
 // ---------------------------------------------------------------- xroce
