@@ -64,7 +64,8 @@ both back to back in each; ratios are medians of the rounds' ratios. About a min
 Environment:
   XROCE_BENCH_ROUNDS rounds of the comparisons with raw AF_XDP (default 5)
   XROCE_BENCH_SECS   seconds per stream (default 2)
-  XROCE_BENCH_ONLY   pingpong | stream-4k | stream-64k: only xroce's part (for profiling)";
+  XROCE_BENCH_ONLY   pingpong | stream-4k | stream-64k: only xroce's part (for profiling);
+                     raw-stream-4k: only raw AF_XDP's 4 KiB stream";
 
 fn main() {
     match std::env::args().nth(1).as_deref() {
@@ -93,7 +94,8 @@ fn main() {
     // Warm ARP both ways so no method pays for resolution.
     let _ = pair.exec(0, &format!("ping -c 1 -W 1 {}", pair.ipv4(1)));
 
-    // Profiling aid: XROCE_BENCH_ONLY=pingpong|stream-4k|stream-64k runs just xroce's part.
+    // Profiling aid: XROCE_BENCH_ONLY=pingpong|stream-4k|stream-64k runs just xroce's part,
+    // raw-stream-4k just the baseline's 4 KiB stream.
     if let Ok(only) = std::env::var("XROCE_BENCH_ONLY") {
         match only.as_str() {
             "pingpong" => eprintln!(
@@ -112,6 +114,15 @@ fn main() {
                     size / 1024,
                     cpu / gb,
                     per_frame(sender, mbs)
+                );
+            }
+            // The baseline alone, to profile next to xroce's stream.
+            "raw-stream-4k" => {
+                let s = baseline::xsk_stream(&pair, 4096, stream_for());
+                eprintln!(
+                    "raw AF_XDP 4 KiB {:.0} MB/s; {}",
+                    s.mb_per_s,
+                    per_frame(s.sender_cpu, s.mb_per_s)
                 );
             }
             other => eprintln!("XROCE_BENCH_ONLY: unknown {other:?}"),
