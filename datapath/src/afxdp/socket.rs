@@ -196,6 +196,33 @@ impl Umem {
     }
 }
 
+/// Joins a frame of two descriptors where it lies, if it can: returns the UMEM address and
+/// length of the whole frame, or `None` (then the caller copies the pieces together).
+///
+/// In copy mode the kernel fills the first fragment to the end of its UMEM frame and puts
+/// the rest behind the next frame's headroom. The fill ring hands out the receive frames in
+/// address order, one after the other, and they come back in the order they arrived, so the
+/// second frame nearly always directly follows the first (not where the receive area wraps
+/// around). Then moving the second fragment down over that headroom makes the frame one
+/// piece: a copy of its tail (74 bytes of a full 4 KiB RoCE packet) instead of the whole
+/// frame. The second UMEM frame is this socket's until it goes back to the fill ring.
+fn join_in_place(
+    umem: &mut Umem,
+    first: &libc::xdp_desc,
+    second: &libc::xdp_desc,
+) -> Option<(u64, u32)> {
+    let frame = u64::from(FRAME_SIZE);
+    let end = first.addr.checked_add(u64::from(first.len))?;
+    if end % frame != 0 || second.addr & !(frame - 1) != end {
+        return None;
+    }
+    let headroom = usize::try_from(second.addr - end).ok()?;
+    let span = u32::try_from(headroom).ok()?.checked_add(second.len)?;
+    let area = umem.slice_mut(end, span)?;
+    area.copy_within(headroom.., 0);
+    Some((first.addr, first.len.checked_add(second.len)?))
+}
+
 impl Drop for Umem {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the area `new` mapped; the socket (which the kernel pins the
@@ -471,8 +498,13 @@ impl XskSocket {
             if last.options & libc::XDP_PKT_CONTD != 0 {
                 break; // incomplete frame: leave it for the next call
             }
-            if end - used == 1 {
-                if let Some(bytes) = self.umem.slice(last.addr, last.len) {
+            let joined = match end - used {
+                1 => Some((last.addr, last.len)),
+                2 => join_in_place(&mut self.umem, &self.rx.peek(used), &last),
+                _ => None,
+            };
+            if let Some((addr, len)) = joined {
+                if let Some(bytes) = self.umem.slice(addr, len) {
                     deliver(bytes);
                 }
             } else {
@@ -722,6 +754,69 @@ mod tests {
         }
         // XDP_USE_SG for AF_XDP sockets arrived in Linux 6.6.
         assert_eq!(kernel_supports_multi_buffer(), kernel_version() >= (6, 6));
+    }
+
+    /// A frame the kernel split over two receive frames, as copy mode lays it out: the first
+    /// fragment from behind the headroom to the end of its frame, the rest behind the next
+    /// frame's headroom.
+    fn split_frame(
+        umem: &mut Umem,
+        first_frame: u64,
+        second_frame: u64,
+        frame: &[u8],
+    ) -> (libc::xdp_desc, libc::xdp_desc) {
+        const HEADROOM: u64 = 256;
+        let size = u64::from(FRAME_SIZE);
+        let first_len = (size - HEADROOM) as usize;
+        let first = libc::xdp_desc {
+            addr: first_frame * size + HEADROOM,
+            len: first_len as u32,
+            options: libc::XDP_PKT_CONTD,
+        };
+        let second = libc::xdp_desc {
+            addr: second_frame * size + HEADROOM,
+            len: (frame.len() - first_len) as u32,
+            options: 0,
+        };
+        for (d, bytes) in [
+            (&first, &frame[..first_len]),
+            (&second, &frame[first_len..]),
+        ] {
+            umem.slice_mut(d.addr, d.len)
+                .expect("in the UMEM")
+                .copy_from_slice(bytes);
+        }
+        (first, second)
+    }
+
+    #[test]
+    fn a_frame_in_two_adjacent_receive_frames_is_joined_where_it_lies() {
+        let mut umem = Umem::new(8).expect("UMEM");
+        // A full 4 KiB RoCE packet: 4170 bytes, 74 of them in the second fragment.
+        let frame: Vec<u8> = (0..4170u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let (first, second) = split_frame(&mut umem, 2, 3, &frame);
+        let (addr, len) = join_in_place(&mut umem, &first, &second).expect("adjacent: joined");
+        assert_eq!((addr, len), (first.addr, 4170));
+        assert_eq!(umem.slice(addr, len).expect("in the UMEM"), &frame[..]);
+
+        // Not adjacent (where the receive area wraps around): left to the caller's copy, and
+        // nothing is moved.
+        let (first, second) = split_frame(&mut umem, 5, 1, &frame);
+        let before = umem.slice(0, 8 * FRAME_SIZE).expect("all").to_vec();
+        assert_eq!(join_in_place(&mut umem, &first, &second), None);
+        assert_eq!(umem.slice(0, 8 * FRAME_SIZE).expect("all"), &before[..]);
+
+        // A first fragment that stops short of its frame's end is not followed directly by the
+        // second either.
+        let short = libc::xdp_desc {
+            len: first.len - 1,
+            ..first
+        };
+        let next = libc::xdp_desc {
+            addr: 6 * u64::from(FRAME_SIZE) + 256,
+            ..second
+        };
+        assert_eq!(join_in_place(&mut umem, &short, &next), None);
     }
 
     #[test]
