@@ -253,6 +253,7 @@ fn main() {
              {rounds}",
             round + 1
         ));
+        // 256 QPs in xroce's place of the pairing, 1 QP in its baseline's.
         let (many, one) = in_order(
             paired::xroce_first(round),
             || write_qps(256),
