@@ -93,6 +93,22 @@ pub fn xroce_first(round: usize) -> bool {
     round % 2 == 1
 }
 
+/// Runs `xroce` and `baseline` one after the other, xroce first when `xroce_first` (see
+/// [`xroce_first`]); returns their results in that order.
+pub fn in_order<A, B>(
+    xroce_first: bool,
+    xroce: impl FnOnce() -> A,
+    baseline: impl FnOnce() -> B,
+) -> (A, B) {
+    if xroce_first {
+        let a = xroce();
+        (a, baseline())
+    } else {
+        let b = baseline();
+        (xroce(), b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

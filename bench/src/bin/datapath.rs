@@ -165,13 +165,8 @@ fn main() {
             );
             (reaped, awaited)
         };
-        let ((raw, raw2), (reaped, awaited)) = if paired::xroce_first(round) {
-            let x = xroce(&pair);
-            (raw(&pair), x)
-        } else {
-            let r = raw(&pair);
-            (r, xroce(&pair))
-        };
+        let ((reaped, awaited), (raw, raw2)) =
+            paired::in_order(paired::xroce_first(round), || xroce(&pair), || raw(&pair));
         pings.push(PingRound {
             raw,
             raw2,
@@ -289,13 +284,8 @@ fn main() {
                 );
                 roce
             };
-            let (xsk, roce) = if paired::xroce_first(round) {
-                let x = xroce(&pair);
-                (raw(&pair), x)
-            } else {
-                let r = raw(&pair);
-                (r, xroce(&pair))
-            };
+            let (roce, xsk) =
+                paired::in_order(paired::xroce_first(round), || xroce(&pair), || raw(&pair));
             vs_raw.push(Some(roce), Some(xsk));
         }
         let roce = vs_raw.median_xroce().unwrap_or(f64::NAN);
@@ -504,17 +494,11 @@ fn connect(side: &Side, me: Ipv4Addr, peer: Peer) {
 /// inline (no allocation per work request, as none is made by a C application's
 /// `ibv_post_send`).
 fn sge(side: &Side, off: usize, len: usize) -> SgList {
-    SgList::from_buf_and_len(
-        [
-            Sge {
-                addr: side.mr.va + off as u64,
-                length: len as u32,
-                lkey: side.mr.lkey,
-            },
-            Sge::default(),
-        ],
-        1,
-    )
+    SgList::from_slice(&[Sge {
+        addr: side.mr.va + off as u64,
+        length: len as u32,
+        lkey: side.mr.lkey,
+    }])
 }
 
 /// Runs `server` in namespace 1 and `client` in namespace 0, each with a connected RC QP.

@@ -254,7 +254,7 @@ fn main() {
             round + 1
         ));
         // 256 QPs in xroce's place of the pairing, 1 QP in its baseline's.
-        let (many, one) = in_order(
+        let (many, one) = paired::in_order(
             paired::xroce_first(round),
             || write_qps(256),
             || write_qps(1),
@@ -663,17 +663,6 @@ struct BackToBack {
     write: Paired,
 }
 
-/// Runs `xroce` and `raw` one after the other, xroce first when `xroce_first`.
-fn in_order<A, B>(xroce_first: bool, xroce: impl FnOnce() -> A, raw: impl FnOnce() -> B) -> (A, B) {
-    if xroce_first {
-        let a = xroce();
-        (a, raw())
-    } else {
-        let b = raw();
-        (xroce(), b)
-    }
-}
-
 fn back_to_back(
     x: &XrocePair,
     r: &mut Report,
@@ -693,7 +682,7 @@ fn back_to_back(
             round + 1
         ));
         let first = paired::xroce_first(round);
-        let (lat, (one, two)) = in_order(
+        let (lat, (one, two)) = paired::in_order(
             first,
             || perftest_line(x, "ib_send_lat", &["-s", "64", "-n", &lat_iters], parse_lat),
             || {
@@ -703,12 +692,12 @@ fn back_to_back(
                 )
             },
         );
-        let (send_bw, raw_64) = in_order(
+        let (send_bw, raw_64) = paired::in_order(
             first,
             || perftest_line(x, "ib_send_bw", &["-s", "64", "-D", &secs], parse_bw),
             || baseline::xsk_stream(&x.pair, 64, stream_for),
         );
-        let (write_bw, raw_4k) = in_order(
+        let (write_bw, raw_4k) = paired::in_order(
             first,
             || perftest_line(x, "ib_write_bw", &["-s", "65536", "-D", &secs], parse_bw),
             || baseline::xsk_stream(&x.pair, 4096, stream_for),
