@@ -73,6 +73,7 @@ impl NetnsPair {
     }
 
     fn create(prefix: &str, mtu: u32, ipv6: bool) -> io::Result<NetnsPair> {
+        remove_orphans(prefix);
         let pid = std::process::id();
         let n = PAIRS.fetch_add(1, Ordering::Relaxed);
         let x = 100 + (pid % 100) as u8;
@@ -287,6 +288,41 @@ impl Drop for NetnsPair {
     }
 }
 
+/// Deletes namespaces named `<prefix>-<pid>-<n>-<side>` whose process is gone: a run killed
+/// (Ctrl-C, a timeout) never reached its pairs' `Drop`. Namespaces of living processes, and
+/// names of any other shape, are left alone.
+fn remove_orphans(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = orphan_pid(prefix, &name) else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        match ip(&["netns", "del", &name]) {
+            Ok(()) => eprintln!("netns fixture: removed {name}, left by process {pid} (gone)"),
+            Err(e) => eprintln!("netns fixture: removing {name} (left by process {pid}): {e}"),
+        }
+    }
+}
+
+/// The process id in a fixture namespace's name `<prefix>-<pid>-<n>-<0|1>`, if it is one.
+fn orphan_pid(prefix: &str, name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    let mut parts = rest.split('-');
+    let pid = parts.next()?.parse::<u32>().ok()?;
+    parts.next()?.parse::<u32>().ok()?;
+    let side = parts.next()?;
+    if parts.next().is_some() || !(side == "0" || side == "1") {
+        return None;
+    }
+    Some(pid)
+}
+
 /// Moves the calling thread into the named network namespace (`/run/netns/NAME`).
 pub fn enter(ns_name: &str) -> io::Result<()> {
     let file = std::fs::File::open(format!("/run/netns/{ns_name}"))?;
@@ -405,5 +441,52 @@ fn signal_group(pid: u32, sig: libc::c_int) {
         unsafe {
             libc::kill(-pid, sig);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_fixture_names_give_a_process_id() {
+        assert_eq!(orphan_pid("xrbench", "xrbench-4242-0-1"), Some(4242));
+        assert_eq!(orphan_pid("xrbench", "xrbench-4242-17-0"), Some(4242));
+        for other in [
+            "xrbench-4242-0-2",
+            "xrbench-4242-0",
+            "xrbench-4242-0-1-x",
+            "xrbenchx-4242-0-1",
+            "other-4242-0-1",
+            "xrbench-abc-0-1",
+            "xrbench--0-1",
+        ] {
+            assert_eq!(orphan_pid("xrbench", other), None, "{other}");
+        }
+    }
+
+    /// A namespace left by a killed run (its process gone) is removed by the next pair made
+    /// with the same prefix; one of a living process is not.
+    #[test]
+    fn a_killed_runs_namespaces_are_removed_by_the_next_pair() {
+        if !root_or_skip() {
+            return;
+        }
+        let prefix = "xrorphan";
+        let dead = (1_000_000..4_000_000u32)
+            .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            .expect("an unused process id");
+        let orphan = format!("{prefix}-{dead}-0-0");
+        let alive = format!("{prefix}-{}-999-0", std::process::id());
+        ip(&["netns", "add", &orphan]).expect("orphan namespace");
+        ip(&["netns", "add", &alive]).expect("living namespace");
+        let pair = NetnsPair::new(prefix, 1500).expect("pair");
+        let exists = |n: &str| std::path::Path::new(&format!("/run/netns/{n}")).exists();
+        let (orphan_left, alive_left) = (exists(&orphan), exists(&alive));
+        drop(pair);
+        let _ = ip(&["netns", "del", &alive]);
+        let _ = ip(&["netns", "del", &orphan]);
+        assert!(!orphan_left, "{orphan} was removed");
+        assert!(alive_left, "{alive} belongs to this process and stays");
     }
 }
