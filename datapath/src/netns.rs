@@ -305,6 +305,8 @@ fn remove_orphans(prefix: &str) {
         }
         match ip(&["netns", "del", &name]) {
             Ok(()) => eprintln!("netns fixture: removed {name}, left by process {pid} (gone)"),
+            // Another process making a pair at the same moment may have removed it first.
+            Err(_) if !entry.path().exists() => {}
             Err(e) => eprintln!("netns fixture: removing {name} (left by process {pid}): {e}"),
         }
     }
