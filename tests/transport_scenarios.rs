@@ -1881,6 +1881,82 @@ fn ud_ipv6_grh_area_is_the_ipv6_header() {
     assert_eq!(&buf[40..1040], &data[..]);
 }
 
+/// A QP reuses the IP and UDP headers of its last packet while the path stays the same: a UD
+/// QP sending to two peers in turn, before and after its source address changes, must still
+/// send each packet with the addresses of its own path (and a valid IPv4 checksum, which
+/// covers them).
+#[test]
+fn each_packet_carries_its_own_paths_addresses() {
+    let mut sim = Sim::new(64, 3, LinkConfig::default());
+    let (a, b, ah_b) = xroce_tests::sim::ud_pair(&mut sim, 0, 1);
+    let (_, c, ah_c) = xroce_tests::sim::ud_pair(&mut sim, 0, 2);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst_b = sim.nodes[1].alloc(8192, RW);
+    let dst_c = sim.nodes[2].alloc(8192, RW);
+    sim.trace = Some(Vec::new());
+    // Two rounds: the second after node 0's address changed (its GID table follows the
+    // interface, as the engine's address watcher makes it).
+    let moved = xroce_core::wire::IpAddress::V4(xroce_core::wire::Ipv4Address([10, 0, 0, 99]));
+    for round in 0..2u64 {
+        if round == 1 {
+            sim.nodes[0].dev.set_gids(vec![Some(moved)]);
+            sim.nodes[0].ip = moved;
+        }
+        for i in 0..4u64 {
+            // The second round starts with the peer the first ended with: only the source
+            // address differs from the last packet's path.
+            let (node, to, ah, mr) = if (i + round) % 2 == 0 {
+                (1, b, ah_b, &dst_b)
+            } else {
+                (2, c, ah_c, &dst_c)
+            };
+            let wr_id = round * 10 + i;
+            sim.nodes[node]
+                .post_recv(to.qpn, recv_wr(wr_id, mr, 1024 * i, 1024))
+                .unwrap();
+            sim.nodes[0]
+                .post_send(a.qpn, ud_send(wr_id, ah, to, QKEY, sge(&src, 0, 64)))
+                .unwrap();
+        }
+        settle(&mut sim);
+        let got_b = ids_and_status(&sim.nodes[1].poll(b.recv_cq));
+        let got_c = ids_and_status(&sim.nodes[2].poll(c.recv_cq));
+        let ok = WcStatus::Success;
+        let (even, odd) = (
+            [(round * 10, ok), (round * 10 + 2, ok)],
+            [(round * 10 + 1, ok), (round * 10 + 3, ok)],
+        );
+        let (to_b, to_c) = if round == 0 { (even, odd) } else { (odd, even) };
+        assert_eq!(got_b, to_b);
+        assert_eq!(got_c, to_c);
+    }
+    let sent_by_0: Vec<RoceFrame> = sim
+        .trace
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|(from, _)| *from == 0)
+        .map(|(_, p)| RoceFrame::parse_ip(p).unwrap())
+        .collect();
+    let nodes: Vec<_> = sim.nodes.iter().map(|n| n.ip).collect();
+    let mut to_c = 0;
+    for f in &sent_by_0 {
+        f.verify().expect("checksums and ICRC");
+        let ip = f.headers.ip;
+        let (src, dst) = (ip.src_addr(), ip.dst_addr());
+        assert!(src == xroce_tests::sim::node_ipv4(0) || src == moved);
+        assert!(dst == nodes[1] || dst == nodes[2], "{dst}");
+        to_c += usize::from(dst == nodes[2]);
+    }
+    assert_eq!(to_c, 4, "two datagrams per round to node 2");
+    let from_moved = sent_by_0
+        .iter()
+        .filter(|f| f.headers.ip.src_addr() == moved)
+        .count();
+    // The second round's four datagrams, none of the first's.
+    assert_eq!(from_moved, 4);
+}
+
 /// UD limits: a datagram larger than the receive buffer (with its 40 GRH bytes) is dropped and
 /// the WQE kept; a send larger than the port MTU completes successfully without a packet.
 #[test]
@@ -2951,4 +3027,36 @@ fn mid_message_holds_between_the_first_and_the_last_packet_of_a_message() {
         ],
         "(packet delivered, then the receiver's mid_message)"
     );
+}
+
+/// `Device::has_work` is what lets a polling application skip the transmit round: it must be
+/// true whenever a round would do something (a packet to send, a timer due), and false once a
+/// round found nothing to do and nothing came since.
+#[test]
+fn has_work_is_true_whenever_a_round_would_do_something() {
+    let mut sim = Sim::new(65, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    let mut buf = vec![0u8; 16384];
+    // Bringing the QP up queued it; the round finds nothing to send.
+    assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_none());
+    assert!(!node.dev.has_work(now), "a connected, idle device");
+    node.post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    assert!(node.dev.has_work(now), "a posted SEND waits to go");
+    assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_some());
+    assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_none());
+    // Sent and unacknowledged: only the retransmission timer is left.
+    assert!(!node.dev.has_work(now), "nothing to send, no timer due");
+    let due = node
+        .dev
+        .poll_timeout()
+        .expect("the retransmission timer runs");
+    assert!(!node.dev.has_work(due - 1));
+    assert!(node.dev.has_work(due), "the timer is due");
+    assert!(node.dev.handle_timeout(due));
+    assert!(node.dev.has_work(due), "the retransmission waits to go");
+    assert!(node.dev.poll_transmit(due, &node.mem, &mut buf).is_some());
 }

@@ -65,7 +65,9 @@ Environment:
   XROCE_BENCH_ROUNDS rounds of the comparisons with raw AF_XDP (default 5)
   XROCE_BENCH_SECS   seconds per stream (default 2)
   XROCE_BENCH_ONLY   pingpong | stream-4k | stream-64k: only xroce's part (for profiling);
-                     raw-stream-4k: only raw AF_XDP's 4 KiB stream";
+                     raw-stream-4k: only raw AF_XDP's 4 KiB stream;
+                     raw-stream-64: raw AF_XDP's 64 B packet rate and its sender's
+                     CPU per frame (next to `ib_send_bw -s 64`)";
 
 fn main() {
     match std::env::args().nth(1).as_deref() {
@@ -95,7 +97,7 @@ fn main() {
     let _ = pair.exec(0, &format!("ping -c 1 -W 1 {}", pair.ipv4(1)));
 
     // Profiling aid: XROCE_BENCH_ONLY=pingpong|stream-4k|stream-64k runs just xroce's part,
-    // raw-stream-4k just the baseline's 4 KiB stream.
+    // raw-stream-4k and raw-stream-64 just the baseline's streams.
     if let Ok(only) = std::env::var("XROCE_BENCH_ONLY") {
         match only.as_str() {
             "pingpong" => eprintln!(
@@ -123,6 +125,16 @@ fn main() {
                     "raw AF_XDP 4 KiB {:.0} MB/s; {}",
                     s.mb_per_s,
                     per_frame(s.sender_cpu, s.mb_per_s)
+                );
+            }
+            "raw-stream-64" => {
+                let s = baseline::xsk_stream(&pair, 64, stream_for());
+                let frames = s.mb_per_s * 1e6 * stream_for().as_secs_f64() / 64.0;
+                eprintln!(
+                    "raw AF_XDP 64 B {:.3} M/s; sender user {:.3} µs kernel {:.3} µs per frame",
+                    frames / stream_for().as_secs_f64() / 1e6,
+                    s.sender_cpu.user_s * 1e6 / frames,
+                    s.sender_cpu.sys_s * 1e6 / frames
                 );
             }
             other => eprintln!("XROCE_BENCH_ONLY: unknown {other:?}"),

@@ -928,6 +928,16 @@ impl Device {
         !due.is_empty()
     }
 
+    /// Whether [`Self::poll_transmit`], [`Self::handle_timeout`] or [`Self::poll_event`]
+    /// have anything for a round at `now`: a QP is ready to send, a timer is due, or an event
+    /// waits. A polling application that finds none of these waiting skips the transmit
+    /// round.
+    pub fn has_work(&self, now: Nanos) -> bool {
+        !self.ready.is_empty()
+            || self.timer_floor.is_some_and(|t| t <= now)
+            || !self.sh.events.is_empty()
+    }
+
     /// The next completion-channel or asynchronous event.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.sh.events.pop_front()

@@ -18,8 +18,8 @@ use super::verbs::{
 };
 use super::{psn, Nanos};
 use crate::wire::{
-    ipv4, BthRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, TransportRepr,
-    UdpRepr, ROCEV2_UDP_PORT,
+    ipv4, BthRepr, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, PathHeaders, UdpRepr,
+    ROCEV2_UDP_PORT,
 };
 
 /// Queue sizes asked for at creation (`struct ibv_qp_cap`).
@@ -212,6 +212,8 @@ pub struct Qp {
     /// A request goes ahead of a response when the QP has both: at the start of a turn, and
     /// after a request until the turn ends (see `Device::poll_transmit`).
     pub(crate) request_turn: bool,
+    /// The IP and UDP headers of the last packet's path (see [`Qp::path_headers`]).
+    pub(crate) path: Option<PathHeaders>,
 }
 
 /// The TTL/hop limit xroce sends: rdma_rxe sends the route's default (64) whatever the AV asks.
@@ -238,6 +240,7 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder::default(),
             drain_notify: false,
+            path: None,
             queued: false,
             request_turn: true,
         }
@@ -604,45 +607,49 @@ impl Qp {
     }
 
     /// The IP/UDP/BTH headers of a packet from this QP to `av`.
-    pub(crate) fn headers(
-        &self,
-        sh: &mut Shared,
-        av: &AddressVector,
-        transport: TransportRepr,
-    ) -> Option<FrameHeaders> {
+    /// The IP and UDP headers for a packet to `av`, built when the path differs from the last
+    /// packet's (the first packet, a new address vector, a UD destination that changed, or a
+    /// source GID whose address changed) and reused otherwise. `None` when the source GID is
+    /// gone or its family differs from the destination's.
+    pub(crate) fn path_headers(&mut self, sh: &Shared, av: &AddressVector) -> Option<&PathHeaders> {
         let src = sh.gid(av.sgid_index)?;
-        let ip = match (src, av.dgid) {
-            (IpAddress::V4(s), IpAddress::V4(d)) => IpRepr::V4(Ipv4Repr {
-                src: s,
-                dst: d,
-                tos: av.traffic_class,
-                ident: sh.next_ip_ident(),
-                dont_frag: true,
-                ttl: DEFAULT_TTL,
-                protocol: ipv4::PROTOCOL_UDP,
-                payload_len: 0,
-            }),
-            (IpAddress::V6(s), IpAddress::V6(d)) => IpRepr::V6(Ipv6Repr {
-                src: s,
-                dst: d,
-                traffic_class: av.traffic_class,
-                flow_label: 0,
-                next_header: ipv4::PROTOCOL_UDP,
-                hop_limit: DEFAULT_TTL,
-                payload_len: 0,
-            }),
-            _ => return None,
-        };
-        Some(FrameHeaders {
-            eth: None,
-            ip,
-            udp: UdpRepr {
+        let fresh = self.path.as_ref().is_some_and(|p| {
+            p.src_addr() == src
+                && p.dst_addr() == av.dgid
+                && p.udp_src_port() == self.udp_sport
+                && p.ip().traffic_class() == av.traffic_class
+        });
+        if !fresh {
+            let ip = match (src, av.dgid) {
+                (IpAddress::V4(s), IpAddress::V4(d)) => IpRepr::V4(Ipv4Repr {
+                    src: s,
+                    dst: d,
+                    tos: av.traffic_class,
+                    ident: 0,
+                    dont_frag: true,
+                    ttl: DEFAULT_TTL,
+                    protocol: ipv4::PROTOCOL_UDP,
+                    payload_len: 0,
+                }),
+                (IpAddress::V6(s), IpAddress::V6(d)) => IpRepr::V6(Ipv6Repr {
+                    src: s,
+                    dst: d,
+                    traffic_class: av.traffic_class,
+                    flow_label: 0,
+                    next_header: ipv4::PROTOCOL_UDP,
+                    hop_limit: DEFAULT_TTL,
+                    payload_len: 0,
+                }),
+                _ => return None,
+            };
+            let udp = UdpRepr {
                 src_port: self.udp_sport,
                 dst_port: ROCEV2_UDP_PORT,
                 payload_len: 0,
-            },
-            transport,
-        })
+            };
+            self.path = Some(PathHeaders::new(&ip, &udp).ok()?);
+        }
+        self.path.as_ref()
     }
 
     pub(crate) fn bth(&self, opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {

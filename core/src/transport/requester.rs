@@ -337,19 +337,16 @@ impl Qp {
                 self.req.noack_msgs += 1;
             }
         }
-        let headers = match self.headers(sh, &av, t) {
-            Some(h) => h,
-            None => {
-                self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
-                return None;
-            }
-        };
-        let mut writer = match FrameWriter::new(buf, &headers, payload_len as usize) {
-            Ok(w) => w,
-            Err(_) => {
-                self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
-                return None;
-            }
+        let ident = sh.next_ip_ident();
+        let started = self.path_headers(sh, &av).and_then(|path| {
+            let ends = (path.src_addr(), path.dst_addr());
+            FrameWriter::on_path(buf, path, ident, &t, payload_len as usize)
+                .ok()
+                .map(|w| (w, ends))
+        });
+        let Some((mut writer, (src, dst))) = started else {
+            self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
+            return None;
         };
         let w = &self.sq[idx];
         let gathered = match &w.inline {
@@ -407,8 +404,8 @@ impl Qp {
         sh.counters.tx_requests += 1;
         Some(Transmit {
             len,
-            src: headers.ip.src_addr(),
-            dst: headers.ip.dst_addr(),
+            src,
+            dst,
             qpn: self.qpn,
         })
     }

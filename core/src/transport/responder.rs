@@ -897,8 +897,10 @@ impl Qp {
                 (t, n as usize, Some(r))
             }
         };
-        let headers = self.headers(sh, &av, t)?;
-        let mut w = FrameWriter::new(buf, &headers, payload_len).ok()?;
+        let ident = sh.next_ip_ident();
+        let path = self.path_headers(sh, &av)?;
+        let (src, dst) = (path.src_addr(), path.dst_addr());
+        let mut w = FrameWriter::on_path(buf, path, ident, &t, payload_len).ok()?;
         if let Some(r) = read {
             if payload_len > 0 && host.read(r.va, w.payload_mut()).is_err() {
                 self.resp.out.pop_front();
@@ -922,8 +924,8 @@ impl Qp {
         sh.counters.tx_responses += 1;
         Some(Transmit {
             len,
-            src: headers.ip.src_addr(),
-            dst: headers.ip.dst_addr(),
+            src,
+            dst,
             qpn: self.qpn,
         })
     }

@@ -4,6 +4,7 @@
 use super::ethernet::{EtherType, EthernetFrame, EthernetRepr};
 use super::ip::IpRepr;
 use super::ipv4::{self, Ipv4Packet};
+use super::path::PathHeaders;
 use super::transport::{pad_for, TransportPacket, TransportRepr};
 use super::udp::{self, UdpPacket, UdpRepr};
 use super::{Result, WireError, ICRC_LEN, ROCEV2_UDP_PORT};
@@ -192,32 +193,50 @@ pub struct FrameWriter<'b> {
 
 impl<'b> FrameWriter<'b> {
     pub fn new(buf: &'b mut [u8], headers: &FrameHeaders, payload_len: usize) -> Result<Self> {
-        let transport_len = headers.transport.packet_len(payload_len)?;
-        let udp_len = udp::HEADER_LEN + transport_len;
-        let mut ip = headers.ip;
-        ip.set_payload_len(udp_len);
         let ip_start = headers.eth.map_or(0, |e| e.header_len());
-        let total = ip_start + ip.header_len() + udp_len;
+        let path = PathHeaders::new(&headers.ip, &headers.udp)?;
+        let ident = match &headers.ip {
+            IpRepr::V4(r) => r.ident,
+            IpRepr::V6(_) => 0,
+        };
+        let w = Self::at(buf, ip_start, &path, ident, &headers.transport, payload_len)?;
+        if let Some(eth) = &headers.eth {
+            eth.emit(w.buf)?;
+        }
+        Ok(w)
+    }
+
+    /// Starts a bare IP packet (no link-layer header) on a path whose IP and UDP headers were
+    /// built beforehand; `ident` is the IPv4 identification.
+    pub fn on_path(
+        buf: &'b mut [u8],
+        path: &PathHeaders,
+        ident: u16,
+        transport: &TransportRepr,
+        payload_len: usize,
+    ) -> Result<Self> {
+        Self::at(buf, 0, path, ident, transport, payload_len)
+    }
+
+    fn at(
+        buf: &'b mut [u8],
+        ip_start: usize,
+        path: &PathHeaders,
+        ident: u16,
+        transport: &TransportRepr,
+        payload_len: usize,
+    ) -> Result<Self> {
+        let transport_len = transport.packet_len(payload_len)?;
+        let bth_start = ip_start + path.header_len();
+        let total = bth_start + transport_len;
         if buf.len() < total {
             return Err(WireError::BufferTooSmall {
                 need: total,
                 have: buf.len(),
             });
         }
-        if let Some(eth) = &headers.eth {
-            eth.emit(buf)?;
-        }
-        ip.emit(&mut buf[ip_start..])?;
-        let udp_start = ip_start + ip.header_len();
-        let udp = UdpRepr {
-            payload_len: transport_len,
-            ..headers.udp
-        };
-        udp.emit(&mut buf[udp_start..])?;
-        let bth_start = udp_start + udp::HEADER_LEN;
-        let hlen = headers
-            .transport
-            .emit_headers(&mut buf[bth_start..], payload_len)?;
+        path.emit(&mut buf[ip_start..], ident, transport_len)?;
+        let hlen = transport.emit_headers(&mut buf[bth_start..], payload_len)?;
         Ok(FrameWriter {
             buf,
             ip_start,

@@ -72,6 +72,14 @@ impl IpRepr {
         }
     }
 
+    /// The IPv4 TOS byte or the IPv6 traffic class.
+    pub fn traffic_class(&self) -> u8 {
+        match self {
+            IpRepr::V4(r) => r.tos,
+            IpRepr::V6(r) => r.traffic_class,
+        }
+    }
+
     /// The upper-layer protocol number (IPv4 protocol / IPv6 next header).
     pub fn protocol(&self) -> u8 {
         match self {

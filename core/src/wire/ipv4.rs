@@ -198,23 +198,37 @@ impl Ipv4Repr {
         buf[field::DST].copy_from_slice(&self.dst.0);
         // The checksum is summed from the values, not read back from `buf`: reading bytes just
         // stored in pieces stalls store forwarding, and this runs for every packet sent.
-        let words = [
+        let checksum = header_checksum(self.fixed_words_sum(), total, self.ident);
+        be::set_u16(buf, field::CHECKSUM, checksum);
+        Ok(())
+    }
+
+    /// The unfolded ones'-complement sum of the header words that stay the same for every
+    /// packet of a path: all but the total length, the identification and the checksum.
+    pub(crate) fn fixed_words_sum(&self) -> u32 {
+        let flags = if self.dont_frag { FLAG_DF } else { 0 };
+        [
             u16::from_be_bytes([0x45, self.tos]),
-            total,
-            self.ident,
             flags,
             u16::from_be_bytes([self.ttl, self.protocol]),
             u16::from_be_bytes([self.src.0[0], self.src.0[1]]),
             u16::from_be_bytes([self.src.0[2], self.src.0[3]]),
             u16::from_be_bytes([self.dst.0[0], self.dst.0[1]]),
             u16::from_be_bytes([self.dst.0[2], self.dst.0[3]]),
-        ];
-        let sum: u32 = words.iter().map(|&w| u32::from(w)).sum();
-        let folded = (sum & 0xffff) + (sum >> 16);
-        let folded = (folded & 0xffff) + (folded >> 16);
-        be::set_u16(buf, field::CHECKSUM, !(folded as u16));
-        Ok(())
+        ]
+        .iter()
+        .map(|&w| u32::from(w))
+        .sum()
     }
+}
+
+/// The header checksum field for a header whose other words sum to `fixed_sum` (see
+/// [`Ipv4Repr::fixed_words_sum`]), with this total length and identification.
+pub(crate) fn header_checksum(fixed_sum: u32, total_len: u16, ident: u16) -> u16 {
+    let sum = fixed_sum + u32::from(total_len) + u32::from(ident);
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let folded = (folded & 0xffff) + (folded >> 16);
+    !(folded as u16)
 }
 
 #[cfg(test)]

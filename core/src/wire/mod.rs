@@ -10,7 +10,8 @@
 //! Layering, outermost first: [`ethernet`] (optional 802.1Q tag) → [`ipv4`] / [`ipv6`] → [`udp`] →
 //! [`bth`] → extension headers ([`ext`]) → payload → pad → ICRC. [`transport`] puts BTH, the
 //! extension headers the [`opcode`] table prescribes, the payload and the pad together; [`frame`]
-//! parses and builds whole Ethernet frames, ICRC included.
+//! parses and builds whole Ethernet frames, ICRC included; [`path`] keeps the IP and UDP headers
+//! of one path prebuilt for the frames sent on it.
 
 pub mod bth;
 mod describe;
@@ -21,6 +22,7 @@ pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
 pub mod opcode;
+pub mod path;
 pub mod transport;
 pub mod udp;
 
@@ -35,6 +37,7 @@ pub use ip::{IpAddress, IpRepr};
 pub use ipv4::{Ipv4Address, Ipv4Packet, Ipv4Repr};
 pub use ipv6::{Ipv6Address, Ipv6Packet, Ipv6Repr};
 pub use opcode::{HeaderKind, HeaderSet, Opcode, OpcodeInfo, Operation, Position, Transport};
+pub use path::PathHeaders;
 pub use transport::{TransportPacket, TransportRepr};
 pub use udp::{UdpPacket, UdpRepr};
 

@@ -792,6 +792,13 @@ impl Engine {
             // (or waits on another CQ); the held ACKs may still ride with the answer.
             return Ok(0);
         }
+        if !st.dev.has_work(now) && !st.io.port.tx_pending() {
+            // Nothing to send, no timer due: an application waiting for its peer. Skipping
+            // the transmit round halves an empty poll, and a frame that lands meanwhile is
+            // noticed that much sooner.
+            st.deferred = Deferred::Nothing;
+            return Ok(0);
+        }
         progress::send(&self.shared, st, now);
         st.dev.poll_cq(cq, max, out)
     }
