@@ -572,20 +572,25 @@ pub fn ud_pair(sim: &mut Sim, a: usize, b: usize) -> (QpEnd, QpEnd, AhId) {
     let qb = create_qp(sim, b, &o);
     bring_up(sim, qa, qb, &o, 0x10, 0);
     bring_up(sim, qb, qa, &o, 0x20, 0);
+    let ah = address_handle(sim, a, b, 0);
+    (qa, qb, ah)
+}
+
+/// An address handle on node `a` for node `b`, with this traffic class.
+pub fn address_handle(sim: &mut Sim, a: usize, b: usize, traffic_class: u8) -> AhId {
     let dgid = sim.nodes[b].ip;
     let pd = sim.nodes[a].pd;
-    let ah = sim.nodes[a]
+    sim.nodes[a]
         .dev
         .create_ah(
             pd,
             AddressVector {
                 dgid,
                 sgid_index: 0,
-                traffic_class: 0,
+                traffic_class,
                 hop_limit: 64,
                 flow_label: 0,
             },
         )
-        .expect("create_ah");
-    (qa, qb, ah)
+        .expect("create_ah")
 }

@@ -1957,6 +1957,43 @@ fn each_packet_carries_its_own_paths_addresses() {
     assert_eq!(from_moved, 4);
 }
 
+/// The traffic class is part of a path: datagrams to one peer through address handles that
+/// differ only in it carry each its own (a reused header would keep the first one's).
+#[test]
+fn a_traffic_class_of_its_own_makes_a_path_of_its_own() {
+    let mut sim = Sim::new(66, 2, LinkConfig::default());
+    let (a, b, ah_plain) = ud_pair(&mut sim);
+    let ah_marked = xroce_tests::sim::address_handle(&mut sim, 0, 1, 0x68);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    sim.trace = Some(Vec::new());
+    let ahs = [ah_plain, ah_marked, ah_marked, ah_plain];
+    for (i, ah) in ahs.iter().enumerate() {
+        let i = i as u64;
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(i, &dst, 1024 * i, 1024))
+            .unwrap();
+        sim.nodes[0]
+            .post_send(a.qpn, ud_send(i, *ah, b, QKEY, sge(&src, 0, 64)))
+            .unwrap();
+        settle(&mut sim);
+    }
+    assert_eq!(sim.nodes[1].poll(b.recv_cq).len(), 4);
+    let tos: Vec<u8> = sim
+        .trace
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|(from, _)| *from == 0)
+        .map(|(_, p)| {
+            let f = RoceFrame::parse_ip(p).unwrap();
+            f.verify().expect("checksums and ICRC");
+            f.headers.ip.traffic_class()
+        })
+        .collect();
+    assert_eq!(tos, [0, 0x68, 0x68, 0]);
+}
+
 /// UD limits: a datagram larger than the receive buffer (with its 40 GRH bytes) is dropped and
 /// the WQE kept; a send larger than the port MTU completes successfully without a packet.
 #[test]

@@ -25,7 +25,7 @@ use super::verbs::{
     WorkCompletion,
 };
 use super::Nanos;
-use crate::wire::{IpAddress, Opcode, Operation, RoceFrame, Transport};
+use crate::wire::{IpAddress, IpRepr, Opcode, Operation, PathHeaders, RoceFrame, Transport};
 
 /// Device limits, as rdma_rxe advertises them (digest §8) where they bind.
 pub mod limits {
@@ -165,6 +165,15 @@ impl Shared {
     pub fn next_ip_ident(&mut self) -> u16 {
         self.ip_ident = self.ip_ident.wrapping_add(1);
         self.ip_ident
+    }
+
+    /// The IPv4 identification for the next packet on `path`: the device's next one for an
+    /// IPv4 path, 0 (unused) for IPv6, which takes none from the sequence.
+    pub(crate) fn next_ip_ident_for(&mut self, path: &PathHeaders) -> u16 {
+        match path.ip() {
+            IpRepr::V4(_) => self.next_ip_ident(),
+            IpRepr::V6(_) => 0,
+        }
     }
 
     /// Stores a completion; false when the CQ overflowed (the CQ-error event is raised once).

@@ -606,7 +606,6 @@ impl Qp {
             && self.req.psn != self.comp.psn
     }
 
-    /// The IP/UDP/BTH headers of a packet from this QP to `av`.
     /// The IP and UDP headers for a packet to `av`, built when the path differs from the last
     /// packet's (the first packet, a new address vector, a UD destination that changed, or a
     /// source GID whose address changed) and reused otherwise. `None` when the source GID is

@@ -337,8 +337,8 @@ impl Qp {
                 self.req.noack_msgs += 1;
             }
         }
-        let ident = sh.next_ip_ident();
         let started = self.path_headers(sh, &av).and_then(|path| {
+            let ident = sh.next_ip_ident_for(path);
             let ends = (path.src_addr(), path.dst_addr());
             FrameWriter::on_path(buf, path, ident, &t, payload_len as usize)
                 .ok()

@@ -897,8 +897,8 @@ impl Qp {
                 (t, n as usize, Some(r))
             }
         };
-        let ident = sh.next_ip_ident();
         let path = self.path_headers(sh, &av)?;
+        let ident = sh.next_ip_ident_for(path);
         let (src, dst) = (path.src_addr(), path.dst_addr());
         let mut w = FrameWriter::on_path(buf, path, ident, &t, payload_len).ok()?;
         if let Some(r) = read {
