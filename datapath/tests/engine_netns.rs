@@ -920,10 +920,11 @@ fn ping_pong_batching(mode: SendCompletions) {
         assert!(frames >= ROUNDS + acks, "side {side}: {frames} frames");
         // One batch per round, with some slack for rounds the progress thread took over. An
         // application that thinks outside the verbs looks gone to the progress thread, which
-        // then sends what is held: in 1-20 % of the rounds here. ACKs on their own cost every
-        // round two batches.
+        // then sends what is held: in 1-25 % of the rounds here, and once in 51 % (a CI run
+        // on a host whose other tenants were busy: 3 014 batches). ACKs on their own cost
+        // every round two batches, 4 000 in all, which the bound still tells apart.
         let slack = match mode {
-            SendCompletions::EachWaitedThenThink => ROUNDS / 2,
+            SendCompletions::EachWaitedThenThink => ROUNDS * 3 / 4,
             _ => ROUNDS / 4,
         };
         assert!(
