@@ -20,7 +20,7 @@ impl From<core::net::Ipv4Addr> for Ipv4Address {
     }
 }
 
-mod field {
+pub(crate) mod field {
     use super::Field;
     pub const VER_IHL: usize = 0;
     pub const TOS: usize = 1;

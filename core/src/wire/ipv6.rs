@@ -21,7 +21,7 @@ impl From<core::net::Ipv6Addr> for Ipv6Address {
     }
 }
 
-mod field {
+pub(crate) mod field {
     use super::Field;
     /// Version (4 bits), traffic class (8), flow label (20).
     pub const VER_TC_FLOW: Field = 0..4;

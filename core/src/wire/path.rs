@@ -10,17 +10,9 @@ use super::ip::{IpAddress, IpRepr};
 use super::ipv4;
 use super::ipv6;
 use super::udp::{self, UdpRepr};
-use super::{be, Field, Result, WireError};
+use super::{be, Result, WireError};
 
 const MAX_LEN: usize = ipv6::HEADER_LEN + udp::HEADER_LEN;
-/// Offsets inside the IPv4 header (RFC 791).
-const V4_TOTAL_LEN: Field = 2..4;
-const V4_IDENT: Field = 4..6;
-const V4_CHECKSUM: Field = 10..12;
-/// The IPv6 payload length (RFC 8200).
-const V6_PAYLOAD_LEN: Field = 4..6;
-/// The UDP length, from the UDP header's start.
-const UDP_LEN: Field = 4..6;
 
 /// The IP header and UDP header of one path, with every field that does not change from one
 /// packet to the next already in place.
@@ -28,12 +20,10 @@ const UDP_LEN: Field = 4..6;
 pub struct PathHeaders {
     /// IP header then UDP header; lengths, IPv4 identification and both checksums zero.
     bytes: [u8; MAX_LEN],
-    ip_len: usize,
     /// IPv4: the unfolded ones'-complement sum of the header words that do not change (the
     /// total length and identification are added per packet). Unused for IPv6.
     fixed_sum: u32,
     ip: IpRepr,
-    src_port: u16,
 }
 
 impl PathHeaders {
@@ -54,27 +44,25 @@ impl PathHeaders {
         }
         .emit(&mut bytes[ip_len..])?;
         // The UDP length and both checksums are written per packet (the UDP checksum as 0).
-        be::set_u16(&mut bytes[ip_len..], UDP_LEN, 0);
+        be::set_u16(&mut bytes[ip_len..], udp::field::LENGTH, 0);
         let fixed_sum = match &ip {
             IpRepr::V4(r) => {
-                be::set_u16(&mut bytes, V4_TOTAL_LEN, 0);
-                be::set_u16(&mut bytes, V4_CHECKSUM, 0);
+                be::set_u16(&mut bytes, ipv4::field::LENGTH, 0);
+                be::set_u16(&mut bytes, ipv4::field::CHECKSUM, 0);
                 r.fixed_words_sum()
             }
             IpRepr::V6(_) => 0,
         };
         Ok(PathHeaders {
             bytes,
-            ip_len,
             fixed_sum,
             ip,
-            src_port: udp.src_port,
         })
     }
 
     /// IP plus UDP header length.
     pub fn header_len(&self) -> usize {
-        self.ip_len + udp::HEADER_LEN
+        self.ip.header_len() + udp::HEADER_LEN
     }
 
     /// The IP header these were built from (payload length and identification zero).
@@ -91,7 +79,7 @@ impl PathHeaders {
     }
 
     pub fn udp_src_port(&self) -> u16 {
-        self.src_port
+        be::u16_at(&self.bytes[self.ip.header_len()..], udp::field::SRC_PORT)
     }
 
     /// Writes both headers at the start of `buf` for a UDP datagram carrying
@@ -108,18 +96,20 @@ impl PathHeaders {
         let udp_len16 =
             u16::try_from(udp_len).map_err(|_| WireError::FieldRange("UDP length above 65535"))?;
         out.copy_from_slice(&self.bytes[..hlen]);
-        be::set_u16(&mut out[self.ip_len..], UDP_LEN, udp_len16);
-        if self.ip_len == ipv4::HEADER_LEN {
-            let total = u16::try_from(ipv4::HEADER_LEN + udp_len)
-                .map_err(|_| WireError::FieldRange("IPv4 total length above 65535"))?;
-            be::set_u16(out, V4_TOTAL_LEN, total);
-            be::set_u16(out, V4_IDENT, ident);
-            // From the values, not read back from `out` (see `Ipv4Repr::emit`).
-            let checksum = ipv4::header_checksum(self.fixed_sum, total, ident);
-            be::set_u16(out, V4_CHECKSUM, checksum);
-        } else {
+        let ip_len = self.ip.header_len();
+        be::set_u16(&mut out[ip_len..], udp::field::LENGTH, udp_len16);
+        match self.ip {
+            IpRepr::V4(_) => {
+                let total = u16::try_from(ipv4::HEADER_LEN + udp_len)
+                    .map_err(|_| WireError::FieldRange("IPv4 total length above 65535"))?;
+                be::set_u16(out, ipv4::field::LENGTH, total);
+                be::set_u16(out, ipv4::field::IDENT, ident);
+                // From the values, not read back from `out` (see `Ipv4Repr::emit`).
+                let checksum = ipv4::header_checksum(self.fixed_sum, total, ident);
+                be::set_u16(out, ipv4::field::CHECKSUM, checksum);
+            }
             // The IPv6 payload is the UDP datagram.
-            be::set_u16(out, V6_PAYLOAD_LEN, udp_len16);
+            IpRepr::V6(_) => be::set_u16(out, ipv6::field::PAYLOAD_LEN, udp_len16),
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 use super::ip::IpRepr;
 use super::{be, check_len, ones_complement_sum, Field, Result, WireError};
 
-mod field {
+pub(crate) mod field {
     use super::Field;
     pub const SRC_PORT: Field = 0..2;
     pub const DST_PORT: Field = 2..4;
