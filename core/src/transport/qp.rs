@@ -552,9 +552,17 @@ impl Qp {
     /// Retires the SQ head with `status`: a completion if signalled or failed, the READ/atomic
     /// slot returned, and on failure the QP to ERROR.
     pub(crate) fn retire_head(&mut self, sh: &mut Shared, status: WcStatus) {
-        let Some(wqe) = self.sq.pop_front() else {
+        // What is needed of the WQE is read where it lies; moving the whole of it out of the
+        // queue (256 bytes) was a tenth of this function's cost, once per message.
+        let Some(wqe) = self.sq.front() else {
             return;
         };
+        let has_rd_atomic = wqe.has_rd_atomic;
+        let signalled = self.sq_sig_all
+            || wqe.wr.flags.contains(super::SendFlags::SIGNALED)
+            || status != WcStatus::Success;
+        let wc = signalled.then(|| self.send_wc(wqe, status));
+        self.sq.pop_front();
         if self.req.wqe_index > 0 {
             self.req.wqe_index -= 1;
         } else {
@@ -564,17 +572,10 @@ impl Qp {
             // this one, which the responder rejects as out of sequence.
             self.resume_from_comp_psn(sh);
         }
-        if wqe.has_rd_atomic {
+        if has_rd_atomic {
             self.req.rd_atomic_avail = (self.req.rd_atomic_avail + 1).min(self.req.rd_atomic_max);
         }
-        let signalled = self.sq_sig_all
-            || wqe.wr.flags.contains(super::SendFlags::SIGNALED)
-            || status != WcStatus::Success;
-        let mut ok = true;
-        if signalled {
-            let wc = self.send_wc(&wqe, status);
-            ok = sh.complete(self.send_cq, wc);
-        }
+        let ok = wc.is_none_or(|wc| sh.complete(self.send_cq, wc));
         if status != WcStatus::Success || !ok {
             if !ok {
                 sh.events

@@ -1,7 +1,7 @@
 //! Posting work requests.
 
 use libc::c_int;
-use xroce_core::transport::verbs::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use xroce_core::transport::verbs::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
 
 use super::ah::ah;
 use super::errno;
@@ -13,27 +13,31 @@ use crate::abi::verbs::{
     IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 };
 
-/// The scatter/gather list of a work request, as the collection the transport's WR holds.
+/// The scatter/gather list of a work request, as the transport's WRs hold it.
 ///
 /// # Safety
 /// `list` must point at `n` SGEs when `n > 0`.
-unsafe fn sges<C: FromIterator<Sge> + Default>(list: *const ibv_sge, n: c_int) -> Result<C, c_int> {
+unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
     if n < 0 || (n > 0 && list.is_null()) {
         return Err(libc::EINVAL);
     }
     if n == 0 {
-        return Ok(C::default());
+        return Ok(SgList::new());
     }
     // SAFETY: per the contract.
     let list = unsafe { std::slice::from_raw_parts(list, n as usize) };
-    Ok(list
-        .iter()
-        .map(|s| Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        })
-        .collect())
+    let sge = |s: &ibv_sge| Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    };
+    // Every posted WR comes here; the lists that fit in place are written there directly
+    // instead of through the generic collect (reserve, then a push per element).
+    Ok(match list {
+        [one] => SgList::from_buf_and_len([sge(one), Sge::default()], 1),
+        [a, b] => SgList::from_buf([sge(a), sge(b)]),
+        more => more.iter().map(sge).collect(),
+    })
 }
 
 /// The transport's send WR for a verbs one.
@@ -199,5 +203,45 @@ pub unsafe extern "C" fn post_srq_recv(
                 .with_device_quiet(|d| d.post_srq_recv(x.id, r))
                 .map_err(|e| errno(&e))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(n: usize) -> Vec<ibv_sge> {
+        (0..n as u32)
+            .map(|i| ibv_sge {
+                addr: 0x1000 * u64::from(i + 1),
+                length: 10 + i,
+                lkey: 100 + i,
+            })
+            .collect()
+    }
+
+    /// Lists of every length come over whole and in order, the ones held in place as well as
+    /// the longer ones; a negative count or a missing list is refused.
+    #[test]
+    fn scatter_gather_lists_convert_whole_and_in_order() {
+        for n in 0..5 {
+            let raw = list(n);
+            // SAFETY: `raw` holds `n` SGEs.
+            let got = unsafe { sges(raw.as_ptr(), n as c_int) }.expect("valid list");
+            let want: Vec<Sge> = raw
+                .iter()
+                .map(|s| Sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                })
+                .collect();
+            assert_eq!(got.as_slice(), want.as_slice(), "{n} SGEs");
+        }
+        // SAFETY: both are refused before the pointer is read.
+        unsafe {
+            assert_eq!(sges(list(1).as_ptr(), -1), Err(libc::EINVAL));
+            assert_eq!(sges(std::ptr::null(), 1), Err(libc::EINVAL));
+        }
     }
 }
