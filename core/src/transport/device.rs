@@ -840,12 +840,15 @@ impl Device {
         host: &dyn HostMemory,
         buf: &mut [u8],
     ) -> Option<Transmit> {
-        while let Some(qpn) = self.ready.pop_front() {
+        // The QP whose turn it is stays at the head of the list while its turn goes on (the
+        // builders below cannot queue QPs, so it cannot be queued twice meanwhile); it leaves
+        // the head when the turn ends or it has nothing left.
+        while let Some(&qpn) = self.ready.front() {
             let Some(qp) = self.qps.get_mut(&qpn) else {
+                self.ready.pop_front();
                 self.turn_sent = 0;
                 continue;
             };
-            qp.queued = false;
             // A request goes first, and the kind a turn started with keeps going until it runs
             // out or the turn ends: when an application answers a message, the whole answer
             // leaves ahead of the ACK for the message (both in one batch when the engine defers
@@ -879,17 +882,16 @@ impl Device {
             lower_timer_floor(&mut self.timer_floor, qp);
             if let Some((t, _)) = sent {
                 self.turn_sent += 1;
-                if self.turn_sent < TX_TURN_PACKETS {
-                    // The turn goes on: next time this QP is asked first again.
-                    qp.queued = true;
-                    self.ready.push_front(qpn);
-                } else {
+                // While the turn goes on, the QP stays first and is asked again next time.
+                if self.turn_sent >= TX_TURN_PACKETS {
                     self.turn_sent = 0;
-                    qp.queued = true;
+                    self.ready.pop_front();
                     self.ready.push_back(qpn);
                 }
                 return Some(t);
             }
+            qp.queued = false;
+            self.ready.pop_front();
             self.turn_sent = 0;
         }
         None
