@@ -3066,19 +3066,30 @@ fn mid_message_holds_between_the_first_and_the_last_packet_of_a_message() {
     );
 }
 
+/// Node 0 of a two-node simulation with an RC QP connected to node 1 and 4 KiB of memory,
+/// after the transmit round that bringing the QP up queued (it finds nothing to send).
+fn idle_connected_sender(seed: u64) -> (Sim, QpEnd, MemoryRegion) {
+    let mut sim = Sim::new(seed, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    assert!(node
+        .dev
+        .poll_transmit(now, &node.mem, &mut [0u8; 16384])
+        .is_none());
+    (sim, a, src)
+}
+
 /// `Device::has_work` is what lets a polling application skip the transmit round: it must be
 /// true whenever a round would do something (a packet to send, a timer due), and false once a
 /// round found nothing to do and nothing came since.
 #[test]
 fn has_work_is_true_whenever_a_round_would_do_something() {
-    let mut sim = Sim::new(65, 2, LinkConfig::default());
-    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
-    let src = sim.nodes[0].alloc(4096, RW);
+    let (mut sim, a, src) = idle_connected_sender(65);
     let now = sim.now;
     let node = &mut sim.nodes[0];
     let mut buf = vec![0u8; 16384];
-    // Bringing the QP up queued it; the round finds nothing to send.
-    assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_none());
     assert!(!node.dev.has_work(now), "a connected, idle device");
     node.post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
         .unwrap();
@@ -3096,4 +3107,22 @@ fn has_work_is_true_whenever_a_round_would_do_something() {
     assert!(node.dev.handle_timeout(due));
     assert!(node.dev.has_work(due), "the retransmission waits to go");
     assert!(node.dev.poll_transmit(due, &node.mem, &mut buf).is_some());
+}
+
+/// A QP destroyed while it waits to send leaves nothing behind for the transmit round.
+#[test]
+fn a_destroyed_qp_leaves_the_transmit_round_at_once() {
+    let (mut sim, a, src) = idle_connected_sender(66);
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    let mut buf = vec![0u8; 16384];
+    node.post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    assert!(node.dev.has_work(now), "a posted SEND waits to go");
+    node.dev.destroy_qp(a.qpn).unwrap();
+    assert!(
+        !node.dev.has_work(now),
+        "the destroyed QP is no longer listed"
+    );
+    assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_none());
 }

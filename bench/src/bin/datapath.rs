@@ -69,6 +69,15 @@ Environment:
                      raw-stream-64: raw AF_XDP's 64 B packet rate and its sender's
                      CPU per frame (next to `ib_send_bw -s 64`)";
 
+/// The parts `XROCE_BENCH_ONLY` can pick.
+const BENCH_PARTS: [&str; 5] = [
+    "pingpong",
+    "stream-4k",
+    "stream-64k",
+    "raw-stream-4k",
+    "raw-stream-64",
+];
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
         None => {}
@@ -78,6 +87,16 @@ fn main() {
         }
         Some(other) => {
             eprintln!("datapath: unknown argument {other:?}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
+    // Checked before anything is set up: a typo must not cost a minute and leave no table.
+    if let Ok(only) = std::env::var("XROCE_BENCH_ONLY") {
+        if !BENCH_PARTS.contains(&only.as_str()) {
+            eprintln!(
+                "datapath: XROCE_BENCH_ONLY={only:?} is not one of {}",
+                BENCH_PARTS.join(", ")
+            );
             std::process::exit(2);
         }
     }
@@ -137,7 +156,7 @@ fn main() {
                     s.sender_cpu.sys_s * 1e6 / frames
                 );
             }
-            other => eprintln!("XROCE_BENCH_ONLY: unknown {other:?}"),
+            other => unreachable!("XROCE_BENCH_ONLY {other:?} was checked on start"),
         }
         return;
     }

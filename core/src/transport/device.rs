@@ -582,8 +582,14 @@ impl Device {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         self.qps
             .remove(&qpn)
-            .map(|_| ())
-            .ok_or(VerbsError::NoSuchObject("queue pair"))
+            .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        // A destroyed QP leaves the ready list at once: QP numbers wrap, and a new QP given
+        // this number while the old one was still listed could be listed twice.
+        if self.ready.front() == Some(&qpn) {
+            self.turn_sent = 0;
+        }
+        self.ready.retain(|&q| q != qpn);
+        Ok(())
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
