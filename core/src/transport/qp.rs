@@ -18,8 +18,8 @@ use super::verbs::{
 };
 use super::{psn, Nanos};
 use crate::wire::{
-    ipv4, BthRepr, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, PathHeaders, UdpRepr,
-    ROCEV2_UDP_PORT,
+    ipv4, BthRepr, FrameWriter, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, PathHeaders,
+    TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
 };
 
 /// Queue sizes asked for at creation (`struct ibv_qp_cap`).
@@ -650,6 +650,27 @@ impl Qp {
             self.path = Some(PathHeaders::new(&ip, &udp).ok()?);
         }
         self.path.as_ref()
+    }
+
+    /// Starts a packet to `av` in `buf`: the path's IP and UDP headers, with the device's next
+    /// IPv4 identification, then `t`'s transport headers. Also gives the packet's source and
+    /// destination addresses. `None` when there is no path (see [`Self::path_headers`]) or the
+    /// packet does not fit. Always inlined into its two callers: `#[inline]` alone left it
+    /// out of line, where returning the writer and both addresses cost 38 instructions per
+    /// packet sent (callgrind, `ib_send_bw -s 64` sender).
+    #[inline(always)]
+    pub(crate) fn start_packet<'b>(
+        &mut self,
+        sh: &mut Shared,
+        av: &AddressVector,
+        buf: &'b mut [u8],
+        t: &TransportRepr,
+        payload_len: usize,
+    ) -> Option<(FrameWriter<'b>, IpAddress, IpAddress)> {
+        let path = self.path_headers(sh, av)?;
+        let ident = sh.next_ip_ident_for(path);
+        let writer = FrameWriter::on_path(buf, path, ident, t, payload_len).ok()?;
+        Some((writer, path.src_addr(), path.dst_addr()))
     }
 
     pub(crate) fn bth(&self, opcode: Opcode, dest_qpn: u32, psn: u32) -> BthRepr {

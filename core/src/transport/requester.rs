@@ -12,7 +12,7 @@ use super::qp::{Qp, WqeState};
 use super::qp_state::{retransmit_timeout_ns, QpState, QpType};
 use super::verbs::{SendFlags, SendOp, WcStatus};
 use super::{psn, sgl, Nanos};
-use crate::wire::{AtomicEthRepr, DethRepr, FrameWriter, Opcode, RethRepr, TransportRepr};
+use crate::wire::{AtomicEthRepr, DethRepr, Opcode, RethRepr, TransportRepr};
 
 /// An RC requester never runs more than this many PSNs ahead of the oldest unacknowledged one
 /// (`RXE_MAX_UNACKED_PSNS`).
@@ -337,14 +337,9 @@ impl Qp {
                 self.req.noack_msgs += 1;
             }
         }
-        let started = self.path_headers(sh, &av).and_then(|path| {
-            let ident = sh.next_ip_ident_for(path);
-            let ends = (path.src_addr(), path.dst_addr());
-            FrameWriter::on_path(buf, path, ident, &t, payload_len as usize)
-                .ok()
-                .map(|w| (w, ends))
-        });
-        let Some((mut writer, (src, dst))) = started else {
+        let Some((mut writer, src, dst)) =
+            self.start_packet(sh, &av, buf, &t, payload_len as usize)
+        else {
             self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
             return None;
         };

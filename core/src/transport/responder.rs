@@ -16,8 +16,8 @@ use super::qp_state::{QpState, QpType};
 use super::verbs::{RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use super::{psn, sgl, AsyncEvent, Event};
 use crate::wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, FrameWriter, IpRepr, NakCode, Opcode, OpcodeInfo,
-    Operation, Position, RoceFrame, TransportRepr,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, IpRepr, NakCode, Opcode, OpcodeInfo, Operation,
+    Position, RoceFrame, TransportRepr,
 };
 
 /// Bytes at the head of a UD receive buffer that hold the GRH image.
@@ -897,10 +897,7 @@ impl Qp {
                 (t, n as usize, Some(r))
             }
         };
-        let path = self.path_headers(sh, &av)?;
-        let ident = sh.next_ip_ident_for(path);
-        let (src, dst) = (path.src_addr(), path.dst_addr());
-        let mut w = FrameWriter::on_path(buf, path, ident, &t, payload_len).ok()?;
+        let (mut w, src, dst) = self.start_packet(sh, &av, buf, &t, payload_len)?;
         if let Some(r) = read {
             if payload_len > 0 && host.read(r.va, w.payload_mut()).is_err() {
                 self.resp.out.pop_front();
