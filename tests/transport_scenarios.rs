@@ -115,6 +115,17 @@ fn bth_of(packet: &[u8]) -> (Opcode, u32) {
     (f.headers.transport.bth.opcode, f.headers.transport.bth.psn)
 }
 
+/// The frames node `from` sent, in the order they left, from a simulator trace.
+fn frames_sent_by(trace: &[(usize, Vec<u8>)], from: usize) -> Vec<RoceFrame<'_>> {
+    trace
+        .iter()
+        .filter(|(node, _)| *node == from)
+        .map(|(_, pkt)| {
+            RoceFrame::parse_ip(pkt).expect("the simulator carries RoCEv2 packets only")
+        })
+        .collect()
+}
+
 /// Loses the first `max` packets node `from` sends that `pick` chooses (by opcode and PSN).
 /// Returns how many were lost so far, so a test can check that the loss it depends on happened.
 fn drop_matching(
@@ -1428,10 +1439,9 @@ fn lost_read_response_middle_resumes_where_the_data_stopped() {
     assert_eq!(counters(&sim, 1).duplicates, 1);
 
     let trace = sim.trace.take().unwrap();
-    let requests: Vec<_> = trace
+    let requests: Vec<_> = frames_sent_by(&trace, 0)
         .iter()
-        .filter(|(from, _)| *from == 0)
-        .map(|(_, pkt)| RoceFrame::parse_ip(pkt).unwrap().headers.transport)
+        .map(|f| f.headers.transport)
         .collect();
     assert_eq!(requests.len(), 2, "the READ and one retry");
     let retry = &requests[1];
@@ -1930,14 +1940,7 @@ fn each_packet_carries_its_own_paths_addresses() {
         assert_eq!(got_b, to_b);
         assert_eq!(got_c, to_c);
     }
-    let sent_by_0: Vec<RoceFrame> = sim
-        .trace
-        .as_ref()
-        .unwrap()
-        .iter()
-        .filter(|(from, _)| *from == 0)
-        .map(|(_, p)| RoceFrame::parse_ip(p).unwrap())
-        .collect();
+    let sent_by_0 = frames_sent_by(sim.trace.as_ref().unwrap(), 0);
     let nodes: Vec<_> = sim.nodes.iter().map(|n| n.ip).collect();
     let mut to_c = 0;
     for f in &sent_by_0 {
@@ -1979,14 +1982,9 @@ fn a_traffic_class_of_its_own_makes_a_path_of_its_own() {
         settle(&mut sim);
     }
     assert_eq!(sim.nodes[1].poll(b.recv_cq).len(), 4);
-    let tos: Vec<u8> = sim
-        .trace
-        .as_ref()
-        .unwrap()
+    let tos: Vec<u8> = frames_sent_by(sim.trace.as_ref().unwrap(), 0)
         .iter()
-        .filter(|(from, _)| *from == 0)
-        .map(|(_, p)| {
-            let f = RoceFrame::parse_ip(p).unwrap();
+        .map(|f| {
             f.verify().expect("checksums and ICRC");
             f.headers.ip.traffic_class()
         })
