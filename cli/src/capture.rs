@@ -75,6 +75,10 @@ struct Interface {
 pub fn read_file(path: &Path) -> Result<Vec<CapturedPacket>, CaptureError> {
     let fail = |message: String, packets| CaptureError { message, packets };
     let file = File::open(path).map_err(|e| fail(format!("cannot open: {e}"), Vec::new()))?;
+    // Opening a directory succeeds; reading it would fail with a parser error that names no cause.
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(fail("is a directory".to_string(), Vec::new()));
+    }
     let mut reader = pcap_parser::create_reader(1 << 20, file).map_err(|e| {
         fail(
             match e {

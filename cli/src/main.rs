@@ -58,10 +58,13 @@ enum Command {
         command: Vec<OsString>,
     },
     /// Run an xroce engine on one queue of an interface, in the foreground, until SIGINT or
-    /// SIGTERM.
+    /// SIGTERM (root).
     ///
     /// The engine binds an AF_XDP socket to the queue and registers it with xroce's XDP
-    /// program, which must be loaded on the interface first (`cargo xtask xdp load --iface IF`).
+    /// program, which must be loaded on the interface first (`xroce link add NAME netdev IF`
+    /// loads it, or `cargo xtask xdp load --iface IF` from the source tree). RDMA programs run
+    /// engines of their own (`xroce exec`); this one serves the queue with no application, to
+    /// see that RoCEv2 frames reach it (its counters) or to hold the queue.
     /// It prints one line when ready and its counters when it stops. Only one engine can
     /// serve a queue; a second one exits with an error saying so. When the engine exits (or is
     /// killed) its socket goes away and RoCEv2 frames go to the kernel again.

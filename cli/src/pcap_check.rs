@@ -138,7 +138,11 @@ pub fn check_file(
             list.join(", ")
         )?;
     }
-    writeln!(out, "{s}")?;
+    // A file that held nothing readable gets no count line: its error says it all (a file cut
+    // short still reports the packets before the cut).
+    if error.is_none() || s.packets > 0 {
+        writeln!(out, "{s}")?;
+    }
     Ok((s, error))
 }
 

@@ -157,9 +157,21 @@ fn unreadable_input_exits_2() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a pcap or pcapng file"));
 
+    // Nothing was read from it, so no count line claims "0 packets" for it.
+    assert!(!stdout(&o).contains("packets"), "{}", stdout(&o));
+
     let o = xroce(&["pcap", "check", "/nonexistent/capture.pcap"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot open"));
+
+    let dir = std::env::temp_dir();
+    let o = xroce(&["pcap", "check", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is a directory"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 
     // A file cut in the middle of a record: packets before the cut are still reported.
     let frames = fixture_frames("rc_pingpong.pcap");

@@ -30,14 +30,16 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Run everything CI runs: install missing Debian packages the tests need (as root), rustfmt
-    /// check, clippy with warnings denied, and the whole test suite. This is the README's test
-    /// command and what `.ci/run` calls. The XDP and namespace tests need root; set
-    /// XROCE_SKIP_ROOT_TESTS=1 to skip them.
+    /// check, clippy with warnings denied, and the whole test suite (about 10-15 minutes on 2
+    /// cores after the first build; the first run also downloads Debian's kernel package for
+    /// the rdma_rxe guests). This is the README's test command and what `.ci/run` calls. The
+    /// XDP, namespace and guest tests need root: without it they fail, unless
+    /// XROCE_SKIP_ROOT_TESTS=1 asks to skip them.
     Test,
     /// The main demo (root): installs what is missing, builds xroce, creates two network
     /// namespaces joined by a veth pair with an xroce device in each, runs the unmodified
     /// `ibv_rc_pingpong` and perftest `ib_write_bw` between them, prints their results and
-    /// removes everything again (also on failure or Ctrl-C).
+    /// removes everything again (also on failure or Ctrl-C). Under a minute once built.
     Demo,
     /// Build, load, unload and inspect the XDP steering program (xdp-prog/). Loading and
     /// unloading need root and act on the network namespace the command runs in (use
@@ -153,6 +155,11 @@ fn main() -> ExitCode {
             quick,
             no_guests,
         } => match what.as_deref() {
+            Some("datapath") if quick || no_guests => Err(
+                "--quick and --no-guests are options of the suite; `bench datapath` has neither \
+                 (it runs no guests, and XROCE_BENCH_ONLY=PART runs one part of it)"
+                    .into(),
+            ),
             Some("datapath") => bench(&root, "datapath"),
             _ => bench_suite(&root, quick, no_guests),
         },

@@ -14,16 +14,17 @@ pub enum RxePeerCommand {
     /// the kernel package (about 70 MB); cached under target/rxe-peer (or
     /// $XROCE_RXE_PEER_CACHE).
     Image,
-    /// Boot guests on a bridge in a new network namespace and leave them running. Each
-    /// guest brings up rxe0 on its eth0 (GID 1 is its IPv4 address: use `-g 1` with the
-    /// pingpongs, `-x 1` with perftest). Prints the namespace, the guests' addresses and how to
-    /// reach them. One lab at a time; `down` removes it.
+    /// Boot guests on a bridge in a new network namespace and leave them running (root; about
+    /// 10-15 s under TCG, plus the image on first use). Each guest brings up rxe0 on its eth0
+    /// (GID 1 is its IPv4 address: use `-g 1` with the pingpongs, `-x 1` with perftest).
+    /// Prints the namespace, the guests' addresses and how to reach them. One lab at a time;
+    /// `down` removes it.
     Up {
-        /// How many guests (named rxe1, rxe2, ...).
+        /// How many guests (named rxe1, rxe2, ...), 1 to 8.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=8))]
         guests: u8,
-        /// MTU of the bridge and of every guest's eth0 (rxe's path MTU is MTU - 80 rounded
-        /// down to a power of two: 1500 gives 1024, 9000 gives 4096).
+        /// MTU of the bridge and of every guest's eth0, 1280 to 9000 (rxe's path MTU is
+        /// MTU - 80 rounded down to a power of two: 1500 gives 1024, 9000 gives 4096).
         #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(1280..=9000))]
         mtu: u32,
         /// Also join network namespace NS to the bridge (created when missing): a veth named
@@ -57,7 +58,8 @@ pub enum RxePeerCommand {
     Run {
         /// The guest's name (see `status`).
         guest: String,
-        /// Stop the command after this many seconds.
+        /// Stop the command after this many seconds (a server started in the background is
+        /// stopped too: give it time for its client).
         #[arg(long, default_value_t = 60)]
         timeout: u64,
         /// The command (run by bash in the guest).
@@ -65,7 +67,7 @@ pub enum RxePeerCommand {
         command: Vec<String>,
     },
     /// Show the running lab: namespace, guests (and whether their qemu runs), attached
-    /// namespaces.
+    /// namespaces. Says so when none is running.
     Status,
     /// Stop the guests and remove the namespace, the bridge and the veths.
     Down,
@@ -132,8 +134,11 @@ pub fn run(root: &Path, command: RxePeerCommand) -> Result<(), String> {
             std::process::exit(out.status.clamp(0, 255));
         }
         RxePeerCommand::Status => {
-            let lab = running()?;
-            print_lab(&lab);
+            // Nothing running is an answer, not an error (as `down` and `xdp status` treat it).
+            match RunningLab::load(&state_file()).map_err(|e| e.to_string())? {
+                None => println!("no rxe-peer lab is running"),
+                Some(lab) => print_lab(&lab),
+            }
             Ok(())
         }
         RxePeerCommand::Down => {

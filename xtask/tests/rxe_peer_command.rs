@@ -51,6 +51,13 @@ fn up_run_status_down() {
         text(&out)
     );
 
+    let status = xtask(&state, &["rxe-peer", "status"]);
+    assert!(
+        status.status.success() && text(&status).contains("no rxe-peer lab is running"),
+        "{}",
+        text(&status)
+    );
+
     let up = xtask(
         &state,
         &["rxe-peer", "up", "--guests", "1", "--attach", &attach],

@@ -102,8 +102,9 @@ pub enum XdpError {
 
     /// xroce's program is not loaded on the interface (for map access).
     #[error(
-        "xroce's XDP program is not loaded on {iface}; load it first with \
-         `cargo xtask xdp load --iface {iface}` (as root, in the interface's network namespace)"
+        "xroce's XDP program is not loaded on {iface}; load it first (as root, in the \
+         interface's network namespace) with `xroce link add NAME netdev {iface}`, which also \
+         makes an RDMA device, or from the source tree with `cargo xtask xdp load --iface {iface}`"
     )]
     NotLoaded {
         /// The interface.

@@ -1376,6 +1376,7 @@ mod tests {
             iface: "xr0".into(),
         };
         assert!(e.to_string().contains("cargo xtask xdp load --iface xr0"));
+        assert!(e.to_string().contains("xroce link add NAME netdev xr0"));
     }
 
     #[test]
