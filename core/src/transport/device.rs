@@ -12,6 +12,8 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap as HashMap;
 
+use super::handle_ids;
+
 use super::address::{AddressVector, AhId};
 use super::cq::{CompletionQueue, CqId, Pushed};
 use super::host_memory::HostMemory;
@@ -399,8 +401,7 @@ impl Device {
                 "cqe must be between 1 and the device's max_cqe",
             ));
         }
-        let id = CqId(self.next_cq);
-        self.next_cq += 1;
+        let id = handle_ids::next_free(&mut self.next_cq, &self.sh.cqs, CqId);
         self.sh.cqs.insert(id, CompletionQueue::new(cqe as usize));
         Ok(id)
     }
@@ -455,8 +456,7 @@ impl Device {
         if max_wr == 0 || max_wr > limits::MAX_SRQ_WR || max_sge > limits::MAX_SRQ_SGE {
             return Err(VerbsError::Invalid("SRQ size out of range"));
         }
-        let id = SrqId(self.next_srq);
-        self.next_srq += 1;
+        let id = handle_ids::next_free(&mut self.next_srq, &self.sh.srqs, SrqId);
         self.sh.srqs.insert(
             id,
             SharedReceiveQueue::new(pd, max_wr as usize, max_sge as usize),
@@ -519,8 +519,7 @@ impl Device {
                 "source and destination GIDs are of different IP versions",
             ));
         }
-        let id = AhId(self.next_ah);
-        self.next_ah += 1;
+        let id = handle_ids::next_free(&mut self.next_ah, &self.sh.ahs, AhId);
         self.sh.ahs.insert(id, (pd, av));
         Ok(id)
     }
@@ -998,5 +997,38 @@ fn next_qpn(q: u32) -> u32 {
         limits::FIRST_QPN
     } else {
         q + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_and_address_handles_still_in_use_are_not_given_again_after_the_wrap() {
+        let mut dev = Device::new(DeviceConfig {
+            gids: Vec::new(),
+            port_mtu: PathMtu::Mtu1024,
+            key_seed: [3; 32],
+            first_qpn: limits::FIRST_QPN,
+        });
+        let live_cq = dev.create_cq(8).unwrap();
+        let pd = dev.alloc_pd();
+        let live_srq = dev.create_srq(pd, 8, 1).unwrap();
+        // As after 2^32 creations of each: the counters come round to the live handles.
+        dev.next_cq = u32::MAX;
+        dev.next_srq = u32::MAX;
+        assert_eq!(dev.create_cq(8).unwrap(), CqId(u32::MAX));
+        let cq = dev.create_cq(8).unwrap();
+        assert_ne!(cq, live_cq);
+        assert_eq!(dev.create_srq(pd, 8, 1).unwrap(), SrqId(u32::MAX));
+        let srq = dev.create_srq(pd, 8, 1).unwrap();
+        assert_ne!(srq, live_srq);
+        // Destroying the new ones leaves the live ones in place.
+        dev.destroy_cq(cq).unwrap();
+        dev.destroy_srq(srq).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(dev.poll_cq(live_cq, 1, &mut out), Ok(0));
+        assert!(dev.destroy_srq(live_srq).is_ok());
     }
 }

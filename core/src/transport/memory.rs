@@ -8,6 +8,8 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
+use super::handle_ids;
+
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -134,8 +136,7 @@ impl MemoryTable {
     }
 
     pub fn alloc_pd(&mut self) -> PdId {
-        let pd = PdId(self.next_pd);
-        self.next_pd = self.next_pd.wrapping_add(1).max(1);
+        let pd = handle_ids::next_free(&mut self.next_pd, &self.pds, PdId);
         self.pds.insert(pd, 0);
         pd
     }
@@ -193,8 +194,7 @@ impl MemoryTable {
         };
         self.by_lkey.insert(lkey, mr); // reserve before drawing the rkey
         mr.rkey = self.fresh_key();
-        let id = MrId(self.next_mr);
-        self.next_mr = self.next_mr.wrapping_add(1).max(1);
+        let id = handle_ids::next_free(&mut self.next_mr, &self.regions, MrId);
         self.by_lkey.insert(lkey, mr);
         self.by_rkey.insert(mr.rkey, mr);
         self.regions.insert(id, lkey);
@@ -294,6 +294,36 @@ mod tests {
         assert_ne!(g1, g0, "a check that passed before may fail now");
         t.deregister(a); // already gone: nothing changes
         assert_eq!(t.generation(), g1);
+    }
+
+    #[test]
+    fn a_region_number_still_in_use_is_not_given_again_after_the_wrap() {
+        let (mut t, pd) = table();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let (live, live_mr) = t.register(pd, 0x1000, 4096, rw).unwrap();
+        // As after 2^32 registrations: the counter is about to come round to the live one.
+        t.next_mr = u32::MAX;
+        let (last, _) = t.register(pd, 0x2000, 4096, rw).unwrap();
+        let (wrapped, _) = t.register(pd, 0x3000, 4096, rw).unwrap();
+        assert_eq!(last, MrId(u32::MAX));
+        assert_ne!(wrapped, live);
+        // Deregistering the new region leaves the old one (and its remote key) as it was.
+        t.deregister(wrapped).unwrap();
+        assert_eq!(t.get(live), Some(&live_mr));
+        assert!(t
+            .check_remote(live_mr.rkey, pd, 0x1000, 8, Access::REMOTE_WRITE)
+            .is_ok());
+        // And the PD still counts it, so it cannot be freed under it.
+        t.deregister(last).unwrap();
+        assert!(!t.dealloc_pd(pd));
+    }
+
+    #[test]
+    fn a_pd_number_still_in_use_is_not_given_again_after_the_wrap() {
+        let (mut t, pd) = table();
+        t.next_pd = u32::MAX;
+        assert_eq!(t.alloc_pd(), PdId(u32::MAX));
+        assert_ne!(t.alloc_pd(), pd);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod address;
 pub mod completer;
 pub mod cq;
 pub mod device;
+mod handle_ids;
 pub mod host_memory;
 pub mod memory;
 pub mod psn;

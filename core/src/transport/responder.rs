@@ -897,7 +897,18 @@ impl Qp {
                 (t, n as usize, Some(r))
             }
         };
-        let (mut w, src, dst) = self.start_packet(sh, &av, buf, &t, payload_len)?;
+        let Some((mut w, src, dst)) = self.start_packet(sh, &av, buf, &t, payload_len) else {
+            if let Some(r) = read.filter(|_| self.path_headers(sh, &av).is_some()) {
+                // The path is there, so the response does not fit the transmit buffer (a path
+                // MTU above what the port's frames carry) and never will: left at the head of
+                // the queue it would hold up every later response of this QP.
+                self.resp.out.pop_front();
+                self.class_c(sh, r.psn, Fault::Malformed);
+                return self.next_response(sh, host, buf);
+            }
+            // No source address (it may come back): the response waits for it.
+            return None;
+        };
         if let Some(r) = read {
             if payload_len > 0 && host.read(r.va, w.payload_mut()).is_err() {
                 self.resp.out.pop_front();

@@ -1,6 +1,7 @@
 //! Posting work requests.
 
 use libc::c_int;
+use xroce_core::transport::device::limits;
 use xroce_core::transport::verbs::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
 
 use super::ah::ah;
@@ -18,7 +19,9 @@ use crate::abi::verbs::{
 /// # Safety
 /// `list` must point at `n` SGEs when `n > 0`.
 unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
-    if n < 0 || (n > 0 && list.is_null()) {
+    // More SGEs than any QP of the device takes is refused before the list is read: a count
+    // like 0x7fffffff must not make this read (and reserve room for) that many.
+    if n < 0 || n as u32 > limits::MAX_SGE || (n > 0 && list.is_null()) {
         return Err(libc::EINVAL);
     }
     if n == 0 {
@@ -238,10 +241,18 @@ mod tests {
                 .collect();
             assert_eq!(got.as_slice(), want.as_slice(), "{n} SGEs");
         }
-        // SAFETY: both are refused before the pointer is read.
+        // SAFETY: all are refused before the pointer is read (the list holds one SGE).
         unsafe {
             assert_eq!(sges(list(1).as_ptr(), -1), Err(libc::EINVAL));
             assert_eq!(sges(std::ptr::null(), 1), Err(libc::EINVAL));
+            for too_many in [limits::MAX_SGE as c_int + 1, c_int::MAX] {
+                assert_eq!(sges(list(1).as_ptr(), too_many), Err(libc::EINVAL));
+            }
         }
+        // The device's maximum itself is a list like any other.
+        let max = list(limits::MAX_SGE as usize);
+        // SAFETY: `max` holds MAX_SGE SGEs.
+        let got = unsafe { sges(max.as_ptr(), limits::MAX_SGE as c_int) }.expect("valid list");
+        assert_eq!(got.len(), limits::MAX_SGE as usize);
     }
 }
