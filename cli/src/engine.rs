@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use xroce_datapath::afxdp::BindMode;
 use xroce_datapath::engine::{Engine, EngineConfig};
 
-pub fn run(iface: &str, queue: u32, mode: &str) -> ExitCode {
+pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>) -> ExitCode {
     let bind_mode = match mode {
         "copy" => BindMode::Copy,
         "zero-copy" => BindMode::ZeroCopy,
@@ -21,6 +21,7 @@ pub fn run(iface: &str, queue: u32, mode: &str) -> ExitCode {
     let config = EngineConfig {
         queue,
         bind_mode,
+        capture: pcap,
         ..EngineConfig::new(iface)
     };
     let engine = match Engine::start(config) {

@@ -41,9 +41,11 @@ enum Command {
     /// 127 when it cannot be found, 126 when it cannot be run, 1 when xroce fails before.
     ///
     /// For the program, XROCE_STATS_FILE=PATH appends each engine's counters to PATH when it
-    /// stops, and XROCE_DUMP_SIGNAL=USR1 makes `kill -USR1 PID` write what every engine is
-    /// doing (a line per QP and CQ: PSNs, timers, queues) to stderr, for a program that seems
-    /// stuck.
+    /// stops; XROCE_PCAP=PATH writes every frame it sends and receives to the pcap file PATH
+    /// (`{netdev}` in PATH becomes the device's netdev; `tcpdump` on the interface does not
+    /// see xroce's frames); XROCE_DUMP_SIGNAL=USR1 makes `kill -USR1 PID` write what every
+    /// engine is doing (a line per QP and CQ: PSNs, timers, queues) to stderr, for a program
+    /// that seems stuck.
     ///
     /// Example: `xroce exec -- ibv_rc_pingpong -d xroce0 -g 1`
     #[command(override_usage = "xroce exec -- PROGRAM [ARGS]...")]
@@ -78,6 +80,10 @@ enum Command {
         /// AF_XDP bind mode: zero-copy when the driver supports it (auto), or force one.
         #[arg(long, default_value = "auto", value_parser = ["auto", "copy", "zero-copy"])]
         mode: String,
+        /// Write every frame the engine sends and receives to this pcap file (created or
+        /// truncated).
+        #[arg(long, value_name = "FILE")]
+        pcap: Option<PathBuf>,
     },
 }
 
@@ -174,7 +180,12 @@ enum PcapCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Engine { iface, queue, mode } => engine::run(&iface, queue, &mode),
+        Command::Engine {
+            iface,
+            queue,
+            mode,
+            pcap,
+        } => engine::run(&iface, queue, &mode, pcap),
         Command::Link { command } => match command {
             LinkCommand::Add {
                 name, netdev, mode, ..

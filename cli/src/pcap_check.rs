@@ -162,6 +162,11 @@ pub fn run(files: &[PathBuf], opts: &Options, out: &mut dyn Write, err: &mut dyn
                     let _ = writeln!(err, "xroce pcap check: {}: {msg}", path.display());
                 }
             }
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                // The reader stopped reading (`| head`): end quietly. The status says what the
+                // files checked to the end held.
+                break;
+            }
             Err(e) => {
                 let _ = writeln!(err, "xroce pcap check: writing output: {e}");
                 return EXIT_UNREADABLE;

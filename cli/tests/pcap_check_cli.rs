@@ -217,3 +217,20 @@ fn help_explains_the_command() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("<FILE>"));
 }
+
+#[test]
+fn a_reader_that_stops_reading_ends_the_check_quietly() {
+    // `xroce pcap check big.pcap | head`: the pipe closes under the checker.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xroce"))
+        .args(["pcap", "check"])
+        .arg(fixture_path("ib_write_bw.pcap"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run xroce");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    assert_eq!(out.status.code(), Some(0));
+}

@@ -42,6 +42,17 @@ fn stats_file() -> Option<std::ffi::OsString> {
     std::env::var_os(STATS_FILE_ENV).filter(|p| !p.is_empty())
 }
 
+/// Environment variable naming a pcap file to which each engine writes every frame it sends
+/// and receives (`tcpdump` on the interface does not see them: AF_XDP bypasses its taps).
+/// `{netdev}` in the name is replaced by the engine's netdev, for programs that use several
+/// devices (each engine needs a file of its own).
+pub const CAPTURE_ENV: &str = "XROCE_PCAP";
+
+fn capture_path(netdev: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var(CAPTURE_ENV).ok().filter(|p| !p.is_empty())?;
+    Some(path.replace("{netdev}", netdev).into())
+}
+
 impl EngineRef {
     /// A context stopped using this engine. When none is left the engine stops, whatever
     /// objects the application did not destroy (perftest's ib_send_bw client leaks a CQ): as
@@ -125,6 +136,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut config = EngineConfig::new(ctx.netdev.clone());
     config.on_event = Some(EventSink(Arc::new(move |ev| route(id, ev))));
+    config.capture = capture_path(&ctx.netdev);
     match Engine::start(config) {
         Ok(engine) => {
             let e = Arc::new(EngineRef {
@@ -136,7 +148,8 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 stats_written: AtomicBool::new(false),
             });
             all.push((ctx.netdev.clone(), Arc::downgrade(&e)));
-            if stats_file().is_some() {
+            if stats_file().is_some() || capture_path(&ctx.netdev).is_some() {
+                // Also for a capture: its last frames are still buffered.
                 report_stats_at_exit();
             }
             crate::state_dump::install_if_asked(write_state_reports);
@@ -187,8 +200,8 @@ fn write_state_reports(out: &mut dyn std::io::Write) {
 }
 
 /// Programs that exit without closing their device (perftest's `ib_atomic_lat` server does)
-/// never stop their engine; what it has left to send is sent and its counters are written
-/// when the process exits instead.
+/// never stop their engine; what it has left to send is sent, its capture written out and its
+/// counters are written when the process exits instead.
 fn report_stats_at_exit() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     extern "C" fn at_exit() {

@@ -9,6 +9,7 @@
 //! nothing (urdma's progress thread burned a core forever).
 
 mod addressing;
+mod capture;
 mod memory;
 mod nap_alarm;
 mod progress;
@@ -51,6 +52,9 @@ pub struct EngineConfig {
     /// engine lock held (on the progress thread or an application thread), so it must not call
     /// back into the engine; the provider writes the event to a file descriptor and returns.
     pub on_event: Option<EventSink>,
+    /// Write every frame the engine sends and receives to this pcap file (created or
+    /// truncated; see `capture`). The interface's own taps do not see xroce's frames.
+    pub capture: Option<std::path::PathBuf>,
 }
 
 /// A callback for [`Event`]s (see [`EngineConfig::on_event`]).
@@ -72,6 +76,7 @@ impl EngineConfig {
             spin: Duration::from_micros(200),
             resolve_timeout: Duration::from_secs(3),
             on_event: None,
+            capture: None,
         }
     }
 }
@@ -90,6 +95,11 @@ pub enum EngineError {
     TimerFd(std::io::Error),
     #[error("cannot start the progress thread: {0}")]
     Thread(std::io::Error),
+    #[error("cannot capture to {}: {source}", path.display())]
+    Capture {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Engine-level counters (the transport's own are in [`Device::counters`]).
@@ -286,6 +296,19 @@ impl Engine {
     /// progress thread. The XDP program must be loaded (`cargo xtask xdp load --iface IF`).
     pub fn start(config: EngineConfig) -> Result<Engine, EngineError> {
         let mut neighbours = Neighbours::open(&config.iface)?;
+        // Before the socket: a capture that cannot be made stops the start, and nothing of
+        // the engine has to be undone.
+        let capture = match &config.capture {
+            Some(path) => {
+                Some(
+                    capture::Capture::create(path).map_err(|source| EngineError::Capture {
+                        path: path.clone(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
         let ifindex = neighbours.ifindex();
         let gids = neighbours.gid_table()?;
         let mtu = neighbours.mtu();
@@ -320,7 +343,7 @@ impl Engine {
                 dev,
                 mem: ProcessMemory::new(),
                 neighbours,
-                io: progress::PortState::new(Box::new(socket)),
+                io: progress::PortState::new(Box::new(socket), capture),
                 failed: None,
                 deferred: Deferred::Nothing,
                 answer_holds_off_until: 0,
@@ -465,6 +488,7 @@ impl Engine {
     pub fn flush(&self) {
         if let Some(mut guard) = self.shared.try_state() {
             self.send_deferred(&mut guard);
+            guard.io.flush_capture();
         }
     }
 
@@ -912,8 +936,10 @@ impl Engine {
             let _ = t.join();
         }
         // Close the socket now (not when the last reference goes): the queue is free for the
-        // next engine, in this process or another.
-        self.lock().io.port = Box::new(crate::port::ClosedPort);
+        // next engine, in this process or another. The capture file is complete from here.
+        let mut st = self.lock();
+        st.io.port = Box::new(crate::port::ClosedPort);
+        st.io.capture = None;
     }
 }
 

@@ -8,6 +8,7 @@ use xroce_core::transport::{Event, TX_TURN_PACKETS};
 use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, IpAddress};
 
 use super::addressing::{AddressWatcher, Neighbours, NextHop};
+use super::capture::Capture;
 use super::{Deferred, Shared, State};
 use crate::port::Port;
 use crate::xdp::XsksMap;
@@ -100,6 +101,8 @@ pub(crate) struct PortState {
     /// The port had no room for the last packet: more are waiting in the transport.
     tx_full: bool,
     pub(crate) failed: bool,
+    /// Where every frame sent and received is written, when asked for.
+    pub(crate) capture: Option<Capture>,
 }
 
 impl PortState {
@@ -108,11 +111,19 @@ impl PortState {
         self.tx_full
     }
 
-    pub(crate) fn new(port: Box<dyn Port>) -> Self {
+    pub(crate) fn new(port: Box<dyn Port>, capture: Option<Capture>) -> Self {
         Self {
             port,
             tx_full: false,
             failed: false,
+            capture,
+        }
+    }
+
+    /// Hands buffered captured frames to the file.
+    pub(crate) fn flush_capture(&mut self) {
+        if let Some(c) = &mut self.capture {
+            c.flush();
         }
     }
 }
@@ -205,8 +216,12 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
 /// waits in the transport for [`send`]. Returns how many frames came in.
 pub(crate) fn receive(shared: &Shared, st: &mut State, now: u64) -> usize {
     let State { dev, mem, io, .. } = st;
+    let capture = &mut io.capture;
     let n = io.port.recv(RX_BATCH, &mut |frame| {
         shared.counters.rx_frames.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = capture {
+            c.record(frame);
+        }
         match ip_payload(frame) {
             Some(ip) => dev.handle_packet(now, ip, mem),
             None => {
@@ -255,6 +270,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     let mut wired = 0u64;
     let mut built_bytes = 0;
     let mut routes = RouteMemo::default();
+    let capture = &mut io.capture;
     while built < TX_BATCH && built_bytes < TX_BATCH_BYTES {
         let mut produced = false;
         let room = io.port.send_with(&mut |buf| {
@@ -276,9 +292,19 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
                 Route::Loopback => {
                     // A QP talking to a QP of this device never touches the wire.
                     shared.counters.tx_loopback.fetch_add(1, Ordering::Relaxed);
+                    if let Some(c) = capture.as_mut() {
+                        let mac = neighbours.mac();
+                        if let Some(header) = ethernet_header(mac, mac, tx.dst) {
+                            buf[..ETH_HEADER].copy_from_slice(&header);
+                            c.record(&buf[..frame_len]);
+                        }
+                    }
                     dev.handle_packet(now, &buf[ETH_HEADER..frame_len], mem);
                     return None;
                 }
+            }
+            if let Some(c) = capture.as_mut() {
+                c.record(&buf[..frame_len]);
             }
             wired += 1;
             Some(frame_len)
@@ -426,6 +452,10 @@ pub(crate) fn run(
                 break;
             }
             let work = thread_round(&shared, st).work;
+            if !work {
+                // Nothing to do: a good moment to write out captured frames.
+                st.io.flush_capture();
+            }
             let mid_message = st.dev.mid_message();
             frame_watch.took_a_round(work);
             // Address and neighbour changes are rare: while busy, look every millisecond
