@@ -2,7 +2,8 @@
 //!
 //! Installs what is missing, builds `xroce` and the provider, creates two namespaces joined by
 //! a veth pair, an xroce device in each (`xroce link add`), runs `ibv_rc_pingpong` and
-//! `ib_write_bw` between them (`xroce exec --`), prints their results, and removes everything
+//! `ib_write_bw` between them (`xroce exec --`), prints their results, traces a short run with
+//! `XROCE_PCAP` and checks the capture with `xroce pcap check`, and removes everything
 //! again, also after a failure or Ctrl-C.
 
 use std::path::{Path, PathBuf};
@@ -65,6 +66,8 @@ pub fn run(root: &Path) -> Result<(), String> {
     let mut demo = Demo {
         xroce: bin.join("xroce"),
         provider: bin.join("libxroce_provider.so"),
+        capture: root.join("target/xroce-demo.pcap"),
+        client_capture: false,
         namespaces: 0,
         links: [false; 2],
     };
@@ -80,6 +83,10 @@ pub fn run(root: &Path) -> Result<(), String> {
 struct Demo {
     xroce: PathBuf,
     provider: PathBuf,
+    /// Where the traced run's client writes its frames (`XROCE_PCAP`); kept after the demo.
+    capture: PathBuf,
+    /// The client runs with `XROCE_PCAP` set to `capture`.
+    client_capture: bool,
     /// How many of the namespaces exist (created in order).
     namespaces: usize,
     /// Which sides have an xroce device.
@@ -149,6 +156,41 @@ impl Demo {
             NS[0], NS[1]
         );
         self.server_client(&["ib_write_bw", "-s", "65536", "-n", "2000"])?;
+
+        println!(
+            "\n==> the wire, traced: ibv_rc_pingpong -s 64 -n 20 again, the client with XROCE_PCAP={}",
+            self.capture.display()
+        );
+        println!("    (tcpdump on the veth sees none of xroce's frames: AF_XDP bypasses its taps)");
+        self.client_capture = true;
+        let traced = self.server_client(&["ibv_rc_pingpong", "-g", "1", "-s", "64", "-n", "20"]);
+        self.client_capture = false;
+        traced?;
+        println!(
+            "==> xroce pcap check {} (first lines and the summary)",
+            self.capture.display()
+        );
+        let mut check = Command::new(&self.xroce);
+        check.args(["pcap", "check"]).arg(&self.capture);
+        let out = bounded(check, Duration::from_secs(60))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        for line in lines.iter().take(4) {
+            println!("  {line}");
+        }
+        if lines.len() > 5 {
+            println!("  ...");
+        }
+        if let Some(last) = lines.last().filter(|_| lines.len() > 4) {
+            println!("  {last}");
+        }
+        if !out.status.success() {
+            return Err(format!(
+                "xroce pcap check found bad frames in {}",
+                self.capture.display()
+            ));
+        }
+        println!("    (open it in Wireshark, or run `xroce pcap check` on it yourself)");
         Ok(())
     }
 
@@ -168,6 +210,9 @@ impl Demo {
             .arg("--")
             .args(args)
             .env("XROCE_PROVIDER", &self.provider);
+        if side == 1 && self.client_capture {
+            cmd.env("XROCE_PCAP", &self.capture);
+        }
         cmd
     }
 

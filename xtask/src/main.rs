@@ -38,8 +38,10 @@ enum Task {
     Test,
     /// The main demo (root): installs what is missing, builds xroce, creates two network
     /// namespaces joined by a veth pair with an xroce device in each, runs the unmodified
-    /// `ibv_rc_pingpong` and perftest `ib_write_bw` between them, prints their results and
-    /// removes everything again (also on failure or Ctrl-C). Under a minute once built.
+    /// `ibv_rc_pingpong` and perftest `ib_write_bw` between them, prints their results, traces
+    /// a short run to target/xroce-demo.pcap (XROCE_PCAP) and checks it with `xroce pcap
+    /// check`, and removes everything again (also on failure or Ctrl-C). Under a minute once
+    /// built.
     Demo,
     /// Build, load, unload and inspect the XDP steering program (xdp-prog/). Loading and
     /// unloading need root and act on the network namespace the command runs in (use
