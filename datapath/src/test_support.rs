@@ -1,6 +1,8 @@
 //! Helpers for the end-to-end tests of several crates: where cargo put the binaries they run,
-//! and compiling the small C verbs programs some of them use.
+//! compiling the small C verbs programs some of them use, and reading the counters programs
+//! leave in `XROCE_STATS_FILE`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -47,4 +49,20 @@ pub fn compile_c(source: &Path) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     exe
+}
+
+/// The engine counters written to an `XROCE_STATS_FILE` (one line per engine:
+/// `netdev=NAME pid=PID name=value ...`), summed over the engines that wrote them. An absent
+/// file reads as no counters.
+pub fn read_stats(path: &Path) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut sum = BTreeMap::new();
+    for line in text.lines() {
+        for (k, v) in line.split_whitespace().filter_map(|f| f.split_once('=')) {
+            if let Ok(v) = v.parse::<u64>() {
+                *sum.entry(k.to_string()).or_insert(0) += v;
+            }
+        }
+    }
+    sum
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use xroce_datapath::netns::{root_or_skip, run_bounded, run_bounded_dumping_state, NetnsPair};
-use xroce_datapath::test_support::{self, built};
+use xroce_datapath::test_support::{self, built, read_stats};
 
 /// Longest one program may run.
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
@@ -475,38 +475,6 @@ fn completion_channels_lose_no_wakeups() {
     }
 }
 
-/// The frames of a capture file, in order.
-fn captured_frames(path: &std::path::Path) -> Vec<Vec<u8>> {
-    use pcap_parser::{create_reader, PcapBlockOwned, PcapError};
-    let file = std::fs::File::open(path)
-        .unwrap_or_else(|e| panic!("no capture at {}: {e}", path.display()));
-    let mut reader = create_reader(1 << 16, file).expect("a pcap file");
-    let mut frames = Vec::new();
-    loop {
-        match reader.next() {
-            Ok((offset, block)) => {
-                if let PcapBlockOwned::Legacy(b) = block {
-                    assert_eq!(b.caplen, b.origlen, "frames are captured whole");
-                    frames.push(b.data.to_vec());
-                }
-                reader.consume(offset);
-            }
-            Err(PcapError::Eof) => break,
-            Err(PcapError::Incomplete(_)) => reader.refill().expect("read the capture"),
-            Err(e) => panic!("{}: {e:?}", path.display()),
-        }
-    }
-    frames
-}
-
-/// A counter from an `XROCE_STATS_FILE` line.
-fn stat(line: &str, name: &str) -> usize {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {line}"))
-}
-
 /// `tcpdump` on the interface sees none of xroce's frames (AF_XDP bypasses its taps), so
 /// `XROCE_PCAP` is how a user sees the wire: every frame the engine sent and received, whole,
 /// with valid ICRCs, readable by `xroce pcap check`.
@@ -545,24 +513,35 @@ fn xroce_pcap_captures_every_frame_sent_and_received() {
 
     for side in 0..2 {
         let (_, capture, stats) = files(side);
-        let stats = std::fs::read_to_string(&stats).expect("stats file");
-        let frames = captured_frames(&capture);
+        let stats = read_stats(&stats);
+        let stat = |name: &str| {
+            *stats
+                .get(name)
+                .unwrap_or_else(|| panic!("side {side}: no {name} in {stats:?}"))
+                as usize
+        };
+        let frames = xroce_cli::capture::read_file(&capture)
+            .unwrap_or_else(|e| panic!("{}: {e}", capture.display()));
+        for f in &frames {
+            assert_eq!(f.data.len(), f.original_len, "frames are captured whole");
+        }
         assert_eq!(
             frames.len(),
-            stat(&stats, "rx_frames") + stat(&stats, "tx_frames"),
-            "side {side}: {stats}"
+            stat("rx_frames") + stat("tx_frames"),
+            "side {side}: {stats:?}"
         );
         let me = rig.pair.ipv4(side);
         let (mut sent, mut opcodes) = (0, std::collections::HashSet::new());
         for f in &frames {
-            let frame = xroce_core::wire::RoceFrame::parse_ethernet(f).expect("a RoCEv2 frame");
+            let frame =
+                xroce_core::wire::RoceFrame::parse_ethernet(&f.data).expect("a RoCEv2 frame");
             frame.verify().expect("a valid ICRC and checksums");
             if frame.headers.ip.src_addr() == xroce_core::wire::IpAddress::V4(me.into()) {
                 sent += 1;
             }
             opcodes.insert(frame.headers.transport.bth.opcode);
         }
-        assert_eq!(sent, stat(&stats, "tx_frames"), "side {side}");
+        assert_eq!(sent, stat("tx_frames"), "side {side}");
         use xroce_core::wire::Opcode;
         for op in [
             Opcode::RC_SEND_FIRST,

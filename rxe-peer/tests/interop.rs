@@ -8,14 +8,14 @@
 //! provider library); fails without root unless `XROCE_SKIP_ROOT_TESTS=1`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output as ProcOutput};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use xroce_datapath::netns::{self, root_or_skip, run_bounded, run_bounded_dumping_state};
-use xroce_datapath::test_support::{built, compile_c};
+use xroce_datapath::test_support::{built, compile_c, read_stats};
 use xroce_datapath::xdp;
 use xroce_rxe_peer::{
     default_cache_dir, ensure_image, find_agent, Background, Guest, GuestConfig, Lab,
@@ -73,21 +73,6 @@ fn grown(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTree
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0).min(*v)))
         .filter(|(_, v)| *v != 0)
         .collect()
-}
-
-/// The engine counters the xroce side wrote (`XROCE_STATS_FILE`) since the file was last
-/// removed, summed over the engines that wrote them.
-fn read_stats(path: &Path) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut sum = BTreeMap::new();
-    for line in text.lines() {
-        for (k, v) in line.split_whitespace().filter_map(|f| f.split_once('=')) {
-            if let Ok(v) = v.parse::<u64>() {
-                *sum.entry(k.to_string()).or_insert(0) += v;
-            }
-        }
-    }
-    sum
 }
 
 fn get(m: &BTreeMap<String, u64>, k: &str) -> u64 {

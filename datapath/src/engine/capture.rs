@@ -10,7 +10,6 @@
 //! Frames a QP sends to a QP of the same device (loopback) never touch the wire; they are
 //! written too, with the interface's own address as both Ethernet addresses.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -20,7 +19,7 @@ use pcap_parser::{LegacyPcapBlock, Linktype, PcapHeader, ToVec};
 
 /// Paths open for capture in this process: two engines writing one file would interleave two
 /// pcap headers and streams into garbage.
-static OPEN: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+static OPEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// Longest frame written whole: a 9000-byte MTU frame with two VLAN tags fits.
 const SNAPLEN: u32 = 9022;
@@ -37,16 +36,14 @@ impl Capture {
     pub(crate) fn create(path: &Path) -> io::Result<Self> {
         {
             let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
-            if !open
-                .get_or_insert_with(HashSet::new)
-                .insert(path.to_path_buf())
-            {
+            if open.iter().any(|p| p == path) {
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
                     "another engine of this process already captures to it (give each \
                      interface a file of its own)",
                 ));
             }
+            open.push(path.to_path_buf());
         }
         let opened = File::create(path).and_then(|file| {
             let mut out = BufWriter::with_capacity(1 << 16, file);
@@ -130,10 +127,9 @@ impl Drop for Capture {
 }
 
 fn forget(path: &Path) {
-    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(set) = open.as_mut() {
-        set.remove(path);
-    }
+    OPEN.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|p| p != path);
 }
 
 #[cfg(test)]
