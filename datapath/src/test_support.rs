@@ -1,10 +1,13 @@
 //! Helpers for the end-to-end tests of several crates: where cargo put the binaries they run,
-//! compiling the small C verbs programs some of them use, and reading the counters programs
-//! leave in `XROCE_STATS_FILE`.
+//! compiling the small C verbs programs some of them use, reading the counters programs
+//! leave in `XROCE_STATS_FILE`, and checking the frames of their captures.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::netlink::std_address;
 
 /// `target/<profile>`, where cargo put the `xroce` binary, the provider library and the guest
 /// agent (found from the running test executable, `target/<profile>/deps/NAME-HASH`).
@@ -65,4 +68,28 @@ pub fn read_stats(path: &Path) -> BTreeMap<String, u64> {
         }
     }
     sum
+}
+
+/// The IP source and destination of a captured RoCEv2 frame, once its ICRC and checksums
+/// are checked; or why it is not a valid one.
+pub fn verified_roce_ends(frame: &[u8]) -> Result<(IpAddr, IpAddr), String> {
+    let frame = xroce_core::wire::RoceFrame::parse_ethernet(frame)
+        .map_err(|e| format!("not a RoCEv2 frame: {e}"))?;
+    frame
+        .verify()
+        .map_err(|e| format!("a RoCEv2 frame that does not verify: {e}"))?;
+    let ip = &frame.headers.ip;
+    Ok((std_address(ip.src_addr()), std_address(ip.dst_addr())))
+}
+
+/// The address in the output of `ip -6 -o addr show dev IF scope link`.
+pub fn link_local_in(ip_output: &str) -> Option<Ipv6Addr> {
+    ip_output
+        .split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
 }
