@@ -269,6 +269,16 @@ fn rdma_core_pingpong_programs() {
         }
         eprintln!("{args:?}: {}", c.lines().last().unwrap_or_default());
     }
+    // Without `-g` the examples send no GID, which RoCE cannot route (rdma_rxe refuses it
+    // too): the connection fails, and the user is told what to give.
+    let failure = rig
+        .try_server_client(&["ibv_rc_pingpong", "-n", "10"])
+        .expect_err("ibv_rc_pingpong without a GID index connected");
+    assert!(
+        failure.contains("Failed to modify QP to RTR")
+            && failure.contains("give the program a GID index (`-g 1`"),
+        "{failure}"
+    );
 }
 
 #[test]

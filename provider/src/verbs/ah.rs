@@ -8,7 +8,7 @@ use xroce_datapath::engine::VerbError;
 
 use super::errno;
 use super::pd_mr::pd;
-use super::qp::address_vector;
+use super::qp::{address_vector, NO_GRH};
 use crate::abi::verbs::{ibv_ah, ibv_ah_attr, ibv_pd};
 use crate::engines::EngineRef;
 use crate::set_errno;
@@ -31,7 +31,8 @@ pub unsafe extern "C" fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *m
     // SAFETY: libibverbs passes one of our PDs and the application's attributes.
     let (x, a) = unsafe { (pd(p), &*attr) };
     let Some(av) = address_vector(a) else {
-        set_errno(libc::EINVAL); // RoCE address handles need the GRH
+        eprintln!("xroce: address handle: {NO_GRH}");
+        set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
     match x.engine.engine.create_ah(x.id, av) {

@@ -161,6 +161,12 @@ fn gid_bytes(ip: IpAddress) -> [u8; 16] {
     }
 }
 
+/// Why an address without a GRH is refused, for the application's user: the usual cause is
+/// a program started without a GID index, which then sends an all-zero GID.
+pub const NO_GRH: &str = "the address has no GRH (is_global = 0), and RoCE addresses are GIDs: \
+     give the program a GID index (`-g 1` for the ibv_*_pingpong examples, `-x 1` for perftest; \
+     `ibv_devinfo -v` lists the GIDs)";
+
 /// The transport's address vector for a verbs one. RoCE needs the GRH (`is_global`).
 pub fn address_vector(ah: &ibv_ah_attr) -> Option<AddressVector> {
     if ah.is_global == 0 {
@@ -203,7 +209,10 @@ fn qp_attr(a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
         out.path_mtu = PathMtu::from_ibv(a.path_mtu).ok_or(libc::EINVAL)?;
     }
     if mask.contains(AttrMask::AV) {
-        out.av = Some(address_vector(&a.ah_attr).ok_or(libc::EINVAL)?);
+        out.av = Some(address_vector(&a.ah_attr).ok_or_else(|| {
+            eprintln!("xroce: QP attributes: {NO_GRH}");
+            libc::EINVAL
+        })?);
     }
     if mask.contains(AttrMask::ALT_PATH) || mask.contains(AttrMask::PATH_MIG_STATE) {
         return Err(libc::EOPNOTSUPP); // no alternate paths on RoCE
