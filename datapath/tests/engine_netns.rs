@@ -1666,3 +1666,117 @@ fn connect_for_sends(me: &Side<Endpoint>, qp: &Qp, psn: u32) {
     bring_up(&me.engine, qp, me.ip, &peer, psn, PathMtu::Mtu1024);
     me.connected.wait();
 }
+
+/// An interface taken down and brought up again (`ip link set IF down`, then `up`) under RC
+/// WRITEs: while it is down the kernel refuses frames (`ENETDOWN`); the engine keeps them and
+/// its QPs, retransmits on its timer, and does not spin; once the interface is up the WRITEs
+/// complete, every byte intact. (It used to take `ENETDOWN` for an interface gone for good:
+/// its progress thread stopped, and no QP of it ever sent again.)
+#[test]
+fn an_interface_down_for_a_while_delays_writes_but_loses_nothing() {
+    if !root_or_skip() {
+        return;
+    }
+    const MSG: usize = 64 * 1024;
+    const COUNT: usize = 16;
+    const DOWN_FOR: Duration = Duration::from_millis(400);
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(1).to_string();
+    let peer_ip = setup.pair.ipv4(0).to_string();
+    let peer_mac = setup
+        .pair
+        .exec(
+            0,
+            &format!("cat /sys/class/net/{}/address", setup.pair.iface(0)),
+        )
+        .expect("read side 0's MAC");
+    let peer_mac = String::from_utf8_lossy(&peer_mac.stdout).trim().to_string();
+    setup.on_both_sides(move |me: Side<Endpoint>| {
+        let engine = &me.engine;
+        let qp = create_qp(engine, me.pd, QpType::Rc);
+        to_init(engine, &qp);
+        let mut buf = Buffer::new(engine, me.pd, MSG * COUNT);
+        let data = pattern(11, MSG * COUNT);
+        if me.index == 1 {
+            buf.write(0, &data);
+        }
+        let psn = 0x1000 + me.index as u32;
+        let peer = me.swap(Endpoint {
+            qpn: qp.qpn,
+            psn,
+            ip: me.ip,
+            va: buf.addr(0),
+            rkey: buf.mr.rkey,
+        });
+        bring_up(engine, &qp, me.ip, &peer, psn, PathMtu::Mtu1024);
+        me.connected.wait();
+        if me.index == 0 {
+            // The WRITEs' target: side 1 says when they are done (or is gone, having failed).
+            me.from_peer
+                .recv_timeout(WAIT * 2)
+                .expect("side 1 completed its WRITEs");
+            assert!(
+                buf.read(0, MSG * COUNT) == data,
+                "the WRITEs' data differs after the interface came back"
+            );
+            return;
+        }
+        // This thread runs in side 1's namespace, and so do the commands.
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .expect("run ip");
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        };
+        let link = |state: &str| ip(&["link", "set", "dev", &iface, state]);
+        let thread = progress_thread_id(engine);
+        link("down");
+        // Taking the interface down flushes its neighbours, and with no MAC for the peer the
+        // engine drops its frames before the kernel sees them. A permanent entry keeps the
+        // MAC, so that frames reach the kernel, which refuses them.
+        ip(&[
+            "neigh", "replace", &peer_ip, "lladdr", &peer_mac, "dev", &iface, "nud", "permanent",
+        ]);
+        for i in 0..COUNT {
+            // Signalled (the default).
+            let wr = SendWr::new(
+                i as u64,
+                SendOp::RdmaWrite {
+                    remote_addr: peer.va + (i * MSG) as u64,
+                    rkey: peer.rkey,
+                },
+                vec![buf.sge(i * MSG, MSG)],
+            );
+            engine.post_send(qp.qpn, wr).expect("post_send");
+        }
+        let thread_cpu = |e: &Engine| {
+            e.progress_cpu_time()
+                .unwrap_or_else(|| panic!("the progress thread is gone: {:?}", e.failure()))
+        };
+        let cpu_before = thread_cpu(engine);
+        let t0 = Instant::now();
+        std::thread::sleep(DOWN_FOR);
+        let cpu = thread_cpu(engine) - cpu_before;
+        let share = cpu.as_secs_f64() / t0.elapsed().as_secs_f64() * 100.0;
+        let mut wcs = Vec::new();
+        engine
+            .poll_cq(qp.send_cq, 64, &mut wcs)
+            .expect("poll_cq while down");
+        let counters = |e: &Engine| e.stats_line();
+        assert!(
+            wcs.is_empty(),
+            "completions while the interface was down: {wcs:?}"
+        );
+        assert_eq!(engine.failure(), None, "{}", counters(engine));
+        link("up");
+        expect_completions(engine, qp.send_cq, COUNT, "WRITEs after the interface came back");
+        let stats = counters(engine);
+        eprintln!("interface down {DOWN_FOR:?}: progress thread (tid {thread}) used {share:.1} % of a core; {stats}");
+        assert!(stats.contains(" link_downs=1 "), "ENETDOWN not seen: {stats}");
+        assert!(!stats.contains(" timeouts=0 "), "nothing was retransmitted: {stats}");
+        // Not a timing assertion: a thread spinning on the refused queue uses ~100 %.
+        assert!(share < 50.0, "the progress thread spun while the interface was down: {share:.1} %");
+        me.to_peer.send(peer).expect("tell side 0");
+    });
+}

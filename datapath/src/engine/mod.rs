@@ -121,6 +121,9 @@ pub struct EngineCounters {
     pub tx_no_neighbour: AtomicU64,
     /// Packets dropped because the route to the destination leaves by another interface.
     pub tx_wrong_interface: AtomicU64,
+    /// Times the kernel refused frames because the interface was down (each spell counted
+    /// once; the frames wait for it to come back).
+    pub link_downs: AtomicU64,
     /// Kicks that woke the sleeping progress thread.
     pub wakeups: AtomicU64,
     /// Sleeps of the progress thread that a frame ended (it watched for frames).
@@ -433,6 +436,7 @@ impl Engine {
                 "tx_wrong_interface",
                 c.tx_wrong_interface.load(Ordering::Relaxed),
             ),
+            ("link_downs", c.link_downs.load(Ordering::Relaxed)),
             ("rx_dropped_ring_full", drops.ring_full),
             ("rx_dropped_other", drops.other),
             ("wakeups", c.wakeups.load(Ordering::Relaxed)),

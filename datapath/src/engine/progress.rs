@@ -100,6 +100,9 @@ pub(crate) struct PortState {
     pub(crate) port: Box<dyn Port>,
     /// The port had no room for the last packet: more are waiting in the transport.
     tx_full: bool,
+    /// The interface is down: the kernel refused the last flush with `ENETDOWN`, and the
+    /// frames queued for it wait (see [`send`]).
+    pub(crate) link_down: bool,
     pub(crate) failed: bool,
     /// Where every frame sent and received is written, when asked for.
     pub(crate) capture: Option<Capture>,
@@ -115,6 +118,7 @@ impl PortState {
         Self {
             port,
             tx_full: false,
+            link_down: false,
             failed: false,
             capture,
         }
@@ -331,16 +335,31 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             .fetch_add(wired, Ordering::Relaxed);
         shared.counters.tx_batches.fetch_add(1, Ordering::Relaxed);
     }
-    if let Err(e) = io.port.flush() {
-        io.failed = true;
-        st.failed = Some(format!("the interface stopped accepting frames: {e}"));
-        return Round {
-            work: false,
-            more: false,
-        };
+    match io.port.flush() {
+        Ok(()) => io.link_down = false,
+        // The interface is down (`ip link set IF down`): the kernel takes no frames until it
+        // is up again, and those queued wait in the ring, like frames on a NIC whose link is
+        // down. What is lost meanwhile is the transport's to retransmit; nothing fails. This
+        // thread does not spin on the queue meanwhile: the interface coming back wakes it
+        // (the address watcher reports link changes), and so do the transport's timers.
+        Err(e) if e.raw_os_error() == Some(libc::ENETDOWN) => {
+            if !io.link_down {
+                shared.counters.link_downs.fetch_add(1, Ordering::Relaxed);
+            }
+            io.link_down = true;
+        }
+        Err(e) => {
+            io.failed = true;
+            st.failed = Some(format!("the interface stopped accepting frames: {e}"));
+            return Round {
+                work: false,
+                more: false,
+            };
+        }
     }
-    let more =
-        built == TX_BATCH || built_bytes >= TX_BATCH_BYTES || io.tx_full || io.port.tx_pending();
+    let more = built == TX_BATCH
+        || built_bytes >= TX_BATCH_BYTES
+        || (!io.link_down && (io.tx_full || io.port.tx_pending()));
     Round {
         work: work || more,
         more,

@@ -65,11 +65,12 @@ impl Engine {
         let drops = st.io.port.rx_drops();
         let _ = writeln!(
             out,
-            "deferred {:?}, transmit ring full {}, frames waiting for the kernel {}, port failed \
-             {}{}, receive drops: ring full {} other {}",
+            "deferred {:?}, transmit ring full {}, frames waiting for the kernel {}, interface \
+             down {}, port failed {}{}, receive drops: ring full {} other {}",
             st.deferred,
             st.io.tx_full(),
             st.io.port.tx_pending(),
+            st.io.link_down,
             st.io.failed,
             st.failed
                 .as_deref()
