@@ -361,23 +361,36 @@ fn rust_layout() -> Vec<(&'static str, &'static str, usize)> {
 
 /// Compiles and runs the C side; returns "struct.member" (or "struct") → value.
 fn c_layout(items: &[(&str, &str, usize)]) -> HashMap<String, usize> {
-    let dir = std::env::temp_dir().join(format!("xroce-abi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let mut src = String::from(
-        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\
-         #include <rdma/ib_user_verbs.h>\nint main(void) {\n",
-    );
+    let mut body = String::new();
     for (s, m, _) in items {
         let ty = format!("struct {s}");
         if m.is_empty() {
-            src += &format!("  printf(\"{s} %zu\\n\", sizeof({ty}));\n");
+            body += &format!("  printf(\"{s} %zu\\n\", sizeof({ty}));\n");
         } else {
-            src += &format!("  printf(\"{s}.{m} %zu\\n\", offsetof({ty}, {m}));\n");
+            body += &format!("  printf(\"{s}.{m} %zu\\n\", offsetof({ty}, {m}));\n");
         }
     }
-    src += "  return 0;\n}\n";
-    let c = dir.join("layout.c");
-    let exe = dir.join("layout");
+    run_c_probe(&body)
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, usize::try_from(v).ok()?)))
+        .collect()
+}
+
+/// Compiles and runs `main_body` (lines printing "key value") against the system's verbs
+/// headers; returns key → value.
+fn run_c_probe(main_body: &str) -> HashMap<String, i64> {
+    let dir = std::env::temp_dir().join(format!(
+        "xroce-abi-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let src = format!(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\
+         #include <rdma/ib_user_verbs.h>\nint main(void) {{\n{main_body}  return 0;\n}}\n"
+    );
+    let c = dir.join("probe.c");
+    let exe = dir.join("probe");
     std::fs::write(&c, src).expect("write C source");
     let out = Command::new("cc")
         .arg("-Wall")
@@ -388,10 +401,10 @@ fn c_layout(items: &[(&str, &str, usize)]) -> HashMap<String, usize> {
         .expect("run cc (install a C compiler and libibverbs-dev: cargo xtask test does)");
     assert!(
         out.status.success(),
-        "compiling the layout probe failed (is libibverbs-dev installed?):\n{}",
+        "compiling the probe failed (is libibverbs-dev installed?):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let run = Command::new(&exe).output().expect("run layout probe");
+    let run = Command::new(&exe).output().expect("run the probe");
     let _ = std::fs::remove_dir_all(&dir);
     String::from_utf8_lossy(&run.stdout)
         .lines()
@@ -431,4 +444,166 @@ fn private_ops_table_has_the_known_slot_count() {
         size_of::<verbs_context_ops>(),
         VERBS_CONTEXT_OPS_SLOTS * size_of::<usize>()
     );
+}
+
+/// Every value the provider and the transport exchange with applications through libibverbs
+/// (event types, completion statuses and opcodes, QP states, MTUs, attribute masks, flags),
+/// against the system's `<infiniband/verbs.h>`. A wrong one is silent: an application gets
+/// another event or status than the one meant (`IBV_EVENT_SQ_DRAINED` went out as
+/// `IBV_EVENT_PATH_MIG_ERR`, and SRQ limit events as `IBV_EVENT_SRQ_ERR`).
+#[test]
+fn verbs_constants_match_the_system_header() {
+    use xroce_core::transport::memory::Access;
+    use xroce_core::transport::qp_state::{AttrMask, PathMtu, QpState};
+    use xroce_core::transport::verbs::{SendFlags, WcOpcode, WcStatus};
+    let mut rust: Vec<(&str, i64)> = vec![
+        ("IBV_QPT_RC", IBV_QPT_RC.into()),
+        ("IBV_QPT_UC", IBV_QPT_UC.into()),
+        ("IBV_QPT_UD", IBV_QPT_UD.into()),
+        ("IBV_WR_RDMA_WRITE", IBV_WR_RDMA_WRITE.into()),
+        (
+            "IBV_WR_RDMA_WRITE_WITH_IMM",
+            IBV_WR_RDMA_WRITE_WITH_IMM.into(),
+        ),
+        ("IBV_WR_SEND", IBV_WR_SEND.into()),
+        ("IBV_WR_SEND_WITH_IMM", IBV_WR_SEND_WITH_IMM.into()),
+        ("IBV_WR_RDMA_READ", IBV_WR_RDMA_READ.into()),
+        (
+            "IBV_WR_ATOMIC_CMP_AND_SWP",
+            IBV_WR_ATOMIC_CMP_AND_SWP.into(),
+        ),
+        (
+            "IBV_WR_ATOMIC_FETCH_AND_ADD",
+            IBV_WR_ATOMIC_FETCH_AND_ADD.into(),
+        ),
+        ("IBV_ACCESS_LOCAL_WRITE", IBV_ACCESS_LOCAL_WRITE.into()),
+        ("IBV_ACCESS_REMOTE_WRITE", IBV_ACCESS_REMOTE_WRITE.into()),
+        ("IBV_ACCESS_REMOTE_READ", IBV_ACCESS_REMOTE_READ.into()),
+        ("IBV_ACCESS_REMOTE_ATOMIC", IBV_ACCESS_REMOTE_ATOMIC.into()),
+        ("IBV_ACCESS_MW_BIND", IBV_ACCESS_MW_BIND.into()),
+        (
+            "IBV_ACCESS_OPTIONAL_RANGE",
+            IBV_ACCESS_OPTIONAL_RANGE.into(),
+        ),
+        ("IBV_EVENT_CQ_ERR", IBV_EVENT_CQ_ERR.into()),
+        ("IBV_EVENT_QP_FATAL", IBV_EVENT_QP_FATAL.into()),
+        ("IBV_EVENT_SQ_DRAINED", IBV_EVENT_SQ_DRAINED.into()),
+        ("IBV_EVENT_DEVICE_FATAL", IBV_EVENT_DEVICE_FATAL.into()),
+        ("IBV_EVENT_PORT_ACTIVE", IBV_EVENT_PORT_ACTIVE.into()),
+        ("IBV_EVENT_PORT_ERR", IBV_EVENT_PORT_ERR.into()),
+        (
+            "IBV_EVENT_SRQ_LIMIT_REACHED",
+            IBV_EVENT_SRQ_LIMIT_REACHED.into(),
+        ),
+        (
+            "IBV_EVENT_QP_LAST_WQE_REACHED",
+            IBV_EVENT_QP_LAST_WQE_REACHED.into(),
+        ),
+        ("IBV_EVENT_GID_CHANGE", IBV_EVENT_GID_CHANGE.into()),
+        ("IBV_PORT_DOWN", IBV_PORT_DOWN.into()),
+        ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE.into()),
+        ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET.into()),
+        ("IBV_ATOMIC_HCA", IBV_ATOMIC_HCA.into()),
+        ("IBV_WC_WITH_IMM", IBV_WC_WITH_IMM.into()),
+        ("IBV_WC_GRH", IBV_WC_GRH.into()),
+        ("IBV_SRQ_MAX_WR", IBV_SRQ_MAX_WR.into()),
+        ("IBV_SRQ_LIMIT", IBV_SRQ_LIMIT.into()),
+        ("IBV_SEND_FENCE", SendFlags::FENCE.0.into()),
+        ("IBV_SEND_SIGNALED", SendFlags::SIGNALED.0.into()),
+        ("IBV_SEND_SOLICITED", SendFlags::SOLICITED.0.into()),
+        ("IBV_SEND_INLINE", SendFlags::INLINE.0.into()),
+        ("IBV_ACCESS_LOCAL_WRITE", Access::LOCAL_WRITE.0.into()),
+        ("IBV_ACCESS_REMOTE_WRITE", Access::REMOTE_WRITE.0.into()),
+        ("IBV_ACCESS_REMOTE_READ", Access::REMOTE_READ.0.into()),
+        ("IBV_ACCESS_REMOTE_ATOMIC", Access::REMOTE_ATOMIC.0.into()),
+        ("IBV_MTU_256", PathMtu::Mtu256 as i64),
+        ("IBV_MTU_512", PathMtu::Mtu512 as i64),
+        ("IBV_MTU_1024", PathMtu::Mtu1024 as i64),
+        ("IBV_MTU_2048", PathMtu::Mtu2048 as i64),
+        ("IBV_MTU_4096", PathMtu::Mtu4096 as i64),
+        ("IBV_WC_SEND", WcOpcode::Send as i64),
+        ("IBV_WC_RDMA_WRITE", WcOpcode::RdmaWrite as i64),
+        ("IBV_WC_RDMA_READ", WcOpcode::RdmaRead as i64),
+        ("IBV_WC_COMP_SWAP", WcOpcode::CompSwap as i64),
+        ("IBV_WC_FETCH_ADD", WcOpcode::FetchAdd as i64),
+        ("IBV_WC_RECV", WcOpcode::Recv as i64),
+        (
+            "IBV_WC_RECV_RDMA_WITH_IMM",
+            WcOpcode::RecvRdmaWithImm as i64,
+        ),
+    ];
+    let statuses = [
+        ("IBV_WC_SUCCESS", WcStatus::Success),
+        ("IBV_WC_LOC_LEN_ERR", WcStatus::LocLenErr),
+        ("IBV_WC_LOC_QP_OP_ERR", WcStatus::LocQpOpErr),
+        ("IBV_WC_LOC_EEC_OP_ERR", WcStatus::LocEecOpErr),
+        ("IBV_WC_LOC_PROT_ERR", WcStatus::LocProtErr),
+        ("IBV_WC_WR_FLUSH_ERR", WcStatus::WrFlushErr),
+        ("IBV_WC_MW_BIND_ERR", WcStatus::MwBindErr),
+        ("IBV_WC_BAD_RESP_ERR", WcStatus::BadRespErr),
+        ("IBV_WC_LOC_ACCESS_ERR", WcStatus::LocAccessErr),
+        ("IBV_WC_REM_INV_REQ_ERR", WcStatus::RemInvReqErr),
+        ("IBV_WC_REM_ACCESS_ERR", WcStatus::RemAccessErr),
+        ("IBV_WC_REM_OP_ERR", WcStatus::RemOpErr),
+        ("IBV_WC_RETRY_EXC_ERR", WcStatus::RetryExcErr),
+        ("IBV_WC_RNR_RETRY_EXC_ERR", WcStatus::RnrRetryExcErr),
+        ("IBV_WC_LOC_RDD_VIOL_ERR", WcStatus::LocRddViolErr),
+        ("IBV_WC_REM_INV_RD_REQ_ERR", WcStatus::RemInvRdReqErr),
+        ("IBV_WC_REM_ABORT_ERR", WcStatus::RemAbortErr),
+        ("IBV_WC_INV_EECN_ERR", WcStatus::InvEecnErr),
+        ("IBV_WC_INV_EEC_STATE_ERR", WcStatus::InvEecStateErr),
+        ("IBV_WC_FATAL_ERR", WcStatus::FatalErr),
+        ("IBV_WC_RESP_TIMEOUT_ERR", WcStatus::RespTimeoutErr),
+        ("IBV_WC_GENERAL_ERR", WcStatus::GeneralErr),
+    ];
+    rust.extend(statuses.map(|(n, s)| (n, s as i64)));
+    let states = [
+        "IBV_QPS_RESET",
+        "IBV_QPS_INIT",
+        "IBV_QPS_RTR",
+        "IBV_QPS_RTS",
+        "IBV_QPS_SQD",
+        "IBV_QPS_SQE",
+        "IBV_QPS_ERR",
+    ];
+    for (name, state) in states.iter().zip(QpState::ALL) {
+        let value = (0..8).find(|&v| QpState::from_ibv(v) == Some(state));
+        rust.push((name, value.map_or(-1, i64::from)));
+    }
+    let masks = [
+        ("IBV_QP_STATE", AttrMask::STATE),
+        ("IBV_QP_CUR_STATE", AttrMask::CUR_STATE),
+        ("IBV_QP_EN_SQD_ASYNC_NOTIFY", AttrMask::EN_SQD_ASYNC_NOTIFY),
+        ("IBV_QP_ACCESS_FLAGS", AttrMask::ACCESS_FLAGS),
+        ("IBV_QP_PKEY_INDEX", AttrMask::PKEY_INDEX),
+        ("IBV_QP_PORT", AttrMask::PORT),
+        ("IBV_QP_QKEY", AttrMask::QKEY),
+        ("IBV_QP_AV", AttrMask::AV),
+        ("IBV_QP_PATH_MTU", AttrMask::PATH_MTU),
+        ("IBV_QP_TIMEOUT", AttrMask::TIMEOUT),
+        ("IBV_QP_RETRY_CNT", AttrMask::RETRY_CNT),
+        ("IBV_QP_RNR_RETRY", AttrMask::RNR_RETRY),
+        ("IBV_QP_RQ_PSN", AttrMask::RQ_PSN),
+        ("IBV_QP_MAX_QP_RD_ATOMIC", AttrMask::MAX_QP_RD_ATOMIC),
+        ("IBV_QP_ALT_PATH", AttrMask::ALT_PATH),
+        ("IBV_QP_MIN_RNR_TIMER", AttrMask::MIN_RNR_TIMER),
+        ("IBV_QP_SQ_PSN", AttrMask::SQ_PSN),
+        ("IBV_QP_MAX_DEST_RD_ATOMIC", AttrMask::MAX_DEST_RD_ATOMIC),
+        ("IBV_QP_PATH_MIG_STATE", AttrMask::PATH_MIG_STATE),
+        ("IBV_QP_CAP", AttrMask::CAP),
+        ("IBV_QP_DEST_QPN", AttrMask::DEST_QPN),
+    ];
+    rust.extend(masks.map(|(n, m)| (n, i64::from(m.0))));
+
+    let body: String = rust
+        .iter()
+        .map(|(name, _)| format!("  printf(\"{name} %lld\\n\", (long long)({name}));\n"))
+        .collect();
+    let c = run_c_probe(&body);
+    let wrong: Vec<String> = rust
+        .iter()
+        .filter(|(name, value)| c.get(*name) != Some(value))
+        .map(|(name, value)| format!("{name}: C {:?}, Rust {value}", c.get(*name)))
+        .collect();
+    assert!(wrong.is_empty(), "constants differ:\n{}", wrong.join("\n"));
 }

@@ -396,11 +396,12 @@ pub const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
 // enum ibv_event_type
 pub const IBV_EVENT_CQ_ERR: u32 = 0;
 pub const IBV_EVENT_QP_FATAL: u32 = 1;
-pub const IBV_EVENT_SQ_DRAINED: u32 = 7;
+pub const IBV_EVENT_SQ_DRAINED: u32 = 5;
+pub const IBV_EVENT_DEVICE_FATAL: u32 = 8;
 pub const IBV_EVENT_PORT_ACTIVE: u32 = 9;
 pub const IBV_EVENT_PORT_ERR: u32 = 10;
-pub const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 14;
-pub const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 15;
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 pub const IBV_EVENT_GID_CHANGE: u32 = 18;
 
 // enum ibv_port_state

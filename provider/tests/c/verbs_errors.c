@@ -385,6 +385,57 @@ int main(int argc, char **argv)
         ibv_destroy_cq(other_cq);
     }
 
+    /* An SRQ armed with a limit raises IBV_EVENT_SRQ_LIMIT_REACHED for that SRQ once SENDs
+     * have taken it below the limit (8 receives, limit 4, 5 SENDs). */
+    {
+        struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+        struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 1}};
+        struct ibv_srq *srq = ibv_create_srq(pd, &si);
+        struct ibv_qp_init_attr qa = {
+            .send_cq = cq,
+            .recv_cq = cq,
+            .srq = srq,
+            .cap = {.max_send_wr = 16, .max_send_sge = 1},
+            .qp_type = IBV_QPT_RC,
+        };
+        struct ibv_qp *a = cq ? create_rc(cq, cq, 16, 64) : NULL;
+        struct ibv_qp *b = srq ? ibv_create_qp(pd, &qa) : NULL;
+        int conn = a && b && !to_init(a) && !to_init(b) && !to_rtr_rts(a, b->qp_num) &&
+                   !to_rtr_rts(b, a->qp_num);
+        int recvs = 0;
+        for (int i = 0; conn && i < 8; i++) {
+            struct ibv_sge sge = {.addr = (uintptr_t)buf + 16384 + 64 * i, .length = 64,
+                                  .lkey = mr->lkey};
+            struct ibv_recv_wr wr = {.wr_id = i, .sg_list = &sge, .num_sge = 1}, *bad;
+            recvs += ibv_post_srq_recv(srq, &wr, &bad) == 0;
+        }
+        struct ibv_srq_attr limit = {.srq_limit = 4};
+        int armed = conn && ibv_modify_srq(srq, &limit, IBV_SRQ_LIMIT) == 0;
+        int sent = 0;
+        for (int i = 0; armed && i < 5; i++) {
+            struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+            struct ibv_send_wr wr = {.wr_id = i, .sg_list = &sge, .num_sge = 1,
+                                     .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED},
+                               *bad;
+            sent += ibv_post_send(a, &wr, &bad) == 0;
+        }
+        /* The SENDs' and receives' completions: the receives are taken from the SRQ. */
+        int done = 0;
+        for (int i = 0; i < 2 * sent && poll_one(cq, &wc); i++)
+            done += wc.status == IBV_WC_SUCCESS;
+        int ev = armed && wait_async(IBV_EVENT_SRQ_LIMIT_REACHED, srq);
+        CHECK("srq_limit_event", ev, "connected %d, receives %d, armed %d, sent %d, done %d",
+              conn, recvs, armed, sent, done);
+        if (a)
+            ibv_destroy_qp(a);
+        if (b)
+            ibv_destroy_qp(b);
+        if (srq)
+            ibv_destroy_srq(srq);
+        if (cq)
+            ibv_destroy_cq(cq);
+    }
+
     /* Deregistering an MR and then using its key. */
     if (make_pair(&p, 16) == 0) {
         struct ibv_mr *gone = ibv_reg_mr(pd, other, 4096, IBV_ACCESS_LOCAL_WRITE);
