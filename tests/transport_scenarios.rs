@@ -3177,3 +3177,72 @@ fn a_read_response_too_big_for_the_transmit_buffer_is_naked_not_stuck() {
     assert_eq!(wc.len(), 1);
     assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::RemOpErr));
 }
+
+/// A failed device (its interface removed: `Device::fail`) flushes every QP: the SEND not yet
+/// sent and the posted receive complete with WR_FLUSH_ERR, later posts too, nothing more goes
+/// on the wire, and DEVICE_FATAL is raised once.
+#[test]
+fn a_failed_device_flushes_every_qp_and_raises_device_fatal_once() {
+    let mut sim = Sim::new(9, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let mr = sim.nodes[0].alloc(4096, Access::LOCAL_WRITE);
+    let sge = Sge {
+        addr: mr.va,
+        length: 64,
+        lkey: mr.lkey,
+    };
+    sim.nodes[0]
+        .post_recv(
+            a.qpn,
+            RecvWr {
+                wr_id: 5,
+                sg_list: vec![sge].into(),
+            },
+        )
+        .unwrap();
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(6, SendOp::Send, vec![sge]))
+        .unwrap();
+    let dev = &mut sim.nodes[0].dev;
+    while dev.poll_event().is_some() {}
+    dev.fail();
+    dev.fail();
+    let mut events = Vec::new();
+    while let Some(e) = dev.poll_event() {
+        events.push(e);
+    }
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| **e == Event::Async(AsyncEvent::DeviceFatal))
+            .count(),
+        1,
+        "{events:?}"
+    );
+    assert!(dev.failed());
+    assert!(!dev.has_work(0), "a failed device has nothing to send");
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(7, SendOp::Send, vec![sge]))
+        .unwrap();
+    let sends: Vec<_> = sim.nodes[0]
+        .poll(a.send_cq)
+        .iter()
+        .map(|wc| (wc.wr_id, wc.status))
+        .collect();
+    assert_eq!(
+        sends,
+        [(6, WcStatus::WrFlushErr), (7, WcStatus::WrFlushErr)]
+    );
+    let recvs: Vec<_> = sim.nodes[0]
+        .poll(a.recv_cq)
+        .iter()
+        .map(|wc| (wc.wr_id, wc.status))
+        .collect();
+    assert_eq!(recvs, [(5, WcStatus::WrFlushErr)]);
+    assert!(sim.run_idle(1_000_000_000));
+    assert_eq!(
+        sim.nodes[0].dev.counters().tx_requests,
+        0,
+        "the failed device sent its SEND after all"
+    );
+}

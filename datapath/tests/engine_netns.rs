@@ -1700,16 +1700,7 @@ fn an_interface_down_for_a_while_delays_writes_but_loses_nothing() {
         if me.index == 1 {
             buf.write(0, &data);
         }
-        let psn = 0x1000 + me.index as u32;
-        let peer = me.swap(Endpoint {
-            qpn: qp.qpn,
-            psn,
-            ip: me.ip,
-            va: buf.addr(0),
-            rkey: buf.mr.rkey,
-        });
-        bring_up(engine, &qp, me.ip, &peer, psn, PathMtu::Mtu1024);
-        me.connected.wait();
+        let peer = connect_with_memory(&me, &qp, &buf, 0x1000 + me.index as u32);
         if me.index == 0 {
             // The WRITEs' target: side 1 says when they are done (or is gone, having failed).
             me.from_peer
@@ -1722,13 +1713,6 @@ fn an_interface_down_for_a_while_delays_writes_but_loses_nothing() {
             return;
         }
         // This thread runs in side 1's namespace, and so do the commands.
-        let ip = |args: &[&str]| {
-            let out = std::process::Command::new("ip")
-                .args(args)
-                .output()
-                .expect("run ip");
-            assert!(out.status.success(), "ip {args:?}: {out:?}");
-        };
         let link = |state: &str| ip(&["link", "set", "dev", &iface, state]);
         let thread = progress_thread_id(engine);
         link("down");
@@ -1738,18 +1722,7 @@ fn an_interface_down_for_a_while_delays_writes_but_loses_nothing() {
         ip(&[
             "neigh", "replace", &peer_ip, "lladdr", &peer_mac, "dev", &iface, "nud", "permanent",
         ]);
-        for i in 0..COUNT {
-            // Signalled (the default).
-            let wr = SendWr::new(
-                i as u64,
-                SendOp::RdmaWrite {
-                    remote_addr: peer.va + (i * MSG) as u64,
-                    rkey: peer.rkey,
-                },
-                vec![buf.sge(i * MSG, MSG)],
-            );
-            engine.post_send(qp.qpn, wr).expect("post_send");
-        }
+        post_writes(engine, &qp, &buf, &peer, COUNT, MSG);
         let thread_cpu = |e: &Engine| {
             e.progress_cpu_time()
                 .unwrap_or_else(|| panic!("the progress thread is gone: {:?}", e.failure()))
@@ -1777,6 +1750,134 @@ fn an_interface_down_for_a_while_delays_writes_but_loses_nothing() {
         assert!(!stats.contains(" timeouts=0 "), "nothing was retransmitted: {stats}");
         // Not a timing assertion: a thread spinning on the refused queue uses ~100 %.
         assert!(share < 50.0, "the progress thread spun while the interface was down: {share:.1} %");
+        me.to_peer.send(peer).expect("tell side 0");
+    });
+}
+
+/// Swaps endpoints (with `buf` open to the peer's WRITEs and READs) with the other side,
+/// brings `qp` up to RTS towards it at path MTU 1024, and waits for the other side to be there
+/// too. Returns the peer's endpoint.
+fn connect_with_memory(me: &Side<Endpoint>, qp: &Qp, buf: &Buffer, psn: u32) -> Endpoint {
+    let peer = me.swap(Endpoint {
+        qpn: qp.qpn,
+        psn,
+        ip: me.ip,
+        va: buf.addr(0),
+        rkey: buf.mr.rkey,
+    });
+    bring_up(&me.engine, qp, me.ip, &peer, psn, PathMtu::Mtu1024);
+    me.connected.wait();
+    peer
+}
+
+/// Posts `count` signalled WRITEs of `msg` bytes each, message `i` from `buf` at `i * msg` to
+/// the peer's buffer at the same offset, with work request ids `0..count`.
+fn post_writes(engine: &Engine, qp: &Qp, buf: &Buffer, peer: &Endpoint, count: usize, msg: usize) {
+    for i in 0..count {
+        let wr = SendWr::new(
+            i as u64,
+            SendOp::RdmaWrite {
+                remote_addr: peer.va + (i * msg) as u64,
+                rkey: peer.rkey,
+            },
+            vec![buf.sge(i * msg, msg)],
+        );
+        engine.post_send(qp.qpn, wr).expect("post_send");
+    }
+}
+
+/// Runs `ip ARGS` in the calling thread's network namespace; it must succeed.
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(out.status.success(), "ip {args:?}: {out:?}");
+}
+
+/// Polls `cq` until `n` completions are in or `WAIT` passes (no status check).
+fn poll_completions(engine: &Engine, cq: CqId, n: usize, what: &str) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while out.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} of {n} completions after {WAIT:?} ({:?}); {}",
+            out.len(),
+            engine.failure(),
+            engine.stats_line()
+        );
+        engine
+            .poll_cq(cq, n - out.len(), &mut out)
+            .expect("poll_cq");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    out
+}
+
+/// The interface removed under two engines (`ip link del` takes both ends of the veth): each
+/// device fails rather than leave its applications waiting forever. WRITEs in flight and
+/// posted receives complete with flush errors, so does work posted afterwards, and the engine
+/// says why. Side 1 is busy sending (the kernel refuses its next frames); side 0 is idle (its
+/// progress thread learns it from the kernel's link notification).
+#[test]
+fn a_removed_interface_fails_the_device_and_flushes_every_qp() {
+    if !root_or_skip() {
+        return;
+    }
+    const MSG: usize = 64 * 1024;
+    let setup = Setup::new(1500);
+    let (ns0, iface0, iface1) = (
+        setup.pair.ns_name(0).to_string(),
+        setup.pair.iface(0).to_string(),
+        setup.pair.iface(1).to_string(),
+    );
+    setup.on_both_sides(move |me: Side<Endpoint>| {
+        let engine = &me.engine;
+        let qp = create_qp(engine, me.pd, QpType::Rc);
+        to_init(engine, &qp);
+        let buf = Buffer::new(engine, me.pd, 4 * MSG);
+        if me.index == 0 {
+            for i in 0..4 {
+                let wr = RecvWr {
+                    wr_id: 100 + i as u64,
+                    sg_list: vec![buf.sge(i * 1024, 1024)].into(),
+                };
+                engine.post_recv(qp.qpn, wr).expect("post_recv");
+            }
+        }
+        let peer = connect_with_memory(&me, &qp, &buf, 0x2000 + me.index as u32);
+        if me.index == 0 {
+            // Side 1 removes the interface; then this idle side's receives are flushed.
+            me.from_peer
+                .recv_timeout(WAIT * 2)
+                .expect("side 1 removed the interface");
+            let wcs = poll_completions(engine, qp.recv_cq, 4, "receives of the idle side");
+            for (i, wc) in wcs.iter().enumerate() {
+                assert_eq!(wc.status, WcStatus::WrFlushErr, "{wc:?}");
+                assert_eq!(wc.wr_id, 100 + i as u64);
+            }
+            let why = engine.failure().expect("the idle side's engine failed");
+            assert!(why.contains("removed"), "{why}");
+            return;
+        }
+        // The peer's end down first: the WRITEs below stay in flight (unacknowledged).
+        ip(&["-n", &ns0, "link", "set", "dev", &iface0, "down"]);
+        post_writes(engine, &qp, &buf, &peer, 4, MSG);
+        ip(&["link", "del", "dev", &iface1]);
+        let wcs = poll_completions(engine, qp.send_cq, 4, "WRITEs in flight");
+        for (i, wc) in wcs.iter().enumerate() {
+            assert_eq!(wc.status, WcStatus::WrFlushErr, "{wc:?}");
+            assert_eq!(wc.wr_id, i as u64);
+        }
+        assert!(engine.failure().is_some(), "{}", engine.stats_line());
+        // Work posted now completes at once, flushed.
+        let wr = SendWr::new(9, SendOp::Send, vec![buf.sge(0, 64)]);
+        engine
+            .post_send(qp.qpn, wr)
+            .expect("post_send after the failure");
+        let wcs = poll_completions(engine, qp.send_cq, 1, "a SEND posted after the failure");
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::WrFlushErr));
         me.to_peer.send(peer).expect("tell side 0");
     });
 }

@@ -286,6 +286,9 @@ fn route(engine: u64, ev: Event) {
                         .map(|o| (o.object, o.async_tx.clone())),
                     IBV_EVENT_SRQ_LIMIT_REACHED,
                 ),
+                // Every context's port watcher reports IBV_EVENT_DEVICE_FATAL when the netdev
+                // goes away, engine or not (see `port_events`).
+                AsyncEvent::DeviceFatal => return,
             };
             if let Some((object, fd)) = target {
                 post_async(&fd, object as u64, ty);

@@ -1,6 +1,6 @@
 //! Port events for `ibv_get_async_event`: the netdev going down or up (`IBV_EVENT_PORT_ERR` /
-//! `IBV_EVENT_PORT_ACTIVE`) and its addresses changing (`IBV_EVENT_GID_CHANGE`), as rdma_rxe
-//! reports them. One thread per open context sleeps in `poll()` on a netlink subscription and
+//! `IBV_EVENT_PORT_ACTIVE`), its addresses changing (`IBV_EVENT_GID_CHANGE`) and its removal
+//! (`IBV_EVENT_DEVICE_FATAL`), as rdma_rxe reports them. One thread per open context sleeps in `poll()` on a netlink subscription and
 //! costs nothing while nothing changes.
 
 use std::net::IpAddr;
@@ -8,9 +8,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use xroce_datapath::netlink::{self, AddressWatcher, Change};
+use xroce_datapath::netlink::{self, AddressWatcher, Change, NetlinkError};
 
-use crate::abi::verbs::{IBV_EVENT_GID_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR};
+use crate::abi::verbs::{
+    IBV_EVENT_DEVICE_FATAL, IBV_EVENT_GID_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
+};
 use crate::engines::post_async;
 
 /// The watcher thread of one context; dropping it stops the thread.
@@ -30,6 +32,15 @@ fn read_state(netdev: &str) -> Option<(u32, PortState)> {
     let iface = netlink::interface_by_name(netdev).ok()?;
     let gids = netlink::gid_table(&iface).unwrap_or_default();
     Some((iface.index, PortState { up: iface.up, gids }))
+}
+
+/// The state of interface `ifindex` now: `Err(true)` when it no longer exists, `Err(false)`
+/// when it cannot be read just now.
+fn state_now(ifindex: u32) -> Result<PortState, bool> {
+    let iface = netlink::interface_by_index(ifindex)
+        .map_err(|e| matches!(e, NetlinkError::NoSuchInterfaceIndex(_)))?;
+    let gids = netlink::gid_table(&iface).unwrap_or_default();
+    Ok(PortState { up: iface.up, gids })
 }
 
 impl PortWatch {
@@ -79,8 +90,15 @@ impl PortWatch {
                 if !relevant {
                     continue;
                 }
-                let Some((_, now)) = read_state(&netdev) else {
-                    continue;
+                let now = match state_now(ifindex) {
+                    Ok(now) => now,
+                    Err(true) => {
+                        // The netdev is gone, and the device with it (rdma_rxe unregisters
+                        // its device then). An engine on it has failed its QPs too.
+                        post_async(&async_tx, 0, IBV_EVENT_DEVICE_FATAL);
+                        return;
+                    }
+                    Err(false) => continue,
                 };
                 if now.up != last.up {
                     let ty = if now.up {

@@ -348,6 +348,8 @@ fn a_stalled_program_reports_its_state_on_the_dump_signal() {
     }
 }
 
+/// The port's events, and the device's end when its netdev is removed, reach an application
+/// that only watches (it starts no engine).
 #[test]
 fn async_events_reach_ibv_asyncwatch() {
     if !root_or_skip() {
@@ -364,6 +366,8 @@ fn async_events_reach_ibv_asyncwatch() {
         format!("ip link set {iface} down"),
         format!("ip link set {iface} up"),
         format!("ip addr add 10.250.9.1/24 dev {iface}"),
+        // The netdev gone: the device with it (the veth pair goes, both ends).
+        format!("ip link del {iface}"),
     ] {
         let out = rig.pair.exec(0, &step).expect("run ip");
         assert!(out.status.success(), "{step}: {out:?}");
@@ -375,6 +379,7 @@ fn async_events_reach_ibv_asyncwatch() {
         "IBV_EVENT_PORT_ERR (10), port 1",
         "IBV_EVENT_PORT_ACTIVE (9), port 1",
         "IBV_EVENT_GID_CHANGE (18), port 1",
+        "IBV_EVENT_DEVICE_FATAL (8)",
     ] {
         assert!(
             text.contains(want),

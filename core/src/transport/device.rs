@@ -245,6 +245,8 @@ pub struct Device {
     answers_awaiting_acks: u64,
     /// See [`Self::mid_message`].
     mid_message: bool,
+    /// See [`Self::fail`].
+    failed: bool,
 }
 
 impl Device {
@@ -276,6 +278,7 @@ impl Device {
             ack_only_requests: 0,
             answers_awaiting_acks: 0,
             mid_message: false,
+            failed: false,
         }
     }
 
@@ -711,8 +714,9 @@ impl Device {
             ud_av,
             checked_in: 0,
         };
-        if qp.attr.state == QpState::Error {
-            // Posting to a QP in error completes at once with a flush error.
+        if qp.attr.state == QpState::Error || self.failed {
+            // Posting to a QP in error (or of a failed device) completes at once with a flush
+            // error.
             let wc = qp.send_wc(&wqe, WcStatus::WrFlushErr);
             self.sh.complete_quiet(qp.send_cq, wc);
             return Ok(was_busy);
@@ -955,6 +959,33 @@ impl Device {
         !self.ready.is_empty()
             || self.timer_floor.is_some_and(|t| t <= now)
             || !self.sh.events.is_empty()
+    }
+
+    /// The device is gone for good (its interface was removed, or the kernel stopped taking
+    /// its frames): every QP goes to the error state with its outstanding work flushed
+    /// (`IBV_WC_WR_FLUSH_ERR`), as an RDMA NIC in its fatal state does, and
+    /// [`AsyncEvent::DeviceFatal`] is raised, once. An application waiting for a completion
+    /// gets these instead of waiting forever. Work posted later completes with flush errors
+    /// too (the QPs stay in error); nothing is sent any more.
+    pub fn fail(&mut self) {
+        if self.failed {
+            return;
+        }
+        self.failed = true;
+        self.sh
+            .events
+            .push_back(Event::Async(AsyncEvent::DeviceFatal));
+        for qp in self.qps.values_mut() {
+            qp.enter_error(&mut self.sh);
+        }
+        self.ready.clear();
+        self.turn_sent = 0;
+        self.timer_floor = None;
+    }
+
+    /// Whether [`Self::fail`] was called.
+    pub fn failed(&self) -> bool {
+        self.failed
     }
 
     /// The next completion-channel or asynchronous event.

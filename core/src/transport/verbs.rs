@@ -247,6 +247,9 @@ pub enum AsyncEvent {
     /// A QP attached to an SRQ is in error and has no more receives in flight
     /// (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     QpLastWqeReached(u32),
+    /// The device cannot work any more (`IBV_EVENT_DEVICE_FATAL`): see
+    /// [`Device::fail`](super::Device::fail).
+    DeviceFatal,
 }
 
 /// Something the owner of a [`Device`](super::Device) must act on.

@@ -168,13 +168,15 @@ impl Neighbours {
     }
 
     /// Follows a change the kernel announced.
-    pub fn apply(&mut self, dev: &mut Device, change: Change) {
+    pub fn apply(&mut self, dev: &mut Device, change: Change) -> Applied {
         match change {
             Change::Addresses(ifindex) if ifindex == self.iface.index => self.refresh_gids(dev),
-            Change::Link(ifindex) if ifindex == self.iface.index => self.refresh_link(dev),
+            Change::Link(ifindex) if ifindex == self.iface.index => return self.refresh_link(dev),
             Change::Resync => {
                 // Notifications were lost: read everything again.
-                self.refresh_link(dev);
+                if self.refresh_link(dev) == Applied::InterfaceGone {
+                    return Applied::InterfaceGone;
+                }
                 self.refresh_gids(dev);
                 self.cache.clear();
             }
@@ -195,7 +197,16 @@ impl Neighbours {
             }
             _ => {}
         }
+        Applied::Done
     }
+}
+
+/// What [`Neighbours::apply`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Done,
+    /// The engine's interface no longer exists.
+    InterfaceGone,
 }
 
 impl Neighbours {
@@ -206,9 +217,12 @@ impl Neighbours {
         }
     }
 
-    fn refresh_link(&mut self, dev: &mut Device) {
-        let Ok(iface) = self.netlink.interface_by_index(self.iface.index) else {
-            return;
+    fn refresh_link(&mut self, dev: &mut Device) -> Applied {
+        let iface = match self.netlink.interface_by_index(self.iface.index) {
+            Ok(iface) => iface,
+            Err(NetlinkError::NoSuchInterfaceIndex(_)) => return Applied::InterfaceGone,
+            // Unreadable for now: the next change reads it again.
+            Err(_) => return Applied::Done,
         };
         if iface.mtu != self.iface.mtu {
             dev.set_port_mtu(crate::afxdp::port_path_mtu(iface.mtu));
@@ -219,6 +233,7 @@ impl Neighbours {
             // The default GID derives from the MAC.
             self.refresh_gids(dev);
         }
+        Applied::Done
     }
 }
 

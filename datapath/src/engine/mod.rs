@@ -28,7 +28,7 @@ use xroce_core::transport::verbs::{RecvWr, SendWr, VerbsError, WorkCompletion};
 use xroce_core::transport::{AddressVector, CqId, Device, DeviceConfig, Event};
 use xroce_core::wire::IpAddress;
 
-pub use addressing::{AddressingError, Neighbours};
+pub use addressing::{AddressingError, Applied, Neighbours};
 pub use memory::ProcessMemory;
 
 use crate::afxdp::{BindMode, XskConfig, XskError, XskSocket};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use xroce_core::transport::{Event, TX_TURN_PACKETS};
 use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, IpAddress};
 
-use super::addressing::{AddressWatcher, Neighbours, NextHop};
+use super::addressing::{AddressWatcher, Applied, Neighbours, NextHop};
 use super::capture::Capture;
 use super::{Deferred, Shared, State};
 use crate::port::Port;
@@ -215,6 +215,28 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     round
 }
 
+/// The port cannot work any more (its interface was removed, or the kernel refuses its frames
+/// for good): says so on stderr, fails the device (every QP to the error state, its work
+/// flushed, `IBV_EVENT_DEVICE_FATAL`: see `Device::fail`), so that applications waiting for
+/// completions get flush errors instead of waiting forever, and marks the port failed (the
+/// progress thread then stops).
+pub(crate) fn fail_port(shared: &Shared, st: &mut State, why: String) {
+    if st.io.failed {
+        return;
+    }
+    eprintln!(
+        "xroce: netdev {}: {why}; the device has failed, and its QPs are in the error state",
+        shared.config.iface
+    );
+    st.io.failed = true;
+    st.failed = Some(why);
+    st.dev.fail();
+    dispatch_events(shared, &mut st.dev);
+    if shared.progress_waiters.load(Ordering::SeqCst) > 0 {
+        shared.progressed.notify_all();
+    }
+}
+
 /// The first half of a round: takes a batch of frames from the port into the transport and
 /// hands out the events that caused. Whatever the frames call for (ACKs, READ responses)
 /// waits in the transport for [`send`]. Returns how many frames came in.
@@ -349,8 +371,11 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             io.link_down = true;
         }
         Err(e) => {
-            io.failed = true;
-            st.failed = Some(format!("the interface stopped accepting frames: {e}"));
+            fail_port(
+                shared,
+                st,
+                format!("the interface stopped accepting frames ({e})"),
+            );
             return Round {
                 work: false,
                 more: false,
@@ -483,7 +508,10 @@ pub(crate) fn run(
                 last_watch = now;
                 address_changes.extend(watcher.drain());
                 for change in address_changes.drain(..) {
-                    st.neighbours.apply(&mut st.dev, change);
+                    if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
+                        fail_port(&shared, st, "the interface was removed".to_string());
+                        break;
+                    }
                 }
             }
             (work, mid_message)
