@@ -1881,3 +1881,38 @@ fn a_removed_interface_fails_the_device_and_flushes_every_qp() {
         me.to_peer.send(peer).expect("tell side 0");
     });
 }
+
+/// The XDP program removed from under a running engine (`xroce link del` while a program
+/// uses the device): no RoCEv2 frame reaches the engine any more, and nothing in the kernel
+/// says so. The engine finds out when its retransmissions time out, fails its device, and
+/// the WRITE waiting for its ACK completes with a flush error instead of being retried
+/// forever.
+#[test]
+fn an_engine_whose_xdp_program_is_removed_fails_its_device() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface1 = setup.pair.iface(1).to_string();
+    setup.on_both_sides(move |me: Side<Endpoint>| {
+        let engine = &me.engine;
+        let qp = create_qp(engine, me.pd, QpType::Rc);
+        to_init(engine, &qp);
+        let buf = Buffer::new(engine, me.pd, 4096);
+        let peer = connect_with_memory(&me, &qp, &buf, 0x3000 + me.index as u32);
+        if me.index == 0 {
+            me.from_peer
+                .recv_timeout(WAIT * 2)
+                .expect("side 1 finished");
+            assert_eq!(engine.failure(), None, "the side with its program failed");
+            return;
+        }
+        xdp::unload(&iface1).expect("unload the XDP program");
+        post_writes(engine, &qp, &buf, &peer, 1, 1024);
+        let wcs = poll_completions(engine, qp.send_cq, 1, "a WRITE whose ACK cannot arrive");
+        assert_eq!(wcs[0].status, WcStatus::WrFlushErr, "{:?}", wcs[0]);
+        let why = engine.failure().expect("the engine failed");
+        assert!(why.contains("XDP program"), "{why}");
+        me.to_peer.send(peer).expect("tell side 0");
+    });
+}

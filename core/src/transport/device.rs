@@ -983,6 +983,11 @@ impl Device {
         self.timer_floor = None;
     }
 
+    /// Retransmission timeouts so far (the `timeouts` counter), without copying every counter.
+    pub fn timeouts(&self) -> u64 {
+        self.sh.counters.timeouts
+    }
+
     /// Whether [`Self::fail`] was called.
     pub fn failed(&self) -> bool {
         self.failed

@@ -346,7 +346,11 @@ impl Engine {
                 dev,
                 mem: ProcessMemory::new(),
                 neighbours,
-                io: progress::PortState::new(Box::new(socket), capture),
+                io: progress::PortState::new(
+                    Box::new(socket),
+                    capture,
+                    progress::SteeringWatch::new(&config.iface),
+                ),
                 failed: None,
                 deferred: Deferred::Nothing,
                 answer_holds_off_until: 0,

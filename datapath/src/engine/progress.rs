@@ -106,6 +106,51 @@ pub(crate) struct PortState {
     pub(crate) failed: bool,
     /// Where every frame sent and received is written, when asked for.
     pub(crate) capture: Option<Capture>,
+    pub(crate) steering: SteeringWatch,
+}
+
+/// How often at most [`SteeringWatch`] asks the kernel.
+const STEERING_CHECK_NS: u64 = 1_000_000_000;
+
+/// Whether the XDP program that steers this engine's frames to its socket is still on the
+/// interface. Without it no RoCEv2 frame reaches the engine (`xroce link del`, or `ip link set
+/// IF xdp off`, while a program runs): the kernel answers them with ICMP errors and the QPs
+/// retransmit in vain, where rdma_rxe's device would be gone and its applications told. The
+/// kernel reports no detachment (no link notification), so the engine looks when its
+/// retransmission timers run out, at most once a second: one rtnetlink request.
+pub(crate) struct SteeringWatch {
+    iface: String,
+    /// The program attached when the engine started; 0: unknown, never checked.
+    program: u32,
+    checked_at: u64,
+    timeouts: u64,
+}
+
+impl SteeringWatch {
+    pub(crate) fn new(iface: &str) -> SteeringWatch {
+        SteeringWatch {
+            iface: iface.to_string(),
+            program: crate::xdp::attached_program_id(iface).unwrap_or(0),
+            checked_at: 0,
+            timeouts: 0,
+        }
+    }
+
+    /// True when retransmissions timed out since the last look and the program attached is
+    /// no longer the one this engine's socket was registered with (none, or another load with
+    /// its own socket map).
+    fn program_gone(&mut self, now: u64, timeouts: u64) -> bool {
+        if self.program == 0
+            || timeouts == self.timeouts
+            || now.saturating_sub(self.checked_at) < STEERING_CHECK_NS
+        {
+            return false;
+        }
+        self.timeouts = timeouts;
+        self.checked_at = now;
+        // Unreadable (the interface gone, say): other paths deal with that.
+        matches!(crate::xdp::attached_program_id(&self.iface), Ok(id) if id != self.program)
+    }
 }
 
 impl PortState {
@@ -114,13 +159,18 @@ impl PortState {
         self.tx_full
     }
 
-    pub(crate) fn new(port: Box<dyn Port>, capture: Option<Capture>) -> Self {
+    pub(crate) fn new(
+        port: Box<dyn Port>,
+        capture: Option<Capture>,
+        steering: SteeringWatch,
+    ) -> Self {
         Self {
             port,
             tx_full: false,
             link_down: false,
             failed: false,
             capture,
+            steering,
         }
     }
 
@@ -287,6 +337,19 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     // Timers.
     if dev.poll_timeout().is_some_and(|t| t <= now) {
         work |= dev.handle_timeout(now);
+        if io.steering.program_gone(now, dev.timeouts()) {
+            fail_port(
+                shared,
+                st,
+                "the XDP program that steers RoCEv2 frames to xroce is no longer attached \
+                 (`xroce link del` while the device was in use?)"
+                    .to_string(),
+            );
+            return Round {
+                work: false,
+                more: false,
+            };
+        }
     }
 
     // Transmit: the transport writes each packet straight into the port's buffer, behind room

@@ -601,6 +601,18 @@ pub fn unload(iface: &str) -> Result<UnloadOutcome, XdpError> {
     Ok(outcome)
 }
 
+/// The id of the XDP program attached to `iface` (native or generic mode), 0 when there is
+/// none. One rtnetlink request: cheap enough for an engine to see whether its steering
+/// program is still there.
+pub fn attached_program_id(iface: &str) -> Result<u32, XdpError> {
+    let link = query_link(iface)?;
+    Ok(if link.drv_prog_id != 0 {
+        link.drv_prog_id
+    } else {
+        link.skb_prog_id
+    })
+}
+
 /// What is attached: for `Some(iface)` that interface (an error if it does not exist); for
 /// `None` every interface of the caller's network namespace that has xroce's pins or any XDP
 /// program.
