@@ -46,9 +46,24 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
         },
         gids.join(" ")
     );
-    let mut sig: libc::c_int = 0;
-    // SAFETY: waits for one of the blocked signals in `signals`; writes its number to `sig`.
-    unsafe { libc::sigwait(&signals, &mut sig) };
+    // Until a stop signal, or the device fails (its interface removed, say: the engine has
+    // said why on stderr), looking once a second.
+    let second = libc::timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    };
+    let sig = loop {
+        // SAFETY: waits for one of the blocked signals in `signals`, at most `second`; a null
+        // siginfo pointer is allowed.
+        let sig = unsafe { libc::sigtimedwait(&signals, std::ptr::null_mut(), &second) };
+        if sig > 0 {
+            break sig;
+        }
+        if engine.failure().is_some() {
+            drop(engine);
+            return ExitCode::FAILURE;
+        }
+    };
     let c = engine.counters();
     let dev = engine.with_device(|d| d.counters());
     println!(

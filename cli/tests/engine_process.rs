@@ -156,6 +156,62 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
     assert!(status.success(), "engine exit after SIGTERM: {status:?}");
 }
 
+/// An engine whose interface is removed says so and exits with a failure, instead of
+/// waiting for a signal with a device that cannot work.
+#[test]
+fn an_engine_whose_interface_is_removed_exits_with_the_reason() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrgone", 1500).expect("namespaces");
+    let iface = pair.iface(0).to_string();
+    pair.run_in(0, {
+        let iface = iface.clone();
+        move || xdp::load(&xdp::LoadOptions::new(&iface)).expect("load")
+    });
+    let mut engine = pair
+        .command(0, XROCE)
+        .args(["engine", "--iface", &iface])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start xroce engine");
+    // The engine is up once its socket takes the RoCE port's frames.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let before = counters(&pair);
+        send_roce_port_datagrams(&pair, 1);
+        if counters(&pair).redirected > before.redirected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the engine did not bind within 15 s"
+        );
+    }
+    let out = pair
+        .exec(0, &format!("ip link del {iface}"))
+        .expect("ip link del");
+    assert!(out.status.success(), "{out:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = engine.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = engine.kill();
+            let _ = engine.wait();
+            panic!("the engine still runs 10 s after its interface was removed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut engine.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert!(!status.success(), "{status:?}");
+    assert!(stderr.contains("interface was removed"), "{stderr}");
+}
+
 /// Runs `xroce engine --iface IFACE` in namespace 0 to completion (bounded) and returns its
 /// stderr, checking it failed.
 fn failing_engine(pair: &NetnsPair, iface: &str) -> String {
