@@ -60,7 +60,7 @@ enum Command {
         command: Vec<OsString>,
     },
     /// Run an xroce engine on one queue of an interface, in the foreground, until SIGINT or
-    /// SIGTERM (root).
+    /// SIGTERM, or until its device fails (its interface removed: exit status 1) (root).
     ///
     /// The engine binds an AF_XDP socket to the queue and registers it with xroce's XDP
     /// program, which must be loaded on the interface first (`xroce link add NAME netdev IF`
