@@ -3245,4 +3245,32 @@ fn a_failed_device_flushes_every_qp_and_raises_device_fatal_once() {
         0,
         "the failed device sent its SEND after all"
     );
+    // No QP comes back to post work that would never complete; receives of an SRQ (which
+    // belong to no QP, so nothing would flush them) are refused too.
+    let dev = &mut sim.nodes[0].dev;
+    let to = |state| QpAttr {
+        state,
+        ..QpAttr::default()
+    };
+    dev.modify_qp(a.qpn, &to(QpState::Reset), AttrMask::STATE)
+        .expect("a failed device's QP can be reset, to be destroyed");
+    assert!(matches!(
+        dev.modify_qp(a.qpn, &to(QpState::Init), AttrMask::STATE),
+        Err(VerbsError::DeviceFailed)
+    ));
+    let pd = sim.nodes[0].pd;
+    let dev = &mut sim.nodes[0].dev;
+    let srq = dev.create_srq(pd, 16, 1).expect("create_srq");
+    let refused = dev.post_srq_recv(
+        srq,
+        RecvWr {
+            wr_id: 8,
+            sg_list: vec![sge].into(),
+        },
+    );
+    assert!(
+        matches!(refused, Err(VerbsError::DeviceFailed)),
+        "{refused:?}"
+    );
+    assert_eq!(VerbsError::DeviceFailed.errno(), 5, "EIO");
 }

@@ -1818,8 +1818,9 @@ fn poll_completions(engine: &Engine, cq: CqId, n: usize, what: &str) -> Vec<Work
 /// The interface removed under two engines (`ip link del` takes both ends of the veth): each
 /// device fails rather than leave its applications waiting forever. WRITEs in flight and
 /// posted receives complete with flush errors, so does work posted afterwards, and the engine
-/// says why. Side 1 is busy sending (the kernel refuses its next frames); side 0 is idle (its
-/// progress thread learns it from the kernel's link notification).
+/// says why. Side 1 is busy sending (the kernel refuses its next frames); side 0 has nothing
+/// to send and spins on its CQ (its progress thread learns of the removal from the kernel's
+/// link notification, and must take the engine from the polling application to act on it).
 #[test]
 fn a_removed_interface_fails_the_device_and_flushes_every_qp() {
     if !root_or_skip() {
@@ -1848,11 +1849,22 @@ fn a_removed_interface_fails_the_device_and_flushes_every_qp() {
         }
         let peer = connect_with_memory(&me, &qp, &buf, 0x2000 + me.index as u32);
         if me.index == 0 {
-            // Side 1 removes the interface; then this idle side's receives are flushed.
+            // Side 1 removes the interface; this side, with nothing to send, spins on its CQ
+            // (so its progress thread keeps off the lock) until its receives are flushed.
+            let mut wcs = Vec::new();
+            let deadline = Instant::now() + WAIT;
+            while wcs.len() < 4 {
+                assert!(
+                    Instant::now() < deadline,
+                    "receives of the polling side: {} of 4 flushed after {WAIT:?} ({:?})",
+                    wcs.len(),
+                    engine.failure()
+                );
+                engine.poll_cq(qp.recv_cq, 4, &mut wcs).expect("poll_cq");
+            }
             me.from_peer
                 .recv_timeout(WAIT * 2)
                 .expect("side 1 removed the interface");
-            let wcs = poll_completions(engine, qp.recv_cq, 4, "receives of the idle side");
             for (i, wc) in wcs.iter().enumerate() {
                 assert_eq!(wc.status, WcStatus::WrFlushErr, "{wc:?}");
                 assert_eq!(wc.wr_id, 100 + i as u64);

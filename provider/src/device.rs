@@ -42,6 +42,9 @@ pub struct ContextState {
     pub engine: Mutex<Option<Arc<EngineRef>>>,
     /// Write end of the pipe behind `context->async_fd`.
     pub async_tx: Arc<OwnedFd>,
+    /// `IBV_EVENT_DEVICE_FATAL` was posted to this context (by its port watcher, the netdev
+    /// gone, or by its engine, the device failed): it is posted once.
+    pub fatal_posted: Arc<std::sync::atomic::AtomicBool>,
     /// Reports the netdev's state and address changes (stopped when the context is freed).
     pub port_watch: Option<crate::port_events::PortWatch>,
 }
@@ -148,12 +151,18 @@ pub(crate) unsafe extern "C" fn alloc_context(
         return std::ptr::null_mut();
     }
     let async_tx = Arc::new(async_tx);
+    let fatal_posted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let state = Box::new(ContextState {
         name: dev.name.clone(),
         netdev: dev.netdev.clone(),
         engine: Mutex::new(None),
-        port_watch: crate::port_events::PortWatch::start(dev.netdev.clone(), async_tx.clone()),
+        port_watch: crate::port_events::PortWatch::start(
+            dev.netdev.clone(),
+            async_tx.clone(),
+            fatal_posted.clone(),
+        ),
         async_tx,
+        fatal_posted,
     });
     // SAFETY: `xctx` is the fresh allocation; the ops table is 'static.
     unsafe {
@@ -181,6 +190,7 @@ pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(e) = engine {
+            crate::engines::detach_context(&e, &state);
             e.release_context();
         }
         drop(state);

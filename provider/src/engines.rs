@@ -16,8 +16,8 @@ use xroce_core::transport::{CqId, Event, SrqId};
 use xroce_datapath::engine::{Engine, EngineConfig, EventSink};
 
 use crate::abi::verbs::{
-    async_event_desc, IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED,
-    IBV_EVENT_SQ_DRAINED, IBV_EVENT_SRQ_LIMIT_REACHED,
+    async_event_desc, IBV_EVENT_CQ_ERR, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_QP_FATAL,
+    IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_SQ_DRAINED, IBV_EVENT_SRQ_LIMIT_REACHED,
 };
 use crate::device::ContextState;
 
@@ -130,6 +130,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
         .filter(|e| !e.finished.load(Ordering::SeqCst))
     {
         e.contexts.fetch_add(1, Ordering::SeqCst);
+        attach_context(&e, ctx);
         *mine = Some(e.clone());
         return Ok(e);
     }
@@ -153,6 +154,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 report_stats_at_exit();
             }
             crate::state_dump::install_if_asked(write_state_reports);
+            attach_context(&e, ctx);
             *mine = Some(e.clone());
             Ok(e)
         }
@@ -168,6 +170,36 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 _ => libc::ENODEV,
             })
         }
+    }
+}
+
+/// Device events of `engine` reach `ctx` from now on.
+fn attach_context(engine: &EngineRef, ctx: &ContextState) {
+    with_routes(|r| {
+        r.contexts
+            .entry(engine.id)
+            .or_default()
+            .push((ctx.async_tx.clone(), ctx.fatal_posted.clone()))
+    });
+}
+
+/// Device events of `engine` no longer reach `ctx` (it is being freed).
+pub fn detach_context(engine: &EngineRef, ctx: &ContextState) {
+    with_routes(|r| {
+        if let Some(list) = r.contexts.get_mut(&engine.id) {
+            list.retain(|(fd, _)| !Arc::ptr_eq(fd, &ctx.async_tx));
+            if list.is_empty() {
+                r.contexts.remove(&engine.id);
+            }
+        }
+    });
+}
+
+/// Posts `IBV_EVENT_DEVICE_FATAL` (no object: element 0, as the kernel reports it) unless
+/// `posted` says it already was.
+pub fn post_device_fatal(fd: &OwnedFd, posted: &AtomicBool) {
+    if !posted.swap(true, Ordering::SeqCst) {
+        post_async(fd, 0, IBV_EVENT_DEVICE_FATAL);
     }
 }
 
@@ -244,8 +276,14 @@ pub struct ObjectRoute {
     pub async_tx: Arc<OwnedFd>,
 }
 
+/// Where the device events of one context go: its async event pipe, and whether it was told
+/// the device failed.
+pub type ContextRoute = (Arc<OwnedFd>, Arc<AtomicBool>);
+
 #[derive(Default)]
 pub struct Routes {
+    /// The contexts using each engine, for device events.
+    pub contexts: HashMap<u64, Vec<ContextRoute>>,
     pub cqs: HashMap<(u64, CqId), CqRoute>,
     pub qps: HashMap<(u64, u32), ObjectRoute>,
     pub srqs: HashMap<(u64, SrqId), ObjectRoute>,
@@ -286,9 +324,14 @@ fn route(engine: u64, ev: Event) {
                         .map(|o| (o.object, o.async_tx.clone())),
                     IBV_EVENT_SRQ_LIMIT_REACHED,
                 ),
-                // Every context's port watcher reports IBV_EVENT_DEVICE_FATAL when the netdev
-                // goes away, engine or not (see `port_events`).
-                AsyncEvent::DeviceFatal => return,
+                // Every context on the engine's netdev hears it (its port watcher may have
+                // already told it, the netdev gone: see `port_events`).
+                AsyncEvent::DeviceFatal => {
+                    for (fd, posted) in r.contexts.get(&engine).into_iter().flatten() {
+                        post_device_fatal(fd, posted);
+                    }
+                    return;
+                }
             };
             if let Some((object, fd)) = target {
                 post_async(&fd, object as u64, ty);

@@ -5,15 +5,14 @@
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use xroce_datapath::netlink::{self, AddressWatcher, Change, NetlinkError};
 
-use crate::abi::verbs::{
-    IBV_EVENT_DEVICE_FATAL, IBV_EVENT_GID_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
-};
-use crate::engines::post_async;
+use crate::abi::verbs::{IBV_EVENT_GID_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR};
+use crate::engines::{post_async, post_device_fatal};
 
 /// The watcher thread of one context; dropping it stops the thread.
 pub struct PortWatch {
@@ -46,7 +45,11 @@ fn state_now(ifindex: u32) -> Result<PortState, bool> {
 impl PortWatch {
     /// Starts watching `netdev`; `None` if netlink or the thread cannot be set up (the context
     /// then works without port events).
-    pub fn start(netdev: String, async_tx: Arc<OwnedFd>) -> Option<PortWatch> {
+    pub fn start(
+        netdev: String,
+        async_tx: Arc<OwnedFd>,
+        fatal_posted: Arc<AtomicBool>,
+    ) -> Option<PortWatch> {
         let mut watcher = AddressWatcher::new().ok()?;
         let (ifindex, mut last) = read_state(&netdev)?;
         // SAFETY: a fresh eventfd, owned at once.
@@ -95,7 +98,7 @@ impl PortWatch {
                     Err(true) => {
                         // The netdev is gone, and the device with it (rdma_rxe unregisters
                         // its device then). An engine on it has failed its QPs too.
-                        post_async(&async_tx, 0, IBV_EVENT_DEVICE_FATAL);
+                        post_device_fatal(&async_tx, &fatal_posted);
                         return;
                     }
                     Err(false) => continue,

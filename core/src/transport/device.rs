@@ -497,6 +497,11 @@ impl Device {
     }
 
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.failed {
+            // No QP will ever take it (an SRQ's receives are not flushed: they belong to no
+            // QP, as on an RDMA NIC).
+            return Err(VerbsError::DeviceFailed);
+        }
         let s = self
             .sh
             .srqs
@@ -538,6 +543,9 @@ impl Device {
     // ----- queue pairs -----
 
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
+        if self.failed {
+            return Err(VerbsError::DeviceFailed);
+        }
         if !self.sh.cqs.contains_key(&init.send_cq) || !self.sh.cqs.contains_key(&init.recv_cq) {
             return Err(VerbsError::NoSuchObject("completion queue"));
         }
@@ -610,6 +618,14 @@ impl Device {
             .qps
             .get_mut(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        // A failed device's QPs stay in error (or are reset, to be destroyed): none is
+        // brought up again to post work that would never complete.
+        if self.failed
+            && mask.contains(AttrMask::STATE)
+            && !matches!(attr.state, QpState::Error | QpState::Reset)
+        {
+            return Err(VerbsError::DeviceFailed);
+        }
         qp.modify(&mut self.sh, attr, mask)?;
         self.mark_ready(qpn);
         Ok(())
@@ -714,9 +730,8 @@ impl Device {
             ud_av,
             checked_in: 0,
         };
-        if qp.attr.state == QpState::Error || self.failed {
-            // Posting to a QP in error (or of a failed device) completes at once with a flush
-            // error.
+        if qp.attr.state == QpState::Error {
+            // Posting to a QP in error completes at once with a flush error.
             let wc = qp.send_wc(&wqe, WcStatus::WrFlushErr);
             self.sh.complete_quiet(qp.send_cq, wc);
             return Ok(was_busy);

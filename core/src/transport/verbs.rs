@@ -277,6 +277,10 @@ pub enum VerbsError {
     Modify(#[from] super::qp_state::ModifyError),
     #[error(transparent)]
     Register(#[from] super::memory::RegisterError),
+    /// The device has failed (see [`Device::fail`](super::Device::fail)): it takes no new
+    /// work (`EIO`, as libibverbs reports for a device gone from under its context).
+    #[error("the device has failed")]
+    DeviceFailed,
 }
 
 impl VerbsError {
@@ -286,11 +290,13 @@ impl VerbsError {
         const ENOMEM: i32 = 12;
         const EBUSY: i32 = 16;
         const EINVAL: i32 = 22;
+        const EIO: i32 = 5;
         match self {
             VerbsError::NoSuchObject(_) => ENOENT,
             VerbsError::Busy(_) => EBUSY,
             VerbsError::Invalid(_) | VerbsError::Modify(_) | VerbsError::Register(_) => EINVAL,
             VerbsError::QueueFull(_) | VerbsError::Limit(_) => ENOMEM,
+            VerbsError::DeviceFailed => EIO,
         }
     }
 }

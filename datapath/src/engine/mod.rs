@@ -349,7 +349,7 @@ impl Engine {
                 io: progress::PortState::new(
                     Box::new(socket),
                     capture,
-                    progress::SteeringWatch::new(&config.iface),
+                    progress::SteeringWatch::new(&config.iface, ifindex),
                 ),
                 failed: None,
                 deferred: Deferred::Nothing,
@@ -484,9 +484,19 @@ impl Engine {
         let mut guard = self.lock();
         self.send_deferred(&mut guard);
         let r = f(&mut guard.dev);
+        Self::dispatch_if_failed(&self.shared, &mut guard);
         drop(guard);
         self.shared.wake();
         r
+    }
+
+    /// On a failed device nobody else hands out the events a verb caused (the progress thread
+    /// has stopped): a receive posted to a QP in error completes at once, and an application
+    /// waiting on its completion channel must hear of it.
+    fn dispatch_if_failed(shared: &Shared, st: &mut State) {
+        if st.io.failed {
+            progress::dispatch_events(shared, &mut st.dev);
+        }
     }
 
     /// Sends what an earlier `poll_cq` or post left for later (ACKs above all) now. For a
@@ -528,7 +538,10 @@ impl Engine {
     /// `ib_send_lat`).
     pub fn with_device_quiet<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
         let _in_verbs = self.shared.enter_verbs();
-        f(&mut self.lock().dev)
+        let mut guard = self.lock();
+        let r = f(&mut guard.dev);
+        Self::dispatch_if_failed(&self.shared, &mut guard);
+        r
     }
 
     /// `ibv_req_notify_cq`: arms `cq` for its next completion (or next solicited one). The
@@ -732,6 +745,7 @@ impl Engine {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.io.failed {
+            Self::dispatch_if_failed(&self.shared, st);
             return st.dev.poll_cq(cq, max, out);
         }
         let holding = matches!(st.deferred, Deferred::AcksUntil { until, .. } if now < until);
@@ -824,7 +838,9 @@ impl Engine {
             // (or waits on another CQ); the held ACKs may still ride with the answer.
             return Ok(0);
         }
-        if !st.dev.has_work(now) && !st.io.port.tx_pending() {
+        // Frames held while the interface is down wait for it (the progress thread kicks them
+        // when it comes back): a poll asks the kernel again only when the transport has work.
+        if !st.dev.has_work(now) && (!st.io.port.tx_pending() || st.io.link_down) {
             // Nothing to send, no timer due: an application waiting for its peer. Skipping
             // the transmit round halves an empty poll, and a frame that lands meanwhile is
             // noticed that much sooner.

@@ -10,6 +10,7 @@ use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetFrame, Ethernet
 use super::addressing::{AddressWatcher, Applied, Neighbours, NextHop};
 use super::capture::Capture;
 use super::{Deferred, Shared, State};
+use crate::netlink::Change;
 use crate::port::Port;
 use crate::xdp::XsksMap;
 
@@ -120,6 +121,7 @@ const STEERING_CHECK_NS: u64 = 1_000_000_000;
 /// retransmission timers run out, at most once a second: one rtnetlink request.
 pub(crate) struct SteeringWatch {
     iface: String,
+    ifindex: u32,
     /// The program attached when the engine started; 0: unknown, never checked.
     program: u32,
     checked_at: u64,
@@ -127,9 +129,10 @@ pub(crate) struct SteeringWatch {
 }
 
 impl SteeringWatch {
-    pub(crate) fn new(iface: &str) -> SteeringWatch {
+    pub(crate) fn new(iface: &str, ifindex: u32) -> SteeringWatch {
         SteeringWatch {
             iface: iface.to_string(),
+            ifindex,
             program: crate::xdp::attached_program_id(iface).unwrap_or(0),
             checked_at: 0,
             timeouts: 0,
@@ -148,8 +151,14 @@ impl SteeringWatch {
         }
         self.timeouts = timeouts;
         self.checked_at = now;
-        // Unreadable (the interface gone, say): other paths deal with that.
-        matches!(crate::xdp::attached_program_id(&self.iface), Ok(id) if id != self.program)
+        self.program_changed()
+    }
+
+    /// The program attached now is not the one this engine's socket was registered with.
+    /// Unreadable (the interface gone, say): not this watch's to say.
+    fn program_changed(&self) -> bool {
+        self.program != 0
+            && matches!(crate::xdp::attached_program_id(&self.iface), Ok(id) if id != self.program)
     }
 }
 
@@ -311,7 +320,7 @@ pub(crate) fn receive(shared: &Shared, st: &mut State, now: u64) -> usize {
 
 /// Completion-channel and asynchronous events go to whoever asked for them (the provider
 /// writes them to the application's event file descriptors). True if a CQ was notified.
-fn dispatch_events(shared: &Shared, dev: &mut xroce_core::transport::Device) -> bool {
+pub(crate) fn dispatch_events(shared: &Shared, dev: &mut xroce_core::transport::Device) -> bool {
     let mut notified = false;
     while let Some(ev) = dev.poll_event() {
         notified |= matches!(ev, Event::CqNotify(_));
@@ -421,7 +430,9 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
         shared.counters.tx_batches.fetch_add(1, Ordering::Relaxed);
     }
     match io.port.flush() {
-        Ok(()) => io.link_down = false,
+        // A flush that may not have asked the kernel at all (nothing to kick, or no wake-up
+        // needed) says nothing about the link; one that emptied the queue does.
+        Ok(()) => io.link_down &= io.port.tx_pending(),
         // The interface is down (`ip link set IF down`): the kernel takes no frames until it
         // is up again, and those queued wait in the ring, like frames on a NIC whose link is
         // down. What is lost meanwhile is the transport's to retransmit; nothing fails. This
@@ -433,16 +444,32 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             }
             io.link_down = true;
         }
+        // Anything else ends the device only when the interface is gone (the socket is
+        // unbound then: ENXIO) or its steering program is: a driver may refuse a kick while
+        // it rebuilds its rings. Otherwise the frames wait, as for a link that is down.
         Err(e) => {
-            fail_port(
-                shared,
-                st,
-                format!("the interface stopped accepting frames ({e})"),
-            );
-            return Round {
-                work: false,
-                more: false,
-            };
+            let gone = crate::netlink::interface_by_index(io.steering.ifindex)
+                .is_err_and(|e| matches!(e, crate::netlink::NetlinkError::NoSuchInterfaceIndex(_)));
+            if gone || io.steering.program_changed() {
+                fail_port(
+                    shared,
+                    st,
+                    format!("the interface stopped accepting frames ({e})"),
+                );
+                return Round {
+                    work: false,
+                    more: false,
+                };
+            }
+            if !io.link_down {
+                eprintln!(
+                    "xroce: netdev {}: the kernel refused frames ({e}); they wait, and the \
+                     QPs retransmit, until it takes them again",
+                    shared.config.iface
+                );
+                shared.counters.link_downs.fetch_add(1, Ordering::Relaxed);
+            }
+            io.link_down = true;
         }
     }
     let more = built == TX_BATCH
@@ -516,8 +543,20 @@ pub(crate) fn run(
             // polling: the wake-up was for nothing.
             shared.nap_alarm.rang_for_nothing();
         }
-        // A held lock means the application is at work too.
-        let guard = if app_busy { None } else { shared.try_state() };
+        // A held lock means the application is at work too. But a change of the links (the
+        // interface up again, or gone) is applied at once, waiting for the lock if need be:
+        // an application polling for its peer sends nothing, and would neither resume the
+        // frames held while the interface was down nor learn that it was removed.
+        let link_changed = address_changes
+            .iter()
+            .any(|c| matches!(c, Change::Link(_) | Change::Resync));
+        let guard = if link_changed {
+            Some(shared.state.lock().unwrap_or_else(|p| p.into_inner()))
+        } else if app_busy {
+            None
+        } else {
+            shared.try_state()
+        };
         let Some(mut guard) = guard else {
             let frames = frame_watch.watching().then_some(wait_fd);
             let woke = wake_priority.sleep(|| sleep(&shared, frames, &watcher, Wait::Nap(nap_ns)));
@@ -570,11 +609,18 @@ pub(crate) fn run(
             if !address_changes.is_empty() || now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
                 last_watch = now;
                 address_changes.extend(watcher.drain());
+                let mut link_changed = false;
                 for change in address_changes.drain(..) {
+                    link_changed |= matches!(change, Change::Link(_) | Change::Resync);
                     if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
                         fail_port(&shared, st, "the interface was removed".to_string());
                         break;
                     }
+                }
+                if link_changed && st.io.link_down && !st.io.failed {
+                    // Perhaps up again: kick the frames held meanwhile.
+                    st.io.link_down = false;
+                    send(&shared, st, shared.now());
                 }
             }
             (work, mid_message)
