@@ -1059,9 +1059,16 @@ fn write_ping_pong_spinning_on_memory(msg: usize) {
         // rounds at 64 B here and 12-134 at 4 KiB. 3800-4300 at 4 KiB when the answer's
         // packets came behind the ACK (the application left for its memory after the ACK, and
         // the thread took the rest); 270-400 at 64 B and 500-1200 at 4 KiB when a wait that
-        // ran out sent the ACK ahead of the answer.
+        // ran out sent the ACK ahead of the answer. Once, in a CI run at 4 KiB, 402 with
+        // nothing wrong (the same build gave 2-160 in a dozen runs after), so the bound at
+        // 4 KiB sits between that and the failures'.
+        let most = if msg > 1024 {
+            ROUNDS * 9 / 40
+        } else {
+            ROUNDS / 6
+        };
         assert!(
-            by_thread <= ROUNDS / 6,
+            by_thread <= most,
             "side {side}: the progress thread took {by_thread} frames in {ROUNDS} rounds: the \
              answer arrives after the application left its verbs"
         );
