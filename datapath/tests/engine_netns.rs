@@ -964,6 +964,28 @@ fn write_ping_pong_spinning_on_memory(msg: usize) {
     if !root_or_skip() {
         return;
     }
+    // The counts below follow the host's scheduling: on a busy host a run now and then has
+    // the progress threads take several hundred frames with nothing wrong (once 402 and 550
+    // in CI at 4 KiB; the build of the previous stop gave up to 505 in ten runs here, most
+    // runs 10-200). A regression shows in every run, so one run in three within the bounds
+    // passes.
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        match write_ping_pong_run(msg) {
+            Ok(()) => return,
+            Err(e) => {
+                eprintln!("{e}; running again");
+                failures.push(e);
+            }
+        }
+    }
+    panic!("three runs out of bounds:\n{}", failures.join("\n"));
+}
+
+/// One run of [`write_ping_pong_spinning_on_memory`]: panics when data or ACKs go missing;
+/// `Err` when the transmit batches or the frames the progress threads took exceed their
+/// bounds.
+fn write_ping_pong_run(msg: usize) -> Result<(), String> {
     let setup = Setup::alone(1500);
     const ROUNDS: usize = 2000;
     let results = setup.on_both_sides(move |me: Side<Endpoint>| {
@@ -1050,29 +1072,26 @@ fn write_ping_pong_spinning_on_memory(msg: usize) {
         // own cost most rounds two (1.65-2.0 per round); with the ACK's wait for the answer
         // running out before the ACK for this side's own WRITE came in (5 µs, stop 28),
         // 1.05-1.27.
-        assert!(
-            batches <= ROUNDS + ROUNDS / 5,
-            "side {side}: {batches} transmit batches in {ROUNDS} rounds: ACKs go out on their own"
-        );
+        if batches > ROUNDS + ROUNDS / 5 {
+            return Err(format!(
+                "side {side}: {batches} transmit batches in {ROUNDS} rounds: ACKs go out on \
+                 their own"
+            ));
+        }
         // The answer reaches the peer ahead of the ACK, so the peer's application, polling
         // for that ACK, takes the answer too: the progress threads took 0-159 frames in 2000
         // rounds at 64 B here and 12-134 at 4 KiB. 3800-4300 at 4 KiB when the answer's
         // packets came behind the ACK (the application left for its memory after the ACK, and
         // the thread took the rest); 270-400 at 64 B and 500-1200 at 4 KiB when a wait that
-        // ran out sent the ACK ahead of the answer. Once, in a CI run at 4 KiB, 402 with
-        // nothing wrong (the same build gave 2-160 in a dozen runs after), so the bound at
-        // 4 KiB sits between that and the failures'.
-        let most = if msg > 1024 {
-            ROUNDS * 9 / 40
-        } else {
-            ROUNDS / 6
-        };
-        assert!(
-            by_thread <= most,
-            "side {side}: the progress thread took {by_thread} frames in {ROUNDS} rounds: the \
-             answer arrives after the application left its verbs"
-        );
+        // ran out sent the ACK ahead of the answer.
+        if by_thread > ROUNDS / 6 {
+            return Err(format!(
+                "side {side}: the progress thread took {by_thread} frames in {ROUNDS} rounds: \
+                 the answer arrives after the application left its verbs"
+            ));
+        }
     }
+    Ok(())
 }
 
 /// A WRITE of 64 packets, arriving a few µs apart, for an application that waits on memory
