@@ -1,7 +1,7 @@
 //! Port events for `ibv_get_async_event`: the netdev going down or up (`IBV_EVENT_PORT_ERR` /
 //! `IBV_EVENT_PORT_ACTIVE`), its addresses changing (`IBV_EVENT_GID_CHANGE`) and its removal
-//! (`IBV_EVENT_DEVICE_FATAL`), as rdma_rxe reports them. One thread per open context sleeps in `poll()` on a netlink subscription and
-//! costs nothing while nothing changes.
+//! (`IBV_EVENT_DEVICE_FATAL`), as rdma_rxe reports them. One thread per open context sleeps in
+//! `poll()` on a netlink subscription and costs nothing while nothing changes.
 
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -27,10 +27,14 @@ struct PortState {
     gids: Vec<IpAddr>,
 }
 
+fn port_state(iface: &netlink::Interface) -> PortState {
+    let gids = netlink::gid_table(iface).unwrap_or_default();
+    PortState { up: iface.up, gids }
+}
+
 fn read_state(netdev: &str) -> Option<(u32, PortState)> {
     let iface = netlink::interface_by_name(netdev).ok()?;
-    let gids = netlink::gid_table(&iface).unwrap_or_default();
-    Some((iface.index, PortState { up: iface.up, gids }))
+    Some((iface.index, port_state(&iface)))
 }
 
 /// The state of interface `ifindex` now: `Err(true)` when it no longer exists, `Err(false)`
@@ -38,8 +42,7 @@ fn read_state(netdev: &str) -> Option<(u32, PortState)> {
 fn state_now(ifindex: u32) -> Result<PortState, bool> {
     let iface = netlink::interface_by_index(ifindex)
         .map_err(|e| matches!(e, NetlinkError::NoSuchInterfaceIndex(_)))?;
-    let gids = netlink::gid_table(&iface).unwrap_or_default();
-    Ok(PortState { up: iface.up, gids })
+    Ok(port_state(&iface))
 }
 
 impl PortWatch {

@@ -217,6 +217,14 @@ impl Neighbours {
         }
     }
 
+    /// The engine's interface no longer exists (an error reading it is not taken for that).
+    pub(crate) fn interface_gone(&mut self) -> bool {
+        matches!(
+            self.netlink.interface_by_index(self.iface.index),
+            Err(NetlinkError::NoSuchInterfaceIndex(_))
+        )
+    }
+
     fn refresh_link(&mut self, dev: &mut Device) -> Applied {
         let iface = match self.netlink.interface_by_index(self.iface.index) {
             Ok(iface) => iface,

@@ -349,7 +349,7 @@ impl Engine {
                 io: progress::PortState::new(
                     Box::new(socket),
                     capture,
-                    progress::SteeringWatch::new(&config.iface, ifindex),
+                    progress::SteeringWatch::new(&config.iface),
                 ),
                 failed: None,
                 deferred: Deferred::Nothing,

@@ -121,7 +121,6 @@ const STEERING_CHECK_NS: u64 = 1_000_000_000;
 /// retransmission timers run out, at most once a second: one rtnetlink request.
 pub(crate) struct SteeringWatch {
     iface: String,
-    ifindex: u32,
     /// The program attached when the engine started; 0: unknown, never checked.
     program: u32,
     checked_at: u64,
@@ -129,10 +128,9 @@ pub(crate) struct SteeringWatch {
 }
 
 impl SteeringWatch {
-    pub(crate) fn new(iface: &str, ifindex: u32) -> SteeringWatch {
+    pub(crate) fn new(iface: &str) -> SteeringWatch {
         SteeringWatch {
             iface: iface.to_string(),
-            ifindex,
             program: crate::xdp::attached_program_id(iface).unwrap_or(0),
             checked_at: 0,
             timeouts: 0,
@@ -272,6 +270,11 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     }
     round.work |= received > 0;
     round
+}
+
+/// An interface may have come up, gone down or gone away (notifications lost count too).
+fn is_link_change(change: &Change) -> bool {
+    matches!(change, Change::Link(_) | Change::Resync)
 }
 
 /// The port cannot work any more (its interface was removed, or the kernel refuses its frames
@@ -438,19 +441,12 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
         // down. What is lost meanwhile is the transport's to retransmit; nothing fails. This
         // thread does not spin on the queue meanwhile: the interface coming back wakes it
         // (the address watcher reports link changes), and so do the transport's timers.
-        Err(e) if e.raw_os_error() == Some(libc::ENETDOWN) => {
-            if !io.link_down {
-                shared.counters.link_downs.fetch_add(1, Ordering::Relaxed);
-            }
-            io.link_down = true;
-        }
-        // Anything else ends the device only when the interface is gone (the socket is
+        // Any other error ends the device only when the interface is gone (the socket is
         // unbound then: ENXIO) or its steering program is: a driver may refuse a kick while
         // it rebuilds its rings. Otherwise the frames wait, as for a link that is down.
         Err(e) => {
-            let gone = crate::netlink::interface_by_index(io.steering.ifindex)
-                .is_err_and(|e| matches!(e, crate::netlink::NetlinkError::NoSuchInterfaceIndex(_)));
-            if gone || io.steering.program_changed() {
+            let down = e.raw_os_error() == Some(libc::ENETDOWN);
+            if !down && (neighbours.interface_gone() || io.steering.program_changed()) {
                 fail_port(
                     shared,
                     st,
@@ -462,11 +458,13 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
                 };
             }
             if !io.link_down {
-                eprintln!(
-                    "xroce: netdev {}: the kernel refused frames ({e}); they wait, and the \
-                     QPs retransmit, until it takes them again",
-                    shared.config.iface
-                );
+                if !down {
+                    eprintln!(
+                        "xroce: netdev {}: the kernel refused frames ({e}); they wait, and \
+                         the QPs retransmit, until it takes them again",
+                        shared.config.iface
+                    );
+                }
                 shared.counters.link_downs.fetch_add(1, Ordering::Relaxed);
             }
             io.link_down = true;
@@ -547,9 +545,7 @@ pub(crate) fn run(
         // interface up again, or gone) is applied at once, waiting for the lock if need be:
         // an application polling for its peer sends nothing, and would neither resume the
         // frames held while the interface was down nor learn that it was removed.
-        let link_changed = address_changes
-            .iter()
-            .any(|c| matches!(c, Change::Link(_) | Change::Resync));
+        let link_changed = address_changes.iter().any(is_link_change);
         let guard = if link_changed {
             Some(shared.state.lock().unwrap_or_else(|p| p.into_inner()))
         } else if app_busy {
@@ -611,7 +607,7 @@ pub(crate) fn run(
                 address_changes.extend(watcher.drain());
                 let mut link_changed = false;
                 for change in address_changes.drain(..) {
-                    link_changed |= matches!(change, Change::Link(_) | Change::Resync);
+                    link_changed |= is_link_change(&change);
                     if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
                         fail_port(&shared, st, "the interface was removed".to_string());
                         break;
