@@ -439,28 +439,47 @@ pub fn xsk_ping(
     Ok(rtts)
 }
 
+/// What the receiving end of a raw AF_XDP stream does with each frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    /// Counts it without reading its bytes: the path's ceiling.
+    Counting,
+    /// Reads it as every RoCE receiver must: a CRC-32 over the whole frame (the work of the
+    /// ICRC check) and its payload copied into memory (a WRITE's placement). On a veth pair the
+    /// sender's CPU copies each frame into the receiver's UMEM, and lines the receiving CPU
+    /// has read cost that copy more; a counting receiver never pays it.
+    Reading,
+}
+
 /// Frames with `payload` bytes of UDP payload (up to 4096: one frame of a 4096 path MTU, two
 /// UMEM descriptors), sent for `duration` in batches as fast as the transmit ring takes them;
-/// the same frame each time, so this is the ceiling of the path, not of a protocol.
-pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration) -> Stream {
+/// the same frame each time, so this is the ceiling of the path, not of a protocol. The
+/// receiving end treats each frame as `sink` says.
+pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration, sink: Sink) -> Stream {
     let (a, b) = (pair.ipv4(0), pair.ipv4(1));
     let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
-    let sink = Counter::new();
+    let total = Counter::new();
     let (ready_tx, ready_rx) = mpsc::channel();
-    let counter = sink.clone();
+    let counter = total.clone();
     let receiver = pair.spawn_in(1, move || {
         let mut end = raw_end(&ib, a);
+        let mut reader = FrameReader::new(READ_INTO);
         ready_tx.send(()).ok();
         while !counter.stopped() {
-            end.sock
-                .recv(64, &mut |f| counter.add(f.len().saturating_sub(42)));
+            end.sock.recv(64, &mut |f| {
+                if sink == Sink::Reading {
+                    reader.take(f);
+                }
+                counter.add(f.len().saturating_sub(UDP_HEADERS))
+            });
         }
+        std::hint::black_box(reader.checksums);
     });
     ready_rx.recv().ok();
     let (elapsed, cpu) = pair
         .run_in(0, move || xsk_send_stream(&ia, a, b, payload, duration))
         .unwrap_or_else(|e| panic!("raw AF_XDP sender: {e}"));
-    sink.finish(receiver, elapsed, cpu)
+    total.finish(receiver, elapsed, cpu)
 }
 
 /// The sending end of [`xsk_stream`] on its own: frames of `payload` bytes of UDP payload from
@@ -522,7 +541,7 @@ pub fn xsk_receive_stream(
         let mut n = 0u64;
         end.sock.recv(64, &mut |f| {
             n += 1;
-            bytes += f.len().saturating_sub(42) as u64;
+            bytes += f.len().saturating_sub(UDP_HEADERS) as u64;
         });
         if n == 0 {
             // Nothing queued: sleep until a frame comes (at most 1 ms) instead of spinning,
@@ -555,6 +574,43 @@ pub fn xsk_receive_stream(
 }
 
 // ---------------------------------------------------------------- helpers
+
+/// Ethernet, IPv4 and UDP headers of the baselines' frames.
+const UDP_HEADERS: usize = 14 + 20 + 8;
+
+/// Memory a [`Sink::Reading`] receiver places payloads in: 16 messages of 64 KiB, as
+/// `ib_write_bw`'s window of 64 KiB WRITEs spreads over its buffer.
+const READ_INTO: usize = 1 << 20;
+
+/// The work of a [`Sink::Reading`] receiver: each frame's CRC-32 and its payload placed in
+/// memory, one after the other, wrapping around at the end.
+struct FrameReader {
+    memory: Vec<u8>,
+    at: usize,
+    /// The frames' CRCs folded together, so that nothing can be optimised away.
+    checksums: u32,
+}
+
+impl FrameReader {
+    fn new(bytes: usize) -> Self {
+        FrameReader {
+            memory: vec![0; bytes],
+            at: 0,
+            checksums: 0,
+        }
+    }
+
+    fn take(&mut self, frame: &[u8]) {
+        self.checksums ^= crc32fast::hash(frame);
+        let payload = frame.get(UDP_HEADERS..).unwrap_or_default();
+        let payload = &payload[..payload.len().min(self.memory.len())];
+        if self.at + payload.len() > self.memory.len() {
+            self.at = 0;
+        }
+        self.memory[self.at..self.at + payload.len()].copy_from_slice(payload);
+        self.at += payload.len();
+    }
+}
 
 /// Bytes and messages a receiver counted, and the flag that stops it.
 #[derive(Clone)]
@@ -612,6 +668,33 @@ mod tests {
         assert_eq!(rt.p50, 50.0);
         assert_eq!(rt.p99, 99.0);
         assert!(RoundTrip::from_samples(Vec::new()).p50.is_nan());
+    }
+
+    #[test]
+    fn a_reading_sink_checks_every_frame_and_places_its_payload_in_turn() {
+        let frame = |fill: u8, payload: usize| {
+            let mut f = vec![0xee; UDP_HEADERS];
+            f.extend(std::iter::repeat_n(fill, payload));
+            f
+        };
+        let (a, b, c) = (frame(1, 40), frame(2, 40), frame(3, 30));
+        let mut reader = FrameReader::new(100);
+        reader.take(&a);
+        reader.take(&b);
+        assert_eq!(&reader.memory[..40], &[1; 40]);
+        assert_eq!(&reader.memory[40..80], &[2; 40]);
+        // The third payload does not fit behind the second: it starts again at the front.
+        reader.take(&c);
+        assert_eq!(&reader.memory[..30], &[3; 30]);
+        assert_eq!(&reader.memory[30..40], &[1; 10]);
+        assert_eq!(
+            reader.checksums,
+            crc32fast::hash(&a) ^ crc32fast::hash(&b) ^ crc32fast::hash(&c)
+        );
+        // A runt frame, or one larger than the memory, is read without a panic.
+        reader.take(&[0xee; 10]);
+        reader.take(&frame(4, 150));
+        assert_eq!(&reader.memory[..], &[4; 100]);
     }
 
     #[test]

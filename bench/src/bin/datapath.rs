@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use xroce_bench::baseline::{self, RoundTrip};
+use xroce_bench::baseline::{self, RoundTrip, Sink};
 use xroce_bench::cpu::CpuTime;
 use xroce_bench::paired::{self, Paired};
 use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
@@ -66,15 +66,18 @@ Environment:
   XROCE_BENCH_SECS   seconds per stream (default 2)
   XROCE_BENCH_ONLY   pingpong | stream-4k | stream-64k: only xroce's part (for profiling);
                      raw-stream-4k: only raw AF_XDP's 4 KiB stream;
+                     raw-stream-4k-reading: the same with a receiver that reads
+                     each frame (CRC-32 and a copy, as a RoCE receiver must);
                      raw-stream-64: raw AF_XDP's 64 B packet rate and its sender's
                      CPU per frame (next to `ib_send_bw -s 64`)";
 
 /// The parts `XROCE_BENCH_ONLY` can pick.
-const BENCH_PARTS: [&str; 5] = [
+const BENCH_PARTS: [&str; 6] = [
     "pingpong",
     "stream-4k",
     "stream-64k",
     "raw-stream-4k",
+    "raw-stream-4k-reading",
     "raw-stream-64",
 ];
 
@@ -138,16 +141,21 @@ fn main() {
                 );
             }
             // The baseline alone, to profile next to xroce's stream.
-            "raw-stream-4k" => {
-                let s = baseline::xsk_stream(&pair, 4096, stream_for());
+            "raw-stream-4k" | "raw-stream-4k-reading" => {
+                let sink = if only == "raw-stream-4k" {
+                    Sink::Counting
+                } else {
+                    Sink::Reading
+                };
+                let s = baseline::xsk_stream(&pair, 4096, stream_for(), sink);
                 eprintln!(
-                    "raw AF_XDP 4 KiB {:.0} MB/s; {}",
+                    "raw AF_XDP 4 KiB ({sink:?} receiver) {:.0} MB/s; {}",
                     s.mb_per_s,
                     per_frame(s.sender_cpu, s.mb_per_s)
                 );
             }
             "raw-stream-64" => {
-                let s = baseline::xsk_stream(&pair, 64, stream_for());
+                let s = baseline::xsk_stream(&pair, 64, stream_for(), Sink::Counting);
                 let frames = s.mb_per_s * 1e6 * stream_for().as_secs_f64() / 64.0;
                 eprintln!(
                     "raw AF_XDP 64 B {:.3} M/s; sender user {:.3} µs kernel {:.3} µs per frame",
@@ -293,18 +301,29 @@ fn main() {
         // 4 KiB datagrams (one per 4 KiB frame, as xroce and raw AF_XDP put them on the wire).
         let udp = baseline::udp_stream(&pair, size.min(4096), stream_for()).mb_per_s;
         eprintln!("    kernel UDP   {:.0} MB/s", udp);
-        let mut vs_raw = Paired::default();
+        let (mut vs_raw, mut vs_reading) = (Paired::default(), Paired::default());
         for round in 0..rounds {
             eprintln!("  round {} of {rounds}", round + 1);
-            // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096).
+            // The same payload as xroce puts on the wire: 4 KiB per frame (path MTU 4096);
+            // with a receiver that only counts the frames, then with one that reads them.
             let raw = |pair: &NetnsPair| {
-                let raw = baseline::xsk_stream(pair, size.min(4096), stream_for());
-                eprintln!(
-                    "    raw AF_XDP   {:.0} MB/s  {}",
-                    raw.mb_per_s,
-                    per_frame(raw.sender_cpu, raw.mb_per_s)
-                );
-                raw.mb_per_s
+                let mut mb_per_s = [0.0; 2];
+                for (at, (sink, label)) in [
+                    (Sink::Counting, "raw AF_XDP  "),
+                    (Sink::Reading, "raw, reading"),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let raw = baseline::xsk_stream(pair, size.min(4096), stream_for(), sink);
+                    eprintln!(
+                        "    {label} {:.0} MB/s  {}",
+                        raw.mb_per_s,
+                        per_frame(raw.sender_cpu, raw.mb_per_s)
+                    );
+                    mb_per_s[at] = raw.mb_per_s;
+                }
+                mb_per_s
             };
             let xroce = |pair: &NetnsPair| {
                 let (roce, roce_cpu) = xroce_write_stream(pair, size);
@@ -315,9 +334,10 @@ fn main() {
                 );
                 roce
             };
-            let (roce, xsk) =
+            let (roce, [counting, reading]) =
                 paired::in_order(paired::xroce_first(round), || xroce(&pair), || raw(&pair));
-            vs_raw.push(Some(roce), Some(xsk));
+            vs_raw.push(Some(roce), Some(counting));
+            vs_reading.push(Some(roce), Some(reading));
         }
         let roce = vs_raw.median_xroce().unwrap_or(f64::NAN);
         let what = format!("stream {} KiB (MB/s delivered)", size / 1024);
@@ -330,12 +350,19 @@ fn main() {
         ));
         rows.push((
             "".into(),
+            READING_RECEIVER.into(),
+            vs_reading.median_baseline().unwrap_or(f64::NAN),
+            String::new(),
+        ));
+        rows.push((
+            "".into(),
             "xroce RC WRITE".into(),
             roce,
             format!(
-                "{}, {:.2}× kernel UDP",
+                "{}, {:.2}× kernel UDP; {}",
                 ratio(&vs_raw, "raw AF_XDP"),
-                roce / udp
+                roce / udp,
+                ratio(&vs_reading, "the reading receiver")
             ),
         ));
     }
@@ -345,6 +372,10 @@ fn main() {
         println!("| {what} | {method} | {value:.1} | {ratio} |");
     }
 }
+
+/// The raw AF_XDP stream whose receiver reads every frame as a RoCE receiver must (see
+/// `baseline::Sink::Reading`).
+const READING_RECEIVER: &str = "raw AF_XDP, receiver reads each frame (CRC-32 + copy)";
 
 /// The sender's CPU per 4 KiB frame, user and kernel: where a stream's time goes.
 fn per_frame(cpu: CpuTime, mb_per_s: f64) -> String {

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use xroce_bench::baseline::{self, RoundTrip};
+use xroce_bench::baseline::{self, RoundTrip, Sink};
 use xroce_bench::paired::{self, Paired};
 use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, XrocePair, DEV};
 use xroce_bench::report::{size_text, Goal, Kind, Report, Row};
@@ -139,6 +139,12 @@ fn main() {
             4096,
             "raw AF_XDP",
             raw_median(&b2b.raw_4k, |s| s.mb_per_s),
+        ),
+        (
+            "4 KiB frames",
+            4096,
+            RAW_READING,
+            raw_median(&b2b.raw_4k_reading, |s| s.mb_per_s),
         ),
         ("4 KiB datagrams", 4096, "kernel UDP", udp_4k.mb_per_s),
         ("64 KiB writes", 65536, "kernel TCP", tcp_64k.mb_per_s),
@@ -651,6 +657,8 @@ struct BackToBack {
     /// 64 B `ib_send_bw`.
     send_bw_64: Vec<BwLine>,
     raw_4k: Vec<baseline::Stream>,
+    /// Raw AF_XDP's 4 KiB stream to a receiver that reads each frame (`Sink::Reading`).
+    raw_4k_reading: Vec<baseline::Stream>,
     /// 64 KiB `ib_write_bw`.
     write_bw_64k: Vec<BwLine>,
     /// `ib_send_lat` one-way against raw's one-frame one-way, per round.
@@ -661,6 +669,8 @@ struct BackToBack {
     rate: Paired,
     /// 64 KiB `ib_write_bw` against raw's 4 KiB frames.
     write: Paired,
+    /// 64 KiB `ib_write_bw` against raw's 4 KiB frames to a reading receiver.
+    write_vs_reading: Paired,
 }
 
 fn back_to_back(
@@ -695,12 +705,17 @@ fn back_to_back(
         let (send_bw, raw_64) = paired::in_order(
             first,
             || perftest_line(x, "ib_send_bw", &["-s", "64", "-D", &secs], parse_bw),
-            || baseline::xsk_stream(&x.pair, 64, stream_for),
+            || baseline::xsk_stream(&x.pair, 64, stream_for, Sink::Counting),
         );
-        let (write_bw, raw_4k) = paired::in_order(
+        let (write_bw, (raw_4k, raw_4k_reading)) = paired::in_order(
             first,
             || perftest_line(x, "ib_write_bw", &["-s", "65536", "-D", &secs], parse_bw),
-            || baseline::xsk_stream(&x.pair, 4096, stream_for),
+            || {
+                (
+                    baseline::xsk_stream(&x.pair, 4096, stream_for, Sink::Counting),
+                    baseline::xsk_stream(&x.pair, 4096, stream_for, Sink::Reading),
+                )
+            },
         );
         let lat = lat.map_err(|e| r.notes.push(e)).ok();
         let send_bw = send_bw.map_err(|e| r.notes.push(e)).ok();
@@ -710,6 +725,9 @@ fn back_to_back(
         b.rate.push(send_bw.map(|l| l.mpps), Some(raw_64.mpps));
         b.write
             .push(write_bw.map(|l| l.mb_per_s), Some(raw_4k.mb_per_s));
+        b.write_vs_reading
+            .push(write_bw.map(|l| l.mb_per_s), Some(raw_4k_reading.mb_per_s));
+        b.raw_4k_reading.push(raw_4k_reading);
         b.raw_one_frame.push(one);
         b.raw_two_frames.push(two);
         b.raw_64.push(raw_64);
@@ -734,6 +752,8 @@ fn back_to_back(
 /// The raw AF_XDP ping-pong that sends what an RC turn needs: the message and an ACK-sized
 /// frame in one kick (see `baseline::xsk_pingpong_turns`).
 const RAW_TWO_FRAMES: &str = "raw AF_XDP, 2 frames per turn (RC's answer + ACK)";
+/// The raw AF_XDP stream whose receiver reads each frame as a RoCE receiver must.
+const RAW_READING: &str = "raw AF_XDP, receiver reads each frame (CRC-32 + copy)";
 
 fn one_way(section: &str, method: &str, rt: RoundTrip) -> Row {
     Row {
@@ -851,6 +871,33 @@ fn goals(
         true,
         "MB/s",
     );
+    if let (Some(counting), Some(reading)) = (
+        b2b.write.median_baseline(),
+        b2b.write_vs_reading.median_baseline(),
+    ) {
+        r.notes.push(format!(
+            "Raw AF_XDP's 4 KiB stream with a receiver that reads each frame as a RoCE receiver \
+             must (a CRC-32 over the frame, the work of the ICRC check, and the payload copied \
+             into memory): {reading:.0} MB/s, {:.2}× the counting receiver's {counting:.0} \
+             (rounds {}). On a veth pair the sender's CPU copies each frame into the \
+             receiver's UMEM, and the lines the receiving CPU has read make that copy dearer. \
+             ib_write_bw 64 KiB is {:.2}× the reading receiver's stream (rounds {}).",
+            reading / counting,
+            b2b.raw_4k
+                .iter()
+                .zip(&b2b.raw_4k_reading)
+                .map(|(c, r)| format!("{:.2}", r.mb_per_s / c.mb_per_s))
+                .collect::<Vec<_>>()
+                .join(", "),
+            b2b.write_vs_reading.median_ratio().unwrap_or(f64::NAN),
+            b2b.write_vs_reading
+                .ratios()
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+    }
     ratio_goal(
         &mut out,
         "ib_write_bw 64 KiB vs kernel UDP 4 KiB datagrams",
