@@ -125,11 +125,15 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
         "{before:?} -> {during:?}"
     );
 
-    // A second engine on the same queue: a clear error, promptly.
+    // A second engine on the same queue: a clear error, promptly, naming the process in
+    // its way.
     let stderr = failing_engine(&pair, pair.iface(0));
+    let holder = format!("in use by process {} (xroce)", first.child.id());
     assert!(
-        stderr.contains("already has an AF_XDP socket bound") && stderr.contains("queue 0"),
-        "unclear error: {stderr}"
+        stderr.contains(&format!("queue 0 of {}", pair.iface(0)))
+            && stderr.contains(&holder)
+            && stderr.contains("one RDMA process at a time"),
+        "unclear error (expected {holder:?}): {stderr}"
     );
 
     // Kill -9: the socket goes away with the process; RoCE-port frames reach the kernel again

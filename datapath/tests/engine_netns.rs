@@ -350,6 +350,19 @@ impl Setup {
         T: Send + 'static,
         R: Send + 'static,
     {
+        self.on_both_sides_configured(|_| {}, body)
+    }
+
+    /// [`Setup::on_both_sides`] with engines configured by `configure`.
+    fn on_both_sides_configured<T, R>(
+        &self,
+        configure: fn(&mut EngineConfig),
+        body: impl Fn(Side<T>) -> R + Send + Sync + 'static,
+    ) -> [R; 2]
+    where
+        T: Send + 'static,
+        R: Send + 'static,
+    {
         let body = Arc::new(body);
         let (tx0, rx1) = mpsc::channel::<T>();
         let (tx1, rx0) = mpsc::channel::<T>();
@@ -360,7 +373,9 @@ impl Setup {
             let iface = self.pair.iface(index).to_string();
             let ip = IpAddress::V4(self.pair.ipv4(index).into());
             self.pair.spawn_in(index, move || {
-                let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+                let mut config = EngineConfig::new(&iface);
+                configure(&mut config);
+                let engine = Engine::start(config).expect("engine");
                 let pd = engine.with_device(|d| d.alloc_pd());
                 body(Side {
                     index,
@@ -1921,22 +1936,54 @@ fn a_removed_interface_fails_the_device_and_flushes_every_qp() {
 }
 
 /// The XDP program removed from under a running engine (`xroce link del` while a program
-/// uses the device): no RoCEv2 frame reaches the engine any more, and nothing in the kernel
-/// says so. The engine finds out when its retransmissions time out, fails its device, and
-/// the WRITE waiting for its ACK completes with a flush error instead of being retried
-/// forever.
+/// uses the device): no RoCEv2 frame reaches the engine any more, and the kernel does not say
+/// so. An engine with a WRITE waiting for its ACK finds out when its retransmissions time out
+/// (here with the watch of the program's pins turned off, as for a process that cannot reach
+/// bpffs), fails its device, and the WRITE completes with a flush error instead of being
+/// retried forever.
 #[test]
 fn an_engine_whose_xdp_program_is_removed_fails_its_device() {
+    xdp_program_unloaded_under_an_engine(Waiting::ForAnAck);
+}
+
+/// The same with an engine that has nothing to send: it only waits for a message, as a
+/// server does. No retransmission times out there, so the engine learns of the unload from
+/// the removal of the program's pins (`xdp::PinWatch`), without any verb called meanwhile,
+/// fails its device, and the receive it waits on completes with a flush error.
+#[test]
+fn an_engine_waiting_to_receive_learns_at_once_that_its_xdp_program_was_unloaded() {
+    xdp_program_unloaded_under_an_engine(Waiting::ForAMessage);
+}
+
+/// What side 1 waits for when its XDP program is unloaded.
+#[derive(Clone, Copy, PartialEq)]
+enum Waiting {
+    ForAnAck,
+    ForAMessage,
+}
+
+fn xdp_program_unloaded_under_an_engine(waiting: Waiting) {
     if !root_or_skip() {
         return;
     }
     let setup = Setup::new(1500);
     let iface1 = setup.pair.iface(1).to_string();
-    setup.on_both_sides(move |me: Side<Endpoint>| {
+    let configure = match waiting {
+        Waiting::ForAnAck => |c: &mut EngineConfig| c.watch_xdp_pins = false,
+        Waiting::ForAMessage => |_: &mut EngineConfig| {},
+    };
+    setup.on_both_sides_configured(configure, move |me: Side<Endpoint>| {
         let engine = &me.engine;
         let qp = create_qp(engine, me.pd, QpType::Rc);
         to_init(engine, &qp);
         let buf = Buffer::new(engine, me.pd, 4096);
+        if me.index == 1 && waiting == Waiting::ForAMessage {
+            let wr = RecvWr {
+                wr_id: 5,
+                sg_list: vec![buf.sge(0, 1024)].into(),
+            };
+            engine.post_recv(qp.qpn, wr).expect("post_recv");
+        }
         let peer = connect_with_memory(&me, &qp, &buf, 0x3000 + me.index as u32);
         if me.index == 0 {
             me.from_peer
@@ -1946,9 +1993,28 @@ fn an_engine_whose_xdp_program_is_removed_fails_its_device() {
             return;
         }
         xdp::unload(&iface1).expect("unload the XDP program");
-        post_writes(engine, &qp, &buf, &peer, 1, 1024);
-        let wcs = poll_completions(engine, qp.send_cq, 1, "a WRITE whose ACK cannot arrive");
-        assert_eq!(wcs[0].status, WcStatus::WrFlushErr, "{:?}", wcs[0]);
+        let (cq, wr_id) = match waiting {
+            Waiting::ForAnAck => {
+                post_writes(engine, &qp, &buf, &peer, 1, 1024);
+                (qp.send_cq, 0)
+            }
+            Waiting::ForAMessage => {
+                // No verb until the engine has failed: its progress thread must find out
+                // alone.
+                let deadline = Instant::now() + WAIT;
+                while engine.failure().is_none() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the engine did not notice the unload within {WAIT:?}; {}",
+                        engine.stats_line()
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (qp.recv_cq, 5)
+            }
+        };
+        let wcs = poll_completions(engine, cq, 1, "work the unload left waiting");
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (wr_id, WcStatus::WrFlushErr));
         let why = engine.failure().expect("the engine failed");
         assert!(why.contains("XDP program"), "{why}");
         me.to_peer.send(peer).expect("tell side 0");

@@ -164,9 +164,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 ctx.name, ctx.netdev
             );
             Err(match err {
-                xroce_datapath::engine::EngineError::Socket(
-                    xroce_datapath::afxdp::XskError::QueueBusy { .. },
-                ) => libc::EBUSY,
+                xroce_datapath::engine::EngineError::QueueInUse { .. } => libc::EBUSY,
                 _ => libc::ENODEV,
             })
         }

@@ -281,6 +281,42 @@ fn rdma_core_pingpong_programs() {
     );
 }
 
+/// An AF_XDP queue takes one socket, so a device serves one RDMA process at a time: a second
+/// program on a device in use fails at once, told which process has it, and once that one
+/// is gone (killed, leaving its note behind) the device serves the next.
+#[test]
+fn a_second_program_on_a_device_is_told_which_process_has_it() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xbusy", 1500);
+    // A server holds the device (its engine starts with its protection domain) while it waits
+    // for a client.
+    let mut first = rig
+        .exec(0, &["ibv_rc_pingpong", "-g", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the first server");
+    rig.wait_listening();
+    let second = rig.run(0, &["ibv_rc_pingpong", "-g", "1", "-p", "18600"]);
+    let _ = first.kill();
+    let _ = first.wait();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success(),
+        "a second program started: {stderr}"
+    );
+    assert!(
+        stderr.contains("in use by process ")
+            && stderr.contains("(ibv_rc_pingpong)")
+            && stderr.contains("one RDMA process at a time"),
+        "the error does not name the program in the way: {stderr}"
+    );
+    let (s, c) = rig.server_client(&["ibv_rc_pingpong", "-g", "1", "-n", "100"]);
+    assert!(s.contains("iters in") && c.contains("iters in"), "{s}\n{c}");
+}
+
 #[test]
 fn perftest_programs() {
     if !root_or_skip() {

@@ -13,6 +13,7 @@ mod capture;
 mod memory;
 mod nap_alarm;
 mod progress;
+mod queue_claim;
 mod report;
 
 use std::net::IpAddr;
@@ -30,6 +31,7 @@ use xroce_core::wire::IpAddress;
 
 pub use addressing::{AddressingError, Applied, Neighbours};
 pub use memory::ProcessMemory;
+pub use queue_claim::QueueHolder;
 
 use crate::afxdp::{BindMode, XskConfig, XskError, XskSocket};
 use crate::netlink::core_address;
@@ -55,6 +57,10 @@ pub struct EngineConfig {
     /// Write every frame the engine sends and receives to this pcap file (created or
     /// truncated; see `capture`). The interface's own taps do not see xroce's frames.
     pub capture: Option<std::path::PathBuf>,
+    /// Notice at once when the XDP program is unloaded, from the removal of its pins (see
+    /// [`crate::xdp::PinWatch`]). Without it (or when bpffs cannot be reached) an unload is
+    /// noticed only when retransmissions time out; tests turn it off to exercise that path.
+    pub watch_xdp_pins: bool,
 }
 
 /// A callback for [`Event`]s (see [`EngineConfig::on_event`]).
@@ -77,6 +83,7 @@ impl EngineConfig {
             resolve_timeout: Duration::from_secs(3),
             on_event: None,
             capture: None,
+            watch_xdp_pins: true,
         }
     }
 }
@@ -89,6 +96,19 @@ pub enum EngineError {
     Xdp(#[from] crate::xdp::XdpError),
     #[error(transparent)]
     Socket(#[from] XskError),
+    /// Another AF_XDP socket is bound to the queue: an xroce device serves one RDMA process
+    /// at a time.
+    #[error(
+        "queue {queue} of {iface} is in use by {}: an AF_XDP queue takes one socket, so an \
+         xroce device serves one RDMA process at a time",
+        holder.as_ref().map_or_else(|| "another AF_XDP socket (another xroce engine?)".to_string(), |h| h.to_string())
+    )]
+    QueueInUse {
+        iface: String,
+        queue: u32,
+        /// The engine's process holding it, when its note names one that still runs.
+        holder: Option<QueueHolder>,
+    },
     #[error("cannot create the engine's wake-up eventfd: {0}")]
     EventFd(std::io::Error),
     #[error("cannot create the progress thread's nap timerfd: {0}")]
@@ -172,6 +192,8 @@ pub(crate) struct Shared {
     /// CLOCK_MONOTONIC when the engine started: engine time counts from here.
     pub(crate) epoch_ns: u64,
     pub(crate) config: EngineConfig,
+    /// The note naming this process as the queue's holder, removed with the socket.
+    _queue_claim: Option<queue_claim::QueueClaim>,
 }
 
 /// What the lock protects.
@@ -316,11 +338,31 @@ impl Engine {
         let gids = neighbours.gid_table()?;
         let mtu = neighbours.mtu();
         let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
-        let socket = open_socket(ifindex, &config)?;
+        let socket = open_socket(ifindex, &config).map_err(|e| match e {
+            XskError::QueueBusy { queue, .. } => EngineError::QueueInUse {
+                iface: config.iface.clone(),
+                queue,
+                holder: queue_claim::holder(&config.iface, queue),
+            },
+            e => e.into(),
+        })?;
+        let queue_claim = queue_claim::claim(&config.iface, config.queue);
         xsks.set(config.queue, socket.as_raw_fd())?;
         let wait_fd = socket.as_raw_fd();
         let zero_copy = socket.is_zero_copy();
-        let watcher = neighbours.watch()?;
+        let watchers = progress::Watchers {
+            addresses: neighbours.watch()?,
+            // Without it (no pins, or bpffs out of reach) an unload is noticed only when
+            // retransmissions time out.
+            pins: if config.watch_xdp_pins {
+                crate::xdp::PinWatch::open(&config.iface).unwrap_or_else(|e| {
+                    log::debug!("not watching the XDP program's pins: {e}");
+                    None
+                })
+            } else {
+                None
+            },
+        };
 
         let mut key_seed = [0u8; 32];
         getrandom(&mut key_seed);
@@ -371,11 +413,12 @@ impl Engine {
             progress_tid: AtomicI32::new(0),
             epoch_ns: monotonic_ns(),
             config,
+            _queue_claim: queue_claim,
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("xroce-progress-{ifindex}-{queue}"))
-            .spawn(move || progress::run(thread_shared, watcher, xsks, wait_fd))
+            .spawn(move || progress::run(thread_shared, watchers, xsks, wait_fd))
             .map_err(EngineError::Thread)?;
         Ok(Engine {
             shared,

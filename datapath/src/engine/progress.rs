@@ -12,7 +12,7 @@ use super::capture::Capture;
 use super::{Deferred, Shared, State};
 use crate::netlink::Change;
 use crate::port::Port;
-use crate::xdp::XsksMap;
+use crate::xdp::{PinWatch, XsksMap};
 
 /// Frames taken from the port per lock hold.
 const RX_BATCH: usize = 64;
@@ -160,6 +160,13 @@ impl SteeringWatch {
     }
 }
 
+/// Why the device failed when its steering program went away.
+fn steering_gone() -> String {
+    "the XDP program that steers RoCEv2 frames to xroce is no longer attached \
+     (`xroce link del` while the device was in use?)"
+        .to_string()
+}
+
 impl PortState {
     /// The port had no room for the last packet the transport built.
     pub(crate) fn tx_full(&self) -> bool {
@@ -272,9 +279,44 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     round
 }
 
-/// An interface may have come up, gone down or gone away (notifications lost count too).
-fn is_link_change(change: &Change) -> bool {
-    matches!(change, Change::Link(_) | Change::Resync)
+/// What the progress thread watches besides its frames and the application's kicks: the
+/// kernel's address, neighbour and link changes, and the pins of the XDP program (see
+/// [`PinWatch`]), which tell when the program was unloaded.
+pub(crate) struct Watchers {
+    pub(crate) addresses: AddressWatcher,
+    pub(crate) pins: Option<PinWatch>,
+}
+
+/// Something a [`Watchers`] reported.
+enum Noticed {
+    Kernel(Change),
+    /// Pins of the XDP program were removed: perhaps it is no longer attached.
+    PinsRemoved,
+}
+
+impl Watchers {
+    /// Everything reported since the last look. Never blocks.
+    fn drain(&mut self) -> Vec<Noticed> {
+        let mut out: Vec<Noticed> = self
+            .addresses
+            .drain()
+            .into_iter()
+            .map(Noticed::Kernel)
+            .collect();
+        if self.pins.as_ref().is_some_and(|p| p.drain()) {
+            out.push(Noticed::PinsRemoved);
+        }
+        out
+    }
+}
+
+/// An interface may have come up, gone down or gone away (notifications lost count too), or
+/// the program steering its frames may have been unloaded: applied at once.
+fn is_link_change(noticed: &Noticed) -> bool {
+    matches!(
+        noticed,
+        Noticed::Kernel(Change::Link(_) | Change::Resync) | Noticed::PinsRemoved
+    )
 }
 
 /// The port cannot work any more (its interface was removed, or the kernel refuses its frames
@@ -350,13 +392,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     if dev.poll_timeout().is_some_and(|t| t <= now) {
         work |= dev.handle_timeout(now);
         if io.steering.program_gone(now, dev.timeouts()) {
-            fail_port(
-                shared,
-                st,
-                "the XDP program that steers RoCEv2 frames to xroce is no longer attached \
-                 (`xroce link del` while the device was in use?)"
-                    .to_string(),
-            );
+            fail_port(shared, st, steering_gone());
             return Round {
                 work: false,
                 more: false,
@@ -479,12 +515,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     }
 }
 
-pub(crate) fn run(
-    shared: Arc<Shared>,
-    mut watcher: AddressWatcher,
-    mut xsks: XsksMap,
-    wait_fd: RawFd,
-) {
+pub(crate) fn run(shared: Arc<Shared>, mut watchers: Watchers, mut xsks: XsksMap, wait_fd: RawFd) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     shared.progress_tid.store(tid, Ordering::Relaxed);
@@ -529,9 +560,9 @@ pub(crate) fn run(
             // memory is still quiet then; one in a polling loop is back in its verbs).
             || (confirm_quiet && {
                 let woke =
-                    wake_priority.sleep(|| sleep(&shared, None, &watcher, Wait::AtMost(APP_ACTIVE_NS)));
+                    wake_priority.sleep(|| sleep(&shared, None, &watchers, Wait::AtMost(APP_ACTIVE_NS)));
                 if woke.addresses {
-                    address_changes.extend(watcher.drain());
+                    address_changes.extend(watchers.drain());
                 }
                 app_busy(&shared, shared.now())
             });
@@ -555,10 +586,10 @@ pub(crate) fn run(
         };
         let Some(mut guard) = guard else {
             let frames = frame_watch.watching().then_some(wait_fd);
-            let woke = wake_priority.sleep(|| sleep(&shared, frames, &watcher, Wait::Nap(nap_ns)));
+            let woke = wake_priority.sleep(|| sleep(&shared, frames, &watchers, Wait::Nap(nap_ns)));
             long_nap_rang = woke.alarm && nap_ns >= MAX_NAP_NS;
             if woke.addresses {
-                address_changes.extend(watcher.drain());
+                address_changes.extend(watchers.drain());
             }
             if woke.frames {
                 // Give the application the time a polling loop takes to come back for the
@@ -567,7 +598,7 @@ pub(crate) fn run(
                 // (held outside the verbs loop) stays unwatched until this thread has it.
                 let waiting = !self::app_busy(&shared, shared.now()) || {
                     let _ = wake_priority
-                        .sleep(|| sleep(&shared, None, &watcher, Wait::AtMost(APP_ACTIVE_NS)));
+                        .sleep(|| sleep(&shared, None, &watchers, Wait::AtMost(APP_ACTIVE_NS)));
                     frames_waiting(wait_fd)
                 };
                 frame_watch.after_grace(waiting);
@@ -604,13 +635,23 @@ pub(crate) fn run(
             // rather than paying a system call per round.
             if !address_changes.is_empty() || now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
                 last_watch = now;
-                address_changes.extend(watcher.drain());
+                address_changes.extend(watchers.drain());
                 let mut link_changed = false;
-                for change in address_changes.drain(..) {
-                    link_changed |= is_link_change(&change);
-                    if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
-                        fail_port(&shared, st, "the interface was removed".to_string());
-                        break;
+                for noticed in address_changes.drain(..) {
+                    link_changed |= is_link_change(&noticed);
+                    match noticed {
+                        Noticed::Kernel(change) => {
+                            if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
+                                fail_port(&shared, st, "the interface was removed".to_string());
+                                break;
+                            }
+                        }
+                        Noticed::PinsRemoved => {
+                            if st.io.steering.program_changed() {
+                                fail_port(&shared, st, steering_gone());
+                                break;
+                            }
+                        }
                     }
                 }
                 if link_changed && st.io.link_down && !st.io.failed {
@@ -673,9 +714,9 @@ pub(crate) fn run(
             std::hint::spin_loop();
             continue;
         }
-        let woke = wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watcher, Wait::Events));
+        let woke = wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watchers, Wait::Events));
         if woke.addresses {
-            address_changes.extend(watcher.drain());
+            address_changes.extend(watchers.drain());
         }
         last_work = shared.now().saturating_sub(spin_ns);
     }
@@ -884,7 +925,7 @@ fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 
 /// Sleeps until the application kicks, an address changes, a frame arrives (when `frames`
 /// names the socket), the next transport timer is due, or `wait` says.
-fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait: Wait) -> Woke {
+fn sleep(shared: &Shared, frames: Option<RawFd>, watchers: &Watchers, wait: Wait) -> Woke {
     shared.sleeping.store(true, Ordering::SeqCst);
     // Work queued between our last look and `sleeping` being visible must not be slept through.
     if shared.kick.swap(false, Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
@@ -925,9 +966,10 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
     // (A negative descriptor is skipped by ppoll.)
     let mut fds = [
         pollfd(shared.wake.as_raw_fd()),
-        pollfd(watcher.as_raw_fd()),
+        pollfd(watchers.addresses.as_raw_fd()),
         pollfd(frames.unwrap_or(-1)),
         pollfd(alarm_fd),
+        pollfd(watchers.pins.as_ref().map_or(-1, |p| p.as_raw_fd())),
     ];
     let nfds = fds.len() as libc::nfds_t;
     let ts = timeout_ns.map(|ns| libc::timespec {
@@ -956,7 +998,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watcher: &AddressWatcher, wait:
             .fetch_add(1, Ordering::Relaxed);
     }
     Woke {
-        addresses: fds[1].revents != 0,
+        addresses: fds[1].revents != 0 || fds[4].revents != 0,
         frames: woke_by_frames,
         alarm: fds[3].revents != 0,
     }

@@ -23,6 +23,7 @@
 pub mod abi;
 mod error;
 // pub(crate): the device registry keys its state by the same network-namespace id.
+mod pin_watch;
 pub(crate) mod pins;
 mod rtnl;
 mod sys;
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 pub use error::XdpError;
+pub use pin_watch::PinWatch;
 
 use error::is_permission;
 

@@ -1,0 +1,143 @@
+//! Which process holds an interface queue.
+//!
+//! An AF_XDP queue takes one socket, so an xroce device serves one RDMA process at a time, and
+//! the kernel only says `EBUSY` to the next one. Each engine leaves a note of its process in
+//! `/run/xroce/net-<N>/queues/<iface>.<queue>` while it holds the queue, so that a second
+//! engine can name the process in its way ("in use by process 1234 (ib_write_bw)") instead of
+//! leaving the user to guess. A note outlives a process killed with SIGKILL; it names the
+//! process's start time too, so a note whose process is gone (or whose PID was reused) is
+//! not believed.
+
+use std::fmt;
+use std::fs;
+use std::path::PathBuf;
+
+/// The process named in a queue's note, when it still runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueHolder {
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`).
+    pub command: String,
+}
+
+impl fmt::Display for QueueHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "process {} ({})", self.pid, self.command)
+    }
+}
+
+/// This process's note on a queue; dropping it removes the note.
+#[derive(Debug)]
+pub(crate) struct QueueClaim {
+    path: PathBuf,
+}
+
+impl Drop for QueueClaim {
+    fn drop(&mut self) {
+        // Only our own note: a later engine (after this one's socket went) may have written its
+        // own in the meantime.
+        if read_note(&self.path).is_some_and(|(pid, _)| pid == std::process::id()) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Leaves a note that this process holds `queue` of `iface` (in the calling thread's network
+/// namespace). `None` when it cannot be written: the note only improves an error message.
+pub(crate) fn claim(iface: &str, queue: u32) -> Option<QueueClaim> {
+    let path = note_path(iface, queue)?;
+    let pid = std::process::id();
+    let started = start_time(pid)?;
+    fs::create_dir_all(path.parent()?).ok()?;
+    // Written aside and renamed, so that a reader never sees half a note.
+    let partial = path.with_extension(format!("{queue}.{pid}.new"));
+    fs::write(&partial, format!("{pid} {started}\n")).ok()?;
+    if fs::rename(&partial, &path).is_err() {
+        let _ = fs::remove_file(&partial);
+        return None;
+    }
+    Some(QueueClaim { path })
+}
+
+/// The process whose note says it holds `queue` of `iface`, if it still runs.
+pub(crate) fn holder(iface: &str, queue: u32) -> Option<QueueHolder> {
+    let (pid, started) = read_note(&note_path(iface, queue)?)?;
+    if start_time(pid)? != started {
+        return None;
+    }
+    let command = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(QueueHolder {
+        pid,
+        command: command.trim().to_string(),
+    })
+}
+
+fn note_path(iface: &str, queue: u32) -> Option<PathBuf> {
+    // Interface names never contain '/' (the kernel refuses them), but this is a path.
+    if iface.is_empty() || iface.contains('/') || iface.starts_with('.') {
+        return None;
+    }
+    let dir = crate::registry::run_dir().ok()?.join("queues");
+    Some(dir.join(format!("{iface}.{queue}")))
+}
+
+fn read_note(path: &std::path::Path) -> Option<(u32, u64)> {
+    parse_note(&fs::read_to_string(path).ok()?)
+}
+
+/// `"PID START\n"`.
+fn parse_note(text: &str) -> Option<(u32, u64)> {
+    let mut fields = text.split_whitespace();
+    let pid = fields.next()?.parse().ok()?;
+    let started = fields.next()?.parse().ok()?;
+    Some((pid, started))
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`, field 22): with
+/// the PID, it names one process, PIDs being reused.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    start_time_of_stat(&stat)
+}
+
+fn start_time_of_stat(stat: &str) -> Option<u64> {
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses: the
+    // fields after it start after the last ')'. Field 3 is the first of them, field 22 the
+    // twentieth.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_read_after_any_command_name() {
+        let fields: Vec<String> = (3..=25).map(|n| n.to_string()).collect();
+        let stat = format!("77 (a (b) c) {}", fields.join(" "));
+        assert_eq!(start_time_of_stat(&stat), Some(22));
+        assert_eq!(start_time_of_stat("77 (short) 3 4"), None);
+        assert_eq!(start_time_of_stat("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_has_a_start_time() {
+        assert!(start_time(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn notes_are_read_back_and_garbage_is_not() {
+        assert_eq!(parse_note("1234 5678\n"), Some((1234, 5678)));
+        assert_eq!(parse_note("1234"), None);
+        assert_eq!(parse_note("x 5678"), None);
+        assert_eq!(parse_note(""), None);
+    }
+
+    #[test]
+    fn names_that_are_not_file_names_get_no_note() {
+        assert!(note_path("../etc", 0).is_none());
+        assert!(note_path("", 0).is_none());
+        assert!(note_path("a/b", 0).is_none());
+    }
+}
