@@ -1,12 +1,16 @@
 //! Which process holds an interface queue.
 //!
 //! An AF_XDP queue takes one socket, so an xroce device serves one RDMA process at a time, and
-//! the kernel only says `EBUSY` to the next one. Each engine leaves a note of its process in
-//! `/run/xroce/net-<N>/queues/<iface>.<queue>` while it holds the queue, so that a second
-//! engine can name the process in its way ("in use by process 1234 (ib_write_bw)") instead of
-//! leaving the user to guess. A note outlives a process killed with SIGKILL; it names the
+//! the kernel only says `EBUSY` to the next one. Each engine leaves a note of its process
+//! while it holds the queue, so that a second engine can name the process in its way ("in use
+//! by process 1234 (ib_write_bw)") instead of leaving the user to guess. A note outlives a process killed with SIGKILL; it names the
 //! process's start time too, so a note whose process is gone (or whose PID was reused) is
-//! not believed.
+//! not believed, and the next engine on the queue overwrites it.
+//!
+//! The notes sit in one directory of their own, `/run/xroce/queues/<netns-id>.<iface>.<queue>`
+//! (the network namespace's id as in the registry), not in the registry's per-namespace
+//! directories: those belong to `xroce link`, which removes them with a namespace's last link,
+//! and engines run in namespaces without links too.
 
 use std::fmt;
 use std::fs;
@@ -77,8 +81,9 @@ fn note_path(iface: &str, queue: u32) -> Option<PathBuf> {
     if iface.is_empty() || iface.contains('/') || iface.starts_with('.') {
         return None;
     }
-    let dir = crate::registry::run_dir().ok()?.join("queues");
-    Some(dir.join(format!("{iface}.{queue}")))
+    let netns = crate::registry::netns_id().ok()?;
+    let dir = std::path::Path::new(crate::registry::RUN_ROOT).join("queues");
+    Some(dir.join(format!("{netns}.{iface}.{queue}")))
 }
 
 fn read_note(path: &std::path::Path) -> Option<(u32, u64)> {
