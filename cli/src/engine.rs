@@ -38,7 +38,8 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
         .filter_map(|(i, g)| g.map(|g| format!("{i}:{g}")))
         .collect();
     println!(
-        "xroce engine ready on {iface} queue {queue} ({} mode); GIDs {}",
+        "xroce engine ready on {iface} queue {queue}{} ({} mode); GIDs {}",
+        receiving_also(engine.queues(), queue),
         if engine.is_zero_copy() {
             "zero-copy"
         } else {
@@ -86,5 +87,19 @@ fn stop_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGHUP);
         set
+    }
+}
+
+/// ", receiving on queues 1, 2" when the engine also receives on queues other than its own.
+fn receiving_also(queues: &[u32], own: u32) -> String {
+    let others: Vec<String> = queues
+        .iter()
+        .filter(|&&q| q != own)
+        .map(u32::to_string)
+        .collect();
+    if others.is_empty() {
+        String::new()
+    } else {
+        format!(", receiving on queues {} too", others.join(", "))
     }
 }

@@ -59,10 +59,11 @@ enum Command {
         )]
         command: Vec<OsString>,
     },
-    /// Run an xroce engine on one queue of an interface, in the foreground, until SIGINT or
-    /// SIGTERM, or until its device fails (its interface removed: exit status 1) (root).
+    /// Run an xroce engine on an interface, in the foreground, until SIGINT or SIGTERM, or
+    /// until its device fails (its interface removed: exit status 1) (root).
     ///
-    /// The engine binds an AF_XDP socket to the queue and registers it with xroce's XDP
+    /// The engine binds an AF_XDP socket to each receive queue of the interface (a NIC spreads
+    /// flows over its queues; it sends on `--queue`) and registers them with xroce's XDP
     /// program, which must be loaded on the interface first (`xroce link add NAME netdev IF`
     /// loads it, or `cargo xtask xdp load --iface IF` from the source tree). RDMA programs run
     /// engines of their own (`xroce exec`); this one serves the queue with no application, to
@@ -74,7 +75,7 @@ enum Command {
         /// The network interface (in the current network namespace).
         #[arg(long, value_name = "IF")]
         iface: String,
-        /// The receive queue to serve.
+        /// The queue to send on (it receives on every receive queue).
         #[arg(long, default_value_t = 0)]
         queue: u32,
         /// AF_XDP bind mode: zero-copy when the driver supports it (auto), or force one.

@@ -64,15 +64,21 @@ pub struct NetnsPair {
 impl NetnsPair {
     /// Creates the namespaces, the veth pair with `mtu`, and IPv4 addresses.
     pub fn new(prefix: &str, mtu: u32) -> io::Result<NetnsPair> {
-        NetnsPair::create(prefix, mtu, false)
+        NetnsPair::create(prefix, mtu, false, 1)
     }
 
     /// Like [`NetnsPair::new`], with IPv6 addresses as well.
     pub fn with_ipv6(prefix: &str, mtu: u32) -> io::Result<NetnsPair> {
-        NetnsPair::create(prefix, mtu, true)
+        NetnsPair::create(prefix, mtu, true, 1)
     }
 
-    fn create(prefix: &str, mtu: u32, ipv6: bool) -> io::Result<NetnsPair> {
+    /// Like [`NetnsPair::new`], with `queues` transmit and receive queues on each end (a
+    /// frame sent on queue `q` of one end arrives on queue `q` of the other).
+    pub fn with_queues(prefix: &str, mtu: u32, queues: u32) -> io::Result<NetnsPair> {
+        NetnsPair::create(prefix, mtu, false, queues)
+    }
+
+    fn create(prefix: &str, mtu: u32, ipv6: bool, queues: u32) -> io::Result<NetnsPair> {
         remove_orphans(prefix);
         let pid = std::process::id();
         let n = PAIRS.fetch_add(1, Ordering::Relaxed);
@@ -95,6 +101,7 @@ impl NetnsPair {
             pair.created[side] = true;
         }
         let mtu_text = mtu.to_string();
+        let queues = queues.to_string();
         ip(&[
             "-n",
             &pair.ns[0],
@@ -104,9 +111,9 @@ impl NetnsPair {
             "mtu",
             &mtu_text,
             "numtxqueues",
-            "1",
+            &queues,
             "numrxqueues",
-            "1",
+            &queues,
             "type",
             "veth",
             "peer",
@@ -115,9 +122,9 @@ impl NetnsPair {
             "mtu",
             &mtu_text,
             "numtxqueues",
-            "1",
+            &queues,
             "numrxqueues",
-            "1",
+            &queues,
             "netns",
             &pair.ns[1],
         ])?;

@@ -332,7 +332,12 @@ impl Setup {
     }
 
     fn with_turn(mtu: u32, turn: Turn) -> Setup {
-        let pair = NetnsPair::new("xreng", mtu).expect("namespaces");
+        Setup::with_queues(mtu, 1, turn)
+    }
+
+    /// Namespaces at `mtu` whose veth ends have `queues` queues each.
+    fn with_queues(mtu: u32, queues: u32, turn: Turn) -> Setup {
+        let pair = NetnsPair::with_queues("xreng", mtu, queues).expect("namespaces");
         for side in 0..2 {
             let iface = pair.iface(side).to_string();
             pair.run_in(side, move || {
@@ -350,13 +355,13 @@ impl Setup {
         T: Send + 'static,
         R: Send + 'static,
     {
-        self.on_both_sides_configured(|_| {}, body)
+        self.on_both_sides_configured(|_, _| {}, body)
     }
 
-    /// [`Setup::on_both_sides`] with engines configured by `configure`.
+    /// [`Setup::on_both_sides`] with engines configured by `configure` (given the side).
     fn on_both_sides_configured<T, R>(
         &self,
-        configure: fn(&mut EngineConfig),
+        configure: fn(usize, &mut EngineConfig),
         body: impl Fn(Side<T>) -> R + Send + Sync + 'static,
     ) -> [R; 2]
     where
@@ -374,7 +379,7 @@ impl Setup {
             let ip = IpAddress::V4(self.pair.ipv4(index).into());
             self.pair.spawn_in(index, move || {
                 let mut config = EngineConfig::new(&iface);
-                configure(&mut config);
+                configure(index, &mut config);
                 let engine = Engine::start(config).expect("engine");
                 let pd = engine.with_device(|d| d.alloc_pd());
                 body(Side {
@@ -1969,8 +1974,8 @@ fn xdp_program_unloaded_under_an_engine(waiting: Waiting) {
     let setup = Setup::new(1500);
     let iface1 = setup.pair.iface(1).to_string();
     let configure = match waiting {
-        Waiting::ForAnAck => |c: &mut EngineConfig| c.watch_xdp_pins = false,
-        Waiting::ForAMessage => |_: &mut EngineConfig| {},
+        Waiting::ForAnAck => |_, c: &mut EngineConfig| c.watch_xdp_pins = false,
+        Waiting::ForAMessage => |_, _: &mut EngineConfig| {},
     };
     setup.on_both_sides_configured(configure, move |me: Side<Endpoint>| {
         let engine = &me.engine;
@@ -2019,4 +2024,53 @@ fn xdp_program_unloaded_under_an_engine(waiting: Waiting) {
         assert!(why.contains("XDP program"), "{why}");
         me.to_peer.send(peer).expect("tell side 0");
     });
+}
+
+/// A NIC spreads flows over its receive queues, so a QP's frames may arrive on any queue, not
+/// only the one its engine sends on. On a veth pair with four queues a frame sent on queue `q`
+/// arrives on queue `q`: side 1's engine sends on queue 2, so its WRITEs (and its ACKs) arrive
+/// on side 0's queue 2, and side 0's, sent on queue 0, on side 1's queue 0. Both transfers
+/// arrive whole only if each engine receives on the queues besides its own (with
+/// `all_rx_queues` off, both sides wait in vain).
+#[test]
+fn an_engine_receives_on_every_queue_of_its_interface() {
+    if !root_or_skip() {
+        return;
+    }
+    const MSG: usize = 64 * 1024;
+    const COUNT: usize = 16;
+    let turn = Turn::Shared(TURNS.read().unwrap_or_else(|p| p.into_inner()));
+    let setup = Setup::with_queues(1500, 4, turn);
+    setup.on_both_sides_configured(
+        |side, c| c.queue = if side == 1 { 2 } else { 0 },
+        move |me: Side<Endpoint>| {
+            let engine = &me.engine;
+            let qp = create_qp(engine, me.pd, QpType::Rc);
+            to_init(engine, &qp);
+            let mut buf = Buffer::new(engine, me.pd, 2 * MSG * COUNT);
+            // Each side writes its pattern from the first half of its buffer into the second
+            // half of the peer's.
+            let mine = pattern(20 + me.index as u64, MSG * COUNT);
+            buf.write(0, &mine);
+            let mut peer = connect_with_memory(&me, &qp, &buf, 0x5000 + me.index as u32);
+            peer.va += (MSG * COUNT) as u64;
+            post_writes(engine, &qp, &buf, &peer, COUNT, MSG);
+            let wcs = poll_completions(engine, qp.send_cq, COUNT, "WRITEs to the peer");
+            assert!(
+                wcs.iter().all(|wc| wc.status == WcStatus::Success),
+                "{wcs:?}"
+            );
+            me.to_peer.send(peer).expect("tell the peer");
+            me.from_peer
+                .recv_timeout(WAIT * 2)
+                .expect("the peer's WRITEs completed");
+            let theirs = pattern(20 + (1 - me.index) as u64, MSG * COUNT);
+            assert!(
+                buf.read(MSG * COUNT, MSG * COUNT) == theirs,
+                "side {}: the peer's WRITEs differ",
+                me.index
+            );
+            assert_eq!(engine.failure(), None);
+        },
+    );
 }

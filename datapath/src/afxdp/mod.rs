@@ -7,11 +7,14 @@
 //! - [`ring`](self): the four shared rings (fill, completion, RX, TX);
 //! - [`XskSocket`]: a socket with its own UMEM in ordinary pages, bound to one queue, zero-copy
 //!   when the driver supports it and copy mode otherwise, multi-buffer (`XDP_USE_SG`) whenever
-//!   the kernel has it (6.6 and later; [`kernel_supports_multi_buffer`]).
+//!   the kernel has it (6.6 and later; [`kernel_supports_multi_buffer`]);
+//! - [`QueueSet`]: an engine's sockets on every receive queue of an interface with several.
 
+mod queue_set;
 mod ring;
 mod socket;
 
+pub use queue_set::{QueueSet, RECEIVE_ONLY};
 pub use socket::{
     kernel_supports_multi_buffer, port_path_mtu, BindMode, XskConfig, XskError, XskSocket,
     XskStats, FRAME_SIZE,

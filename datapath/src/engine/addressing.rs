@@ -104,6 +104,11 @@ impl Neighbours {
         self.iface.mtu
     }
 
+    /// Receive queues of the interface (see [`crate::netlink::Interface::rx_queues`]).
+    pub fn rx_queues(&self) -> u32 {
+        self.iface.rx_queues
+    }
+
     pub fn mac(&self) -> [u8; 6] {
         self.iface.mac
     }

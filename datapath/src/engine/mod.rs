@@ -17,7 +17,7 @@ mod queue_claim;
 mod report;
 
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -33,7 +33,7 @@ pub use addressing::{AddressingError, Applied, Neighbours};
 pub use memory::ProcessMemory;
 pub use queue_claim::QueueHolder;
 
-use crate::afxdp::{BindMode, XskConfig, XskError, XskSocket};
+use crate::afxdp::{BindMode, QueueSet, XskConfig, XskError, XskSocket, RECEIVE_ONLY};
 use crate::netlink::core_address;
 
 /// What to run an engine on.
@@ -61,6 +61,10 @@ pub struct EngineConfig {
     /// [`crate::xdp::PinWatch`]). Without it (or when bpffs cannot be reached) an unload is
     /// noticed only when retransmissions time out; tests turn it off to exercise that path.
     pub watch_xdp_pins: bool,
+    /// Also receive on the interface's other receive queues (see [`QueueSet`]): a NIC spreads
+    /// flows over its queues, so a QP's frames may arrive on any. `queue` is the one the engine
+    /// sends on.
+    pub all_rx_queues: bool,
 }
 
 /// A callback for [`Event`]s (see [`EngineConfig::on_event`]).
@@ -84,6 +88,7 @@ impl EngineConfig {
             on_event: None,
             capture: None,
             watch_xdp_pins: true,
+            all_rx_queues: true,
         }
     }
 }
@@ -192,8 +197,6 @@ pub(crate) struct Shared {
     /// CLOCK_MONOTONIC when the engine started: engine time counts from here.
     pub(crate) epoch_ns: u64,
     pub(crate) config: EngineConfig,
-    /// The note naming this process as the queue's holder, removed with the socket.
-    _queue_claim: Option<queue_claim::QueueClaim>,
 }
 
 /// What the lock protects.
@@ -204,6 +207,8 @@ pub(crate) struct State {
     pub(crate) io: progress::PortState,
     /// Set by the thread when it exits with an error, reported to the application.
     pub(crate) failed: Option<String>,
+    /// The notes naming this process as the holder of its queues, removed with the sockets.
+    pub(crate) queue_claims: Vec<queue_claim::QueueClaim>,
     /// What waits for the next progress round; that round sets it back to `Nothing`.
     pub(crate) deferred: Deferred,
     /// Engine time before which holds are never lengthened for an answer: several such holds
@@ -312,6 +317,8 @@ pub struct Engine {
     thread: Mutex<Option<JoinHandle<()>>>,
     ifindex: u32,
     queue: u32,
+    /// Every queue it receives on, `queue` first.
+    queues: Vec<u32>,
     zero_copy: bool,
 }
 
@@ -346,10 +353,29 @@ impl Engine {
             },
             e => e.into(),
         })?;
-        let queue_claim = queue_claim::claim(&config.iface, config.queue);
-        xsks.set(config.queue, socket.as_raw_fd())?;
-        let wait_fd = socket.as_raw_fd();
         let zero_copy = socket.is_zero_copy();
+        let others = open_other_queues(ifindex, &config, neighbours.rx_queues())?;
+        let bound: Vec<(u32, RawFd)> = std::iter::once(&socket)
+            .chain(&others)
+            .map(|s| (s.queue(), s.as_raw_fd()))
+            .collect();
+        let queue_claims: Vec<_> = bound
+            .iter()
+            .filter_map(|&(queue, _)| queue_claim::claim(&config.iface, queue))
+            .collect();
+        let (port, wait_fd): (Box<dyn crate::port::Port>, RawFd) = if others.is_empty() {
+            let fd = socket.as_raw_fd();
+            (Box::new(socket), fd)
+        } else {
+            let set = QueueSet::new(socket, others)?;
+            let fd = set.wait_fd_raw();
+            (Box::new(set), fd)
+        };
+        // Entered once all are bound: a start that failed above left the map as it was.
+        for &(queue, fd) in &bound {
+            xsks.set(queue, fd)?;
+        }
+        let queues: Vec<u32> = bound.iter().map(|&(q, _)| q).collect();
         let watchers = progress::Watchers {
             addresses: neighbours.watch()?,
             // Without it (no pins, or bpffs out of reach) an unload is noticed only when
@@ -389,11 +415,12 @@ impl Engine {
                 mem: ProcessMemory::new(),
                 neighbours,
                 io: progress::PortState::new(
-                    Box::new(socket),
+                    port,
                     capture,
                     progress::SteeringWatch::new(&config.iface),
                 ),
                 failed: None,
+                queue_claims,
                 deferred: Deferred::Nothing,
                 answer_holds_off_until: 0,
                 answer_holds_ran_out_in_a_row: 0,
@@ -413,24 +440,33 @@ impl Engine {
             progress_tid: AtomicI32::new(0),
             epoch_ns: monotonic_ns(),
             config,
-            _queue_claim: queue_claim,
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("xroce-progress-{ifindex}-{queue}"))
-            .spawn(move || progress::run(thread_shared, watchers, xsks, wait_fd))
+            .spawn({
+                let queues = queues.clone();
+                move || progress::run(thread_shared, watchers, xsks, queues, wait_fd)
+            })
             .map_err(EngineError::Thread)?;
         Ok(Engine {
             shared,
             thread: Mutex::new(Some(thread)),
             ifindex,
             queue,
+            queues,
             zero_copy,
         })
     }
 
     pub fn ifindex(&self) -> u32 {
         self.ifindex
+    }
+
+    /// The queues the engine receives on, the one it sends on first (see
+    /// [`EngineConfig::all_rx_queues`]).
+    pub fn queues(&self) -> &[u32] {
+        &self.queues
     }
 
     pub fn queue(&self) -> u32 {
@@ -969,6 +1005,41 @@ fn monotonic_ns() -> u64 {
         .wrapping_add(t.tv_nsec as u64)
 }
 
+/// Binds a receive-only socket on every receive queue of the interface but the engine's own
+/// (see [`QueueSet`]), up to the queues the driver has set up (`IFLA_NUM_RX_QUEUES` counts the
+/// ones it could). A queue another process holds fails the start, as the engine's own would.
+fn open_other_queues(
+    ifindex: u32,
+    config: &EngineConfig,
+    rx_queues: u32,
+) -> Result<Vec<XskSocket>, EngineError> {
+    let mut others = Vec::new();
+    if !config.all_rx_queues {
+        return Ok(others);
+    }
+    for queue in (0..rx_queues).filter(|&q| q != config.queue) {
+        let xsk = XskConfig {
+            queue,
+            mode: config.bind_mode,
+            ..RECEIVE_ONLY
+        };
+        match XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)) {
+            Ok(sock) => others.push(sock),
+            // Queues past the ones in use: nothing arrives there.
+            Err(XskError::NoSuchQueue { .. }) => break,
+            Err(XskError::QueueBusy { queue, .. }) => {
+                return Err(EngineError::QueueInUse {
+                    iface: config.iface.clone(),
+                    queue,
+                    holder: queue_claim::holder(&config.iface, queue),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(others)
+}
+
 /// Binds the engine's socket ("queue busy" is retried for a second: see `open_when_free`).
 fn open_socket(ifindex: u32, config: &EngineConfig) -> Result<XskSocket, XskError> {
     let xsk = XskConfig {
@@ -1006,6 +1077,7 @@ impl Engine {
         // next engine, in this process or another. The capture file is complete from here.
         let mut st = self.lock();
         st.io.port = Box::new(crate::port::ClosedPort);
+        st.queue_claims.clear();
         st.io.capture = None;
     }
 }

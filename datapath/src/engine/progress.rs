@@ -515,7 +515,13 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     }
 }
 
-pub(crate) fn run(shared: Arc<Shared>, mut watchers: Watchers, mut xsks: XsksMap, wait_fd: RawFd) {
+pub(crate) fn run(
+    shared: Arc<Shared>,
+    mut watchers: Watchers,
+    mut xsks: XsksMap,
+    queues: Vec<u32>,
+    wait_fd: RawFd,
+) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     shared.progress_tid.store(tid, Ordering::Relaxed);
@@ -536,7 +542,6 @@ pub(crate) fn run(shared: Arc<Shared>, mut watchers: Watchers, mut xsks: XsksMap
     // must be read at once: the watcher's socket stays readable until they are, and every
     // nap would return at once (this thread spun for as long as the application polled).
     let mut address_changes = Vec::new();
-    let queue = shared.config.queue;
     let mut frame_watch = FrameWatch::default();
     // The last nap was a long one and ended on the alarm, which polls postpone.
     let mut long_nap_rang = false;
@@ -720,8 +725,11 @@ pub(crate) fn run(shared: Arc<Shared>, mut watchers: Watchers, mut xsks: XsksMap
         }
         last_work = shared.now().saturating_sub(spin_ns);
     }
-    // Leave the queue to the kernel: with the slot empty the XDP program passes RoCE frames on.
-    let _ = xsks.clear(queue);
+    // Leave the queues to the kernel: with their slots empty the XDP program passes RoCE
+    // frames on.
+    for queue in queues {
+        let _ = xsks.clear(queue);
+    }
     shared.progressed.notify_all();
 }
 

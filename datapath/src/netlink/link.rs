@@ -22,6 +22,9 @@ pub struct Interface {
     /// Administratively up (`IFF_UP`) and operationally up (`IFF_RUNNING`: carrier present),
     /// the condition under which rdma_rxe reports its port ACTIVE.
     pub up: bool,
+    /// Receive queues the netdev has (`IFLA_NUM_RX_QUEUES`; 1 when the kernel does not say).
+    /// A NIC spreads flows over them; an AF_XDP socket receives from one.
+    pub rx_queues: u32,
 }
 
 impl Interface {
@@ -125,11 +128,13 @@ pub(crate) fn interface_from(
     let mut name = None;
     let mut mac = None;
     let mut mtu = None;
+    let mut rx_queues = 1;
     for a in &msg.attributes {
         match a {
             LinkAttribute::IfName(n) => name = Some(n.clone()),
             LinkAttribute::Address(b) => mac = Some(b.as_slice()),
             LinkAttribute::Mtu(m) => mtu = Some(*m),
+            LinkAttribute::NumRxQueues(n) => rx_queues = (*n).max(1),
             _ => {}
         }
     }
@@ -154,6 +159,7 @@ pub(crate) fn interface_from(
         mac,
         mtu,
         up: flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running),
+        rx_queues,
     })
 }
 

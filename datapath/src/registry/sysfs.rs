@@ -270,6 +270,7 @@ mod tests {
                 mac,
                 mtu: 1500,
                 up: true,
+                rx_queues: 1,
             },
             gids,
         }
