@@ -135,13 +135,22 @@ fn xdp_state(iface: &Interface) -> String {
         };
     };
     let a = &ours.attachment;
-    let queue0 = match &ours.xsk_queues {
-        Some(queues) if queues.contains(&0) => "socket bound",
-        Some(_) => "no socket bound",
-        None => "socket unknown",
+    let sockets = match &ours.xsk_queues {
+        // An engine binds every receive queue; queue 0 is the one it sends on by default.
+        Some(queues) if !queues.is_empty() && queues[..] != [0] => format!(
+            "sockets bound on queues {}",
+            queues
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Some(queues) if !queues.is_empty() => "queue 0: socket bound".to_string(),
+        Some(_) => "queue 0: no socket bound".to_string(),
+        None => "queue 0: socket unknown".to_string(),
     };
     format!(
-        "attached ({}, {} build, program id {}); queue 0: {queue0}",
+        "attached ({}, {} build, program id {}); {sockets}",
         a.mode, a.build, a.prog_id
     )
 }

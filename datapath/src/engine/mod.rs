@@ -1017,7 +1017,15 @@ fn open_other_queues(
     if !config.all_rx_queues {
         return Ok(others);
     }
-    for queue in (0..rx_queues).filter(|&q| q != config.queue) {
+    let steerable = crate::xdp::abi::XSKS_MAP_ENTRIES;
+    if rx_queues > steerable {
+        eprintln!(
+            "xroce: {} has {rx_queues} receive queues; xroce's XDP program steers RoCEv2 frames \
+             from the first {steerable} only (frames on the others go to the kernel)",
+            config.iface
+        );
+    }
+    for queue in (0..rx_queues.min(steerable)).filter(|&q| q != config.queue) {
         let xsk = XskConfig {
             queue,
             mode: config.bind_mode,
