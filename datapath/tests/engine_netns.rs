@@ -2045,6 +2045,14 @@ fn an_engine_receives_on_every_queue_of_its_interface() {
         |side, c| c.queue = if side == 1 { 2 } else { 0 },
         move |me: Side<Endpoint>| {
             let engine = &me.engine;
+            let own = if me.index == 1 { 2 } else { 0 };
+            let mut queues = engine.queues().to_vec();
+            assert_eq!(
+                queues[0], own,
+                "the queue it sends on comes first: {queues:?}"
+            );
+            queues.sort_unstable();
+            assert_eq!(queues, [0, 1, 2, 3], "a socket on every queue in use");
             let qp = create_qp(engine, me.pd, QpType::Rc);
             to_init(engine, &qp);
             let mut buf = Buffer::new(engine, me.pd, 2 * MSG * COUNT);

@@ -308,13 +308,15 @@ fn main() {
             // with a receiver that only counts the frames, then with one that reads them.
             let raw = |pair: &NetnsPair| {
                 let mut mb_per_s = [0.0; 2];
-                for (at, (sink, label)) in [
-                    (Sink::Counting, "raw AF_XDP  "),
-                    (Sink::Reading, "raw, reading"),
-                ]
-                .into_iter()
-                .enumerate()
-                {
+                let mut order = [
+                    (0, Sink::Counting, "raw AF_XDP  "),
+                    (1, Sink::Reading, "raw, reading"),
+                ];
+                // Which receiver goes first alternates too.
+                if round % 2 == 1 {
+                    order.reverse();
+                }
+                for (at, sink, label) in order {
                     let raw = baseline::xsk_stream(pair, size.min(4096), stream_for(), sink);
                     eprintln!(
                         "    {label} {:.0} MB/s  {}",

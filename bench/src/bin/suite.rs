@@ -711,10 +711,10 @@ fn back_to_back(
             first,
             || perftest_line(x, "ib_write_bw", &["-s", "65536", "-D", &secs], parse_bw),
             || {
-                (
-                    baseline::xsk_stream(&x.pair, 4096, stream_for, Sink::Counting),
-                    baseline::xsk_stream(&x.pair, 4096, stream_for, Sink::Reading),
-                )
+                // Which receiver goes first alternates too.
+                let run = |sink| baseline::xsk_stream(&x.pair, 4096, stream_for, sink);
+                let (a, b) = paired::in_order(first, || run(Sink::Counting), || run(Sink::Reading));
+                (a, b)
             },
         );
         let lat = lat.map_err(|e| r.notes.push(e)).ok();

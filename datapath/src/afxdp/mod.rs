@@ -10,10 +10,12 @@
 //!   the kernel has it (6.6 and later; [`kernel_supports_multi_buffer`]);
 //! - [`QueueSet`]: an engine's sockets on every receive queue of an interface with several.
 
+mod channels;
 mod queue_set;
 mod ring;
 mod socket;
 
+pub use channels::receive_queues_in_use;
 pub use queue_set::{QueueSet, RECEIVE_ONLY};
 pub use socket::{
     kernel_supports_multi_buffer, port_path_mtu, BindMode, XskConfig, XskError, XskSocket,

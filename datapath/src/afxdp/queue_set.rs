@@ -13,13 +13,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use super::{XskConfig, XskError, XskSocket};
 use crate::port::{Port, RxDrops};
 
-/// The geometry of a socket that only receives: a quarter of the default UMEM (half of it in
-/// the fill ring), since an interface may have dozens of queues.
+/// The geometry of a socket that only receives: 512 frames (2 MiB), all of them in the fill
+/// ring, since an interface may have dozens of queues.
 pub const RECEIVE_ONLY: XskConfig = XskConfig {
     queue: 0,
-    frames: 1024,
-    ring_size: 512,
+    frames: 512,
+    ring_size: 256,
     mode: super::BindMode::Auto,
+    receive_only: true,
 };
 
 /// A sending and receiving socket plus receive-only sockets on the interface's other queues.

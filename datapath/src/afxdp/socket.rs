@@ -83,6 +83,9 @@ pub struct XskConfig {
     /// Entries in each of the four rings (a power of two).
     pub ring_size: u32,
     pub mode: BindMode,
+    /// Every frame backs the fill ring (up to its size) and none transmits: for a socket that
+    /// only receives.
+    pub receive_only: bool,
 }
 
 impl Default for XskConfig {
@@ -92,6 +95,7 @@ impl Default for XskConfig {
             frames: 4096,
             ring_size: 2048,
             mode: BindMode::Auto,
+            receive_only: false,
         }
     }
 }
@@ -330,7 +334,11 @@ impl XskSocket {
     /// UMEM frame work; without it such frames cannot be sent or received ([`port_path_mtu`]
     /// keeps the transport's packets below that size).
     pub fn open(ifindex: u32, config: XskConfig) -> Result<Self, XskError> {
-        assert!(config.ring_size.is_power_of_two() && config.frames >= 2 * config.ring_size);
+        assert!(
+            config.ring_size.is_power_of_two()
+                && (config.frames >= 2 * config.ring_size
+                    || (config.receive_only && config.frames >= config.ring_size))
+        );
         match config.mode {
             BindMode::Copy => Self::open_with(ifindex, config, libc::XDP_COPY),
             BindMode::ZeroCopy => Self::open_with(ifindex, config, libc::XDP_ZEROCOPY),
@@ -397,8 +405,13 @@ impl XskSocket {
             ifindex,
             queue: config.queue,
         };
-        // First half of the UMEM receives, second half transmits.
-        let rx_frames = config.frames / 2;
+        // First half of the UMEM receives, second half transmits (all of it receives for a
+        // socket that only receives).
+        let rx_frames = if config.receive_only {
+            config.frames
+        } else {
+            config.frames / 2
+        };
         let fill_n = rx_frames.min(sock.fill.free());
         for i in 0..fill_n {
             sock.fill.push(u64::from(i) * u64::from(FRAME_SIZE));

@@ -114,6 +114,14 @@ pub enum EngineError {
         /// The engine's process holding it, when its note names one that still runs.
         holder: Option<QueueHolder>,
     },
+    /// A receive-only socket on another queue of the interface could not be set up.
+    #[error("cannot receive on queue {queue} of {iface} as well: {source}")]
+    ReceiveQueue {
+        iface: String,
+        queue: u32,
+        #[source]
+        source: XskError,
+    },
     #[error("cannot create the engine's wake-up eventfd: {0}")]
     EventFd(std::io::Error),
     #[error("cannot create the progress thread's nap timerfd: {0}")]
@@ -345,16 +353,10 @@ impl Engine {
         let gids = neighbours.gid_table()?;
         let mtu = neighbours.mtu();
         let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
-        let socket = open_socket(ifindex, &config).map_err(|e| match e {
-            XskError::QueueBusy { queue, .. } => EngineError::QueueInUse {
-                iface: config.iface.clone(),
-                queue,
-                holder: queue_claim::holder(&config.iface, queue),
-            },
-            e => e.into(),
-        })?;
+        let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
+            .unwrap_or_else(|| neighbours.rx_queues());
+        let (socket, others) = open_sockets(ifindex, &config, rx_queues)?;
         let zero_copy = socket.is_zero_copy();
-        let others = open_other_queues(ifindex, &config, neighbours.rx_queues())?;
         let bound: Vec<(u32, RawFd)> = std::iter::once(&socket)
             .chain(&others)
             .map(|s| (s.queue(), s.as_raw_fd()))
@@ -1005,57 +1007,84 @@ fn monotonic_ns() -> u64 {
         .wrapping_add(t.tv_nsec as u64)
 }
 
-/// Binds a receive-only socket on every receive queue of the interface but the engine's own
-/// (see [`QueueSet`]), up to the queues the driver has set up (`IFLA_NUM_RX_QUEUES` counts the
-/// ones it could). A queue another process holds fails the start, as the engine's own would.
-fn open_other_queues(
+/// Binds the engine's socket on `config.queue` and, unless `config.all_rx_queues` is off, a
+/// receive-only socket on each other receive queue of the interface (see [`QueueSet`]), in
+/// ascending order of queue, so that of two engines starting together on one interface one
+/// gets every queue instead of each waiting for the other's. `rx_queues` are the queues in use
+/// (ethtool's channels), or those the driver allocated when it does not report channels: then
+/// the first queue that cannot be bound ends the list. A queue another process holds fails the
+/// start, naming the holder; so does any other failure to bind the engine's own queue.
+fn open_sockets(
     ifindex: u32,
     config: &EngineConfig,
     rx_queues: u32,
-) -> Result<Vec<XskSocket>, EngineError> {
-    let mut others = Vec::new();
-    if !config.all_rx_queues {
-        return Ok(others);
-    }
+) -> Result<(XskSocket, Vec<XskSocket>), EngineError> {
+    let busy = |queue| EngineError::QueueInUse {
+        iface: config.iface.clone(),
+        queue,
+        holder: queue_claim::holder(&config.iface, queue),
+    };
     let steerable = crate::xdp::abi::XSKS_MAP_ENTRIES;
-    if rx_queues > steerable {
-        eprintln!(
-            "xroce: {} has {rx_queues} receive queues; xroce's XDP program steers RoCEv2 frames \
-             from the first {steerable} only (frames on the others go to the kernel)",
-            config.iface
-        );
-    }
-    for queue in (0..rx_queues.min(steerable)).filter(|&q| q != config.queue) {
-        let xsk = XskConfig {
-            queue,
-            mode: config.bind_mode,
-            ..RECEIVE_ONLY
-        };
-        match XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)) {
-            Ok(sock) => others.push(sock),
-            // Queues past the ones in use: nothing arrives there.
-            Err(XskError::NoSuchQueue { .. }) => break,
-            Err(XskError::QueueBusy { queue, .. }) => {
-                return Err(EngineError::QueueInUse {
-                    iface: config.iface.clone(),
-                    queue,
-                    holder: queue_claim::holder(&config.iface, queue),
-                })
+    let others_up_to = if config.all_rx_queues {
+        if rx_queues > steerable {
+            eprintln!(
+                "xroce: {} uses {rx_queues} receive queues; xroce's XDP program steers RoCEv2 \
+                 frames from the first {steerable} only (frames on the others go to the kernel)",
+                config.iface
+            );
+        }
+        rx_queues.min(steerable)
+    } else {
+        0
+    };
+    let mut main = None;
+    let mut others = Vec::new();
+    // Lowered when a queue turns out not to be in use: none past it is.
+    let mut in_use = others_up_to;
+    for queue in 0..others_up_to.max(config.queue + 1) {
+        if queue == config.queue {
+            let xsk = XskConfig {
+                queue,
+                mode: config.bind_mode,
+                ..XskConfig::default()
+            };
+            let sock = XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)).map_err(
+                |e| match e {
+                    XskError::QueueBusy { queue, .. } => busy(queue),
+                    e => e.into(),
+                },
+            )?;
+            main = Some(sock);
+        } else if queue < in_use {
+            let xsk = XskConfig {
+                queue,
+                mode: config.bind_mode,
+                ..RECEIVE_ONLY
+            };
+            match XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)) {
+                Ok(sock) => others.push(sock),
+                Err(XskError::QueueBusy { queue, .. }) => return Err(busy(queue)),
+                // A queue the driver allocated but does not use (the count came from
+                // rtnetlink); forcing zero-copy reports such a queue as unsupported.
+                Err(XskError::NoSuchQueue { .. } | XskError::ZeroCopyUnsupported { .. }) => {
+                    in_use = queue;
+                }
+                Err(source) => {
+                    return Err(EngineError::ReceiveQueue {
+                        iface: config.iface.clone(),
+                        queue,
+                        source,
+                    })
+                }
             }
-            Err(e) => return Err(e.into()),
         }
     }
-    Ok(others)
-}
-
-/// Binds the engine's socket ("queue busy" is retried for a second: see `open_when_free`).
-fn open_socket(ifindex: u32, config: &EngineConfig) -> Result<XskSocket, XskError> {
-    let xsk = XskConfig {
+    // The loop's range includes `config.queue`, whose failure returned above.
+    let main = main.ok_or(EngineError::Socket(XskError::NoSuchQueue {
+        ifindex,
         queue: config.queue,
-        mode: config.bind_mode,
-        ..XskConfig::default()
-    };
-    XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1))
+    }))?;
+    Ok((main, others))
 }
 
 /// Errors of verbs that also touch the kernel's addressing.

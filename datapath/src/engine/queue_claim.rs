@@ -52,7 +52,9 @@ pub(crate) fn claim(iface: &str, queue: u32) -> Option<QueueClaim> {
     let path = note_path(iface, queue)?;
     let pid = std::process::id();
     let started = start_time(pid)?;
-    fs::create_dir_all(path.parent()?).ok()?;
+    let dir = path.parent()?;
+    fs::create_dir_all(dir).ok()?;
+    remove_dead_notes(dir);
     // Written aside and renamed, so that a reader never sees half a note.
     let partial = path.with_extension(format!("{queue}.{pid}.new"));
     fs::write(&partial, format!("{pid} {started}\n")).ok()?;
@@ -61,6 +63,25 @@ pub(crate) fn claim(iface: &str, queue: u32) -> Option<QueueClaim> {
         return None;
     }
     Some(QueueClaim { path })
+}
+
+/// Removes the notes of processes that ended without removing theirs (killed, or exited
+/// without closing their device), so that the directory does not grow with every network
+/// namespace an engine ever ran in. Notes being written (`*.new`) are left alone.
+fn remove_dead_notes(dir: &std::path::Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "new") {
+            continue;
+        }
+        let alive = read_note(&path).is_some_and(|(pid, started)| start_time(pid) == Some(started));
+        if !alive {
+            let _ = fs::remove_file(&path);
+        }
+    }
 }
 
 /// The process whose note says it holds `queue` of `iface`, if it still runs.
@@ -137,6 +158,28 @@ mod tests {
         assert_eq!(parse_note("1234"), None);
         assert_eq!(parse_note("x 5678"), None);
         assert_eq!(parse_note(""), None);
+    }
+
+    #[test]
+    fn notes_of_ended_processes_are_removed_and_others_kept() {
+        let dir = std::env::temp_dir().join(format!("xroce-queue-notes-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("directory");
+        let pid = std::process::id();
+        let started = start_time(pid).expect("own start time");
+        fs::write(dir.join("1.live.0"), format!("{pid} {started}\n")).expect("note");
+        // The same PID with another start time: a process that ended, its PID reused.
+        fs::write(dir.join("1.reused.0"), format!("{pid} {}\n", started + 1)).expect("note");
+        fs::write(dir.join("1.garbage.0"), "not a note").expect("note");
+        fs::write(dir.join("1.writing.0.77.new"), "").expect("note");
+        remove_dead_notes(&dir);
+        let mut left: Vec<String> = fs::read_dir(&dir)
+            .expect("read")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["1.live.0", "1.writing.0.77.new"]);
+        fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]

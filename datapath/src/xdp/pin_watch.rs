@@ -36,7 +36,9 @@ impl PinWatch {
         // there, and then works from any thread.
         let watch = pins::with_bpffs_existing(|| {
             let dir = pins::iface_dir(netns, iface);
-            Ok(watch_dir(&dir).ok())
+            Ok(watch_dir(&dir)
+                .map_err(|e| log::debug!("cannot watch {}: {e}", dir.display()))
+                .ok())
         })?;
         Ok(watch.flatten())
     }

@@ -1,0 +1,96 @@
+//! How many receive queues an interface uses now.
+//!
+//! `IFLA_NUM_RX_QUEUES` (rtnetlink) counts the queues a driver allocated, often one per
+//! possible CPU, while it runs fewer (a default veth allocates one per CPU and uses one;
+//! virtio-net uses as many as its device negotiated). Binding an AF_XDP socket past the queues
+//! in use fails with `EINVAL`, which forcing zero-copy reports as "zero-copy unsupported". The
+//! queues in use are what ethtool's channels say (`ETHTOOL_GCHANNELS`: receive-only channels
+//! plus combined ones), asked on a socket of the calling thread's network namespace.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `ETHTOOL_GCHANNELS` from `<linux/ethtool.h>`.
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+
+/// `struct ethtool_channels` from `<linux/ethtool.h>`.
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+/// The receive queues `iface` uses now, or `None` when its driver does not report channels.
+pub fn receive_queues_in_use(iface: &str) -> Option<u32> {
+    let channels = channels(iface).ok()?;
+    receive_queues(&channels)
+}
+
+/// Receive-only channels plus combined ones; `None` when the driver reports neither.
+fn receive_queues(c: &EthtoolChannels) -> Option<u32> {
+    let n = c.rx_count.saturating_add(c.combined_count);
+    (n > 0).then_some(n)
+}
+
+fn channels(iface: &str) -> io::Result<EthtoolChannels> {
+    let name = iface.as_bytes();
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: plain socket(2); the fd is owned right away.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut channels = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..EthtoolChannels::default()
+    };
+    // SAFETY: an all-zero ifreq is valid (a name of NULs and a null data pointer).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, &src) in req.ifr_name.iter_mut().zip(name) {
+        *dst = src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut channels as *mut EthtoolChannels).cast();
+    // SAFETY: `req` names the interface and points at `channels`, which outlives the call;
+    // the kernel writes at most a `struct ethtool_channels` there.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(channels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receive_queues_count_receive_only_and_combined_channels() {
+        let c = |rx_count, combined_count| EthtoolChannels {
+            rx_count,
+            combined_count,
+            ..EthtoolChannels::default()
+        };
+        assert_eq!(receive_queues(&c(1, 0)), Some(1)); // veth
+        assert_eq!(receive_queues(&c(0, 4)), Some(4)); // virtio-net, mlx5
+        assert_eq!(receive_queues(&c(2, 2)), Some(4));
+        assert_eq!(receive_queues(&c(0, 0)), None);
+    }
+
+    #[test]
+    fn names_the_kernel_cannot_take_are_refused_before_asking() {
+        assert!(channels("").is_err());
+        assert!(channels("a-name-far-too-long-for-linux").is_err());
+    }
+}
