@@ -28,13 +28,13 @@ thread_local! {
 }
 
 /// Whether the program runs under `xroce exec` (which sets `XROCE_EXEC=1`).
-fn under_xroce_exec() -> bool {
+pub(crate) fn under_xroce_exec() -> bool {
     static EXEC: OnceLock<bool> = OnceLock::new();
     *EXEC.get_or_init(|| std::env::var_os("XROCE_EXEC").is_some_and(|v| v == "1"))
 }
 
 /// The next definition of `name` after this library's (libibverbs', the C library's).
-fn next_symbol(name: &std::ffi::CStr, version: Option<&std::ffi::CStr>) -> usize {
+pub(crate) fn next_symbol(name: &std::ffi::CStr, version: Option<&std::ffi::CStr>) -> usize {
     // SAFETY: RTLD_NEXT lookups of NUL-terminated names.
     unsafe {
         match version {

@@ -23,6 +23,7 @@ pub mod device;
 pub mod discovery;
 pub mod engines;
 pub mod port_events;
+pub mod rdma_cm;
 pub mod register;
 pub mod state_dump;
 pub mod verbs;

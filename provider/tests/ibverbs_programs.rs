@@ -317,6 +317,31 @@ fn a_second_program_on_a_device_is_told_which_process_has_it() {
     assert!(s.contains("iters in") && c.contains("iters in"), "{s}\n{c}");
 }
 
+/// librdmacm needs the kernel's `rdma_cm` device, which this kernel lacks and xroce does not
+/// provide: perftest's `-R` (connect through RDMA CM) fails at its first librdmacm call, and
+/// the user is told why and what to run instead, not only perftest's "rdma_create_event_channel
+/// failed".
+#[test]
+fn programs_using_rdma_cm_are_told_why_it_cannot_work() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xrcm", 1500);
+    let out = rig.run(0, &["ib_send_bw", "-d", DEV, "-x", "1", "-R"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "ib_send_bw -R started: {stderr}");
+    assert!(
+        stderr.contains("librdmacm (RDMA CM) needs the kernel's rdma_cm device")
+            && stderr.contains("without -R"),
+        "no word on RDMA CM: {stderr}"
+    );
+    assert_eq!(
+        stderr.matches("xroce: librdmacm").count(),
+        1,
+        "said more than once: {stderr}"
+    );
+}
+
 #[test]
 fn perftest_programs() {
     if !root_or_skip() {
