@@ -14,14 +14,24 @@ pub fn from_stat_file(path: &Path) -> Option<Duration> {
     Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
-/// User plus system time, in clock ticks, from the text of a stat file. The command name, in
-/// parentheses, may itself hold spaces and parentheses, so the fields are counted from the
-/// last ')': the state is field 3, utime 14 and stime 15.
+/// User plus system time, in clock ticks, from the text of a stat file: utime is field 14 and
+/// stime 15.
 fn ticks_of_stat(stat: &str) -> Option<u64> {
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let utime = stat_field(stat, 14)?;
+    let stime = stat_field(stat, 15)?;
     Some(utime + stime)
+}
+
+/// Field `n` (counted from 1, as in proc(5)) of the text of a stat file, as a number, for `n`
+/// from 3. The command name (field 2), in parentheses, may itself hold spaces and
+/// parentheses, so the fields are counted from the last ')'.
+pub(crate) fn stat_field(stat: &str, n: usize) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -35,6 +45,17 @@ mod tests {
         assert_eq!(ticks_of_stat(stat), Some(1234 + 567));
         assert_eq!(ticks_of_stat("4242 (qemu) S 1 2"), None);
         assert_eq!(ticks_of_stat("no parenthesis"), None);
+    }
+
+    #[test]
+    fn any_field_is_read_after_any_command_name() {
+        let fields: Vec<String> = (3..=25).map(|n| n.to_string()).collect();
+        let stat = format!("77 (a (b) c) {}", fields.join(" "));
+        assert_eq!(stat_field(&stat, 22), Some(22));
+        assert_eq!(stat_field(&stat, 3), Some(3));
+        assert_eq!(stat_field(&stat, 2), None, "the name is no number field");
+        assert_eq!(stat_field("77 (short) 3 4", 22), None);
+        assert_eq!(stat_field("garbage", 22), None);
     }
 
     /// CPU time this thread burns shows in its stat file, in the right unit: 60 ms of it

@@ -324,8 +324,7 @@ pub struct Engine {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     ifindex: u32,
-    queue: u32,
-    /// Every queue it receives on, `queue` first.
+    /// Every queue it receives on, the one it sends on first.
     queues: Vec<u32>,
     zero_copy: bool,
 }
@@ -455,7 +454,6 @@ impl Engine {
             shared,
             thread: Mutex::new(Some(thread)),
             ifindex,
-            queue,
             queues,
             zero_copy,
         })
@@ -471,8 +469,9 @@ impl Engine {
         &self.queues
     }
 
+    /// The queue the engine sends on.
     pub fn queue(&self) -> u32 {
-        self.queue
+        self.queues[0]
     }
 
     pub fn is_zero_copy(&self) -> bool {

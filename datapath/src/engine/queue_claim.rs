@@ -123,29 +123,12 @@ fn parse_note(text: &str) -> Option<(u32, u64)> {
 /// the PID, it names one process, PIDs being reused.
 fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    start_time_of_stat(&stat)
-}
-
-fn start_time_of_stat(stat: &str) -> Option<u64> {
-    // The command name (field 2) is in parentheses and may hold spaces and parentheses: the
-    // fields after it start after the last ')'. Field 3 is the first of them, field 22 the
-    // twentieth.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
+    crate::cpu_time::stat_field(&stat, 22)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_start_time_is_read_after_any_command_name() {
-        let fields: Vec<String> = (3..=25).map(|n| n.to_string()).collect();
-        let stat = format!("77 (a (b) c) {}", fields.join(" "));
-        assert_eq!(start_time_of_stat(&stat), Some(22));
-        assert_eq!(start_time_of_stat("77 (short) 3 4"), None);
-        assert_eq!(start_time_of_stat("garbage"), None);
-    }
 
     #[test]
     fn this_process_has_a_start_time() {

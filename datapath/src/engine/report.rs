@@ -33,7 +33,7 @@ impl Engine {
             "engine {} queue {}: progress thread {}, application threads in verbs {}, last left \
              a verb {}, last polled {}",
             self.ifindex,
-            self.queue,
+            self.queue(),
             if shared.sleeping.load(Ordering::SeqCst) {
                 "asleep"
             } else {
