@@ -9,8 +9,8 @@ use xroce_datapath::netlink::{self, Interface};
 use xroce_datapath::registry::{self, gid_ipv6, Link, RegistryError, GID_TABLE_LEN};
 use xroce_datapath::xdp::{self, LoadOutcome, UnloadOutcome, XdpError, XdpMode};
 
-/// `xroce link add NAME netdev DEV`.
-pub fn add(name: &str, netdev: &str, mode: XdpMode) -> ExitCode {
+/// `xroce link add NAME netdev DEV`; `mode` `None` lets the loader choose.
+pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> ExitCode {
     let added = match registry::add(name, netdev, mode) {
         Ok(added) => added,
         Err(e) => return fail("link add", &e),
@@ -21,9 +21,19 @@ pub fn add(name: &str, netdev: &str, mode: XdpMode) -> ExitCode {
     };
     // The link exists now whatever happens to the output (a closed pipe must not panic).
     let mut out = io::stdout().lock();
+    // Generic mode nobody asked for: the driver has no native XDP. Say so, since it costs
+    // speed and rules out zero-copy.
+    let why = if mode.is_none()
+        && attachment.mode == XdpMode::Generic
+        && matches!(added.xdp, LoadOutcome::Loaded(_))
+    {
+        "; the driver has no native XDP"
+    } else {
+        ""
+    };
     let _ = writeln!(
         out,
-        "{name}: netdev {netdev}, XDP program {verb} ({}, {} build)",
+        "{name}: netdev {netdev}, XDP program {verb} ({}, {} build{why})",
         attachment.mode, attachment.build
     )
     .and_then(|()| writeln!(out, "{name}: GIDs {}", gid_list(&added.device.gids)));

@@ -105,7 +105,7 @@ enum LinkCommand {
     /// runs in (`ip netns exec NS xroce link add ...`).
     ///
     /// Example: `xroce link add xroce0 netdev eth0`
-    #[command(override_usage = "xroce link add NAME netdev DEV [--mode native|generic]")]
+    #[command(override_usage = "xroce link add NAME netdev DEV [--mode auto|native|generic]")]
     Add {
         /// The device name (as ibv_devices shows it).
         #[arg(value_name = "NAME")]
@@ -116,9 +116,10 @@ enum LinkCommand {
         /// The network interface, in the current network namespace.
         #[arg(value_name = "DEV")]
         netdev: String,
-        /// How to attach the XDP program when it is not loaded yet: native (driver mode,
-        /// needed for zero-copy) or generic (works with any driver).
-        #[arg(long, default_value = "native", value_parser = ["native", "generic"])]
+        /// How to attach the XDP program when it is not loaded yet: auto (native where the
+        /// driver has it, else generic), native (driver mode, needed for zero-copy; fails on
+        /// drivers without it) or generic (works with any driver, slower).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "native", "generic"])]
         mode: String,
     },
     /// Remove an xroce RDMA device.
@@ -191,10 +192,10 @@ fn main() -> ExitCode {
             LinkCommand::Add {
                 name, netdev, mode, ..
             } => {
-                let mode = if mode == "generic" {
-                    XdpMode::Generic
-                } else {
-                    XdpMode::Native
+                let mode = match mode.as_str() {
+                    "generic" => Some(XdpMode::Generic),
+                    "native" => Some(XdpMode::Native),
+                    _ => None,
                 };
                 link::add(&name, &netdev, mode)
             }

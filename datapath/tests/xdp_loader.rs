@@ -667,6 +667,59 @@ fn larger_peer_mtu_falls_back_to_the_frags_build() {
     assert_eq!(loaded.attachment().build, ProgramBuild::Frags);
 }
 
+/// A bridge has no native XDP. Asked for native, the loader says so and leaves nothing
+/// behind; left to choose, it attaches in generic mode.
+#[test]
+fn a_driver_without_native_xdp_gets_generic_mode() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrld-bridge", 1500).expect("namespaces");
+    let out = pair
+        .exec(1, "ip link add xrldbr type bridge && ip link set xrldbr up")
+        .expect("ip link add bridge");
+    assert!(out.status.success(), "{out:?}");
+    let bridge = "xrldbr";
+
+    let err = load(
+        &pair,
+        1,
+        LoadOptions::new(bridge).with_mode(XdpMode::Native),
+    )
+    .expect_err("native XDP on a bridge");
+    assert!(
+        matches!(
+            err,
+            XdpError::ModeNotSupported {
+                mode: XdpMode::Native,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("--mode generic"), "{err}");
+    let status = pair.run_in(1, move || xdp::status(Some(bridge)).expect("status"));
+    assert!(
+        status
+            .iter()
+            .all(|s| s.xroce.is_none() && s.stale_pins.is_none()),
+        "{status:?}"
+    );
+
+    let loaded = load(&pair, 1, LoadOptions::new(bridge)).expect("load on a bridge");
+    assert_eq!(loaded.attachment().mode, XdpMode::Generic, "{loaded:?}");
+    assert!(matches!(loaded, LoadOutcome::Loaded(_)));
+    let out = pair
+        .exec(1, "ip -d link show dev xrldbr")
+        .expect("ip link show");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("xdpgeneric"),
+        "{out:?}"
+    );
+    let unloaded = pair.run_in(1, move || xdp::unload(bridge)).expect("unload");
+    assert_eq!(unloaded, UnloadOutcome::Unloaded);
+}
+
 #[test]
 fn another_program_is_left_alone() {
     if !root_or_skip() {

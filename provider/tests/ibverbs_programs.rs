@@ -16,6 +16,8 @@ use xroce_datapath::test_support::{self, built, read_stats};
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
 /// The device name both sides use.
 const DEV: &str = "xr0";
+/// The bridge of [`Rig::on_bridges`].
+const BRIDGE: &str = "xrbr";
 /// rdma-core examples and perftest both listen on this TCP port by default.
 const PORT: u16 = 18515;
 
@@ -34,15 +36,22 @@ struct Rig {
 
 impl Rig {
     fn new(prefix: &str, mtu: u32) -> Rig {
-        Rig::create(prefix, mtu, false)
+        Rig::create(prefix, mtu, false, false).0
     }
 
     /// Like [`Rig::new`], with a global (ULA) IPv6 address on each side as well.
     fn with_ipv6(prefix: &str, mtu: u32) -> Rig {
-        Rig::create(prefix, mtu, true)
+        Rig::create(prefix, mtu, true, false).0
     }
 
-    fn create(prefix: &str, mtu: u32, ipv6: bool) -> Rig {
+    /// Like [`Rig::new`], but each side's veth end is a port of a bridge (`xrbr`) that holds
+    /// the address, and the devices are on the bridges: a driver without native XDP. Also
+    /// returns what `xroce link add` printed on each side.
+    fn on_bridges(prefix: &str, mtu: u32) -> (Rig, [String; 2]) {
+        Rig::create(prefix, mtu, false, true)
+    }
+
+    fn create(prefix: &str, mtu: u32, ipv6: bool, bridges: bool) -> (Rig, [String; 2]) {
         let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let pair = if ipv6 {
             NetnsPair::with_ipv6(prefix, mtu)
@@ -56,17 +65,32 @@ impl Rig {
             provider: built("libxroce_provider.so"),
             _serial: serial,
         };
-        for side in 0..2 {
+        let mut printed: [String; 2] = Default::default();
+        for (side, printed) in printed.iter_mut().enumerate() {
+            let mut netdev = rig.pair.iface(side);
+            if bridges {
+                let veth = rig.pair.iface(side);
+                let setup = format!(
+                    "ip addr flush dev {veth} && ip link add {BRIDGE} type bridge && \
+                     ip link set {veth} master {BRIDGE} && ip link set {BRIDGE} up && \
+                     ip addr add {}/24 dev {BRIDGE}",
+                    rig.pair.ipv4(side)
+                );
+                let out = rig.pair.exec(side, &setup).expect("run bridge set-up");
+                assert!(out.status.success(), "bridge set-up: {out:?}");
+                netdev = BRIDGE;
+            }
             let mut cmd = rig.pair.command(side, &rig.xroce);
-            cmd.args(["link", "add", DEV, "netdev", rig.pair.iface(side)]);
+            cmd.args(["link", "add", DEV, "netdev", netdev]);
             let out = run_bounded(cmd, Duration::from_secs(60)).expect("run xroce link add");
             assert!(
                 out.status.success(),
                 "xroce link add failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            *printed = String::from_utf8_lossy(&out.stdout).into_owned();
         }
-        rig
+        (rig, printed)
     }
 
     /// `xroce exec -- args...` in namespace `side`.
@@ -278,6 +302,35 @@ fn rdma_core_pingpong_programs() {
         failure.contains("Failed to modify QP to RTR")
             && failure.contains("give the program a GID index (`-g 1`"),
         "{failure}"
+    );
+}
+
+/// A bridge has no native XDP: `xroce link add` without `--mode` attaches the program in
+/// generic mode there, says why, and RDMA works over it (it was refused, with a hint to give
+/// `--mode generic`).
+#[test]
+fn a_device_on_a_bridge_runs_in_generic_xdp_mode() {
+    if !root_or_skip() {
+        return;
+    }
+    let (rig, printed) = Rig::on_bridges("xbr", 1500);
+    for text in &printed {
+        assert!(
+            text.contains(&format!(
+                "{DEV}: netdev {BRIDGE}, XDP program loaded (generic, plain build; the driver \
+                 has no native XDP)"
+            )),
+            "{text}"
+        );
+    }
+    let (s, c) = rig.server_client(&["ibv_rc_pingpong", "-g", "1", "-n", "200"]);
+    for text in [&s, &c] {
+        assert!(text.contains("200 iters in"), "{text}");
+    }
+    let (_, c) = rig.server_client(&["ib_write_bw", "-x", "1", "-n", "2000"]);
+    assert!(
+        c.lines().any(|l| l.trim_start().starts_with("65536")),
+        "no result line:\n{c}"
     );
 }
 

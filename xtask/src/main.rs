@@ -94,9 +94,10 @@ enum XdpCommand {
         /// The interface, e.g. eth0.
         #[arg(long, value_name = "IF")]
         iface: String,
-        /// Attach mode: native (in the driver, the default; needed for zero-copy) or generic
-        /// (works with any driver, slower).
-        #[arg(long, value_enum, default_value_t = ModeArg::Native)]
+        /// Attach mode: auto (native where the driver has it, else generic), native (in the
+        /// driver; needed for zero-copy; fails on drivers without it) or generic (works with
+        /// any driver, slower).
+        #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
         mode: ModeArg,
         /// Program build: plain (single-buffer, MTU up to 3506) or frags (multi-buffer, any
         /// MTU). Default: chosen from the interface's MTU.
@@ -130,6 +131,8 @@ enum XdpCommand {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
+    /// Native where the driver has it, else generic.
+    Auto,
     /// Driver mode.
     Native,
     /// Generic (skb) mode.

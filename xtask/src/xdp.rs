@@ -12,10 +12,12 @@ pub fn run(root: &Path, command: XdpCommand) -> Result<(), String> {
     match command {
         XdpCommand::Build => build(root),
         XdpCommand::Load { iface, mode, build } => {
-            let mut opts = LoadOptions::new(&iface).with_mode(match mode {
-                ModeArg::Native => XdpMode::Native,
-                ModeArg::Generic => XdpMode::Generic,
-            });
+            let mut opts = LoadOptions::new(&iface);
+            opts.mode = match mode {
+                ModeArg::Auto => None,
+                ModeArg::Native => Some(XdpMode::Native),
+                ModeArg::Generic => Some(XdpMode::Generic),
+            };
             if let Some(build) = build {
                 opts = opts.with_build(match build {
                     BuildArg::Plain => ProgramBuild::Plain,
@@ -62,9 +64,12 @@ fn build(root: &Path) -> Result<(), String> {
 
 fn load(opts: &LoadOptions) -> Result<(), String> {
     println!(
-        "==> loading xroce's XDP program on {} ({} mode, {})",
+        "==> loading xroce's XDP program on {} ({}, {})",
         opts.iface,
-        opts.mode,
+        match opts.mode {
+            Some(mode) => format!("{mode} mode"),
+            None => "native mode where the driver has it, else generic".to_string(),
+        },
         match opts.build {
             Some(build) => format!("{build} build"),
             None => "build chosen from the MTU".to_string(),

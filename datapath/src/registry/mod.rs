@@ -211,10 +211,10 @@ pub fn links() -> Result<Vec<Link>, RegistryError> {
     }
 }
 
-/// Adds link `name` on `netdev`: loads the XDP program there in `mode` if it is not loaded,
-/// records the link, creates the device node and regenerates the tree. On failure, undoes what
-/// it did.
-pub fn add(name: &str, netdev: &str, mode: XdpMode) -> Result<Added, RegistryError> {
+/// Adds link `name` on `netdev`: loads the XDP program there in `mode` (`None`: native where
+/// the driver has it, else generic) if it is not loaded, records the link, creates the device
+/// node and regenerates the tree. On failure, undoes what it did.
+pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> Result<Added, RegistryError> {
     check_name(name)?;
     let mut nl = Netlink::open().map_err(|e| RegistryError::netlink(netdev, e))?;
     nl.interface_by_name(netdev)
@@ -235,7 +235,9 @@ pub fn add(name: &str, netdev: &str, mode: XdpMode) -> Result<Added, RegistryErr
     }
     // Before changing anything: a foreign file at the node's path would fail the add later.
     store::check_dev_node(name)?;
-    let xdp = xdp::load(&LoadOptions::new(netdev).with_mode(mode))?;
+    let mut load = LoadOptions::new(netdev);
+    load.mode = mode;
+    let xdp = xdp::load(&load)?;
     let mut dev_node_created = false;
     let result = (|| {
         dev_node_created = store::ensure_dev_node(name)?;

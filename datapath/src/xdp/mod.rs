@@ -227,8 +227,10 @@ impl FromStr for ProgramBuild {
 pub struct LoadOptions {
     /// Interface name, in the caller's network namespace.
     pub iface: String,
-    /// Attach mode (default native).
-    pub mode: XdpMode,
+    /// Attach mode. `None` (the default) tries native and, when the driver has no native XDP
+    /// (a bridge, a bond, many virtual devices), attaches in generic mode, as `ip link set
+    /// ... xdp` does; `Some` takes that mode or fails.
+    pub mode: Option<XdpMode>,
     /// Forced build; `None` chooses by MTU ([`ProgramBuild::for_mtu`]), and falls back to the
     /// frags build when the driver refuses the plain one for its MTU (on veth, when the
     /// peer's MTU is larger than ours).
@@ -236,18 +238,18 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    /// Native mode, build chosen by MTU.
+    /// Native mode where the driver has it, else generic; build chosen by MTU.
     pub fn new(iface: &str) -> LoadOptions {
         LoadOptions {
             iface: iface.to_string(),
-            mode: XdpMode::default(),
+            mode: None,
             build: None,
         }
     }
 
-    /// Sets the attach mode.
+    /// Takes this attach mode only.
     pub fn with_mode(mut self, mode: XdpMode) -> LoadOptions {
-        self.mode = mode;
+        self.mode = Some(mode);
         self
     }
 
@@ -426,28 +428,58 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
         Some(build) => build,
         None => ProgramBuild::for_mtu(link.mtu),
     };
-    match load_and_pin(opts, &link, &dir, build) {
+    match load_in_mode(
+        opts,
+        opts.mode.unwrap_or(XdpMode::Native),
+        &link,
+        &dir,
+        build,
+    ) {
+        // No native XDP in this driver (a bridge, a bond, a tun device): generic mode runs
+        // the same program on every driver, after the kernel has built the skb.
+        Err(XdpError::ModeNotSupported { .. }) if opts.mode.is_none() => {
+            log::info!("{iface}: the driver has no native XDP, attaching in generic mode");
+            load_in_mode(opts, XdpMode::Generic, &link, &dir, build)
+        }
+        result => result,
+    }
+}
+
+/// Loads in `mode`, with the build `build` or, when that was chosen by MTU and the driver's
+/// limit is lower, the frags build.
+fn load_in_mode(
+    opts: &LoadOptions,
+    mode: XdpMode,
+    link: &rtnl::Link,
+    dir: &Path,
+    build: ProgramBuild,
+) -> Result<LoadOutcome, XdpError> {
+    match load_and_pin(&opts.iface, mode, link, dir, build) {
         // Chosen by our MTU, but the driver's limit is lower (on veth: the peer's MTU is
         // larger than ours). The frags build fits any MTU.
         Err(XdpError::MtuTooLarge { .. })
             if opts.build.is_none() && build == ProgramBuild::Plain =>
         {
-            log::info!("{iface}: the plain build does not fit, loading the frags build");
-            load_and_pin(opts, &link, &dir, ProgramBuild::Frags)
+            log::info!(
+                "{}: the plain build does not fit, loading the frags build",
+                opts.iface
+            );
+            load_and_pin(&opts.iface, mode, link, dir, ProgramBuild::Frags)
         }
         result => result,
     }
 }
 
 fn load_and_pin(
-    opts: &LoadOptions,
+    iface: &str,
+    mode: XdpMode,
     link: &rtnl::Link,
     dir: &Path,
     build: ProgramBuild,
 ) -> Result<LoadOutcome, XdpError> {
-    let ebpf = load_program(&opts.iface, build, None)?;
+    let ebpf = load_program(iface, build, None)?;
     std::fs::create_dir_all(dir).map_err(|e| pins::pin_io_error("creating", dir, e))?;
-    let result = attach_and_pin(opts, link, dir, &ebpf, build);
+    let result = attach_and_pin(iface, mode, link, dir, &ebpf, build);
     if result.is_err() {
         // Dropping the link fd (if any) detached the program; remove what was pinned.
         let _ = pins::remove_iface_dir(dir);
@@ -456,13 +488,13 @@ fn load_and_pin(
 }
 
 fn attach_and_pin(
-    opts: &LoadOptions,
+    iface: &str,
+    mode: XdpMode,
     link: &rtnl::Link,
     dir: &Path,
     ebpf: &aya::Ebpf,
     build: ProgramBuild,
 ) -> Result<LoadOutcome, XdpError> {
-    let iface = opts.iface.as_str();
     for name in [
         abi::XSKS_MAP_NAME,
         abi::COUNTERS_MAP_NAME,
@@ -479,8 +511,8 @@ fn attach_and_pin(
     let prog_fd = program_fd(ebpf, iface, build)?;
     sys::obj_pin(prog_fd.as_fd(), &dir.join(pins::PROG_PIN))
         .map_err(|e| XdpError::kernel(iface, "pinning the XDP program", e))?;
-    let link_fd = sys::xdp_link_create(prog_fd.as_fd(), link.ifindex, opts.mode.flags())
-        .map_err(|e| attach_error(opts, link, build, e))?;
+    let link_fd = sys::xdp_link_create(prog_fd.as_fd(), link.ifindex, mode.flags())
+        .map_err(|e| attach_error(iface, mode, link, build, e))?;
     sys::obj_pin(link_fd.as_fd(), &dir.join(pins::LINK_PIN))
         .map_err(|e| XdpError::kernel(iface, "pinning the XDP link", e))?;
     let info: sys::LinkInfo = sys::obj_info(link_fd.as_fd())
@@ -488,7 +520,7 @@ fn attach_and_pin(
     log::info!(
         "attached {} ({build}, {}) to {iface}: prog id {}, link id {}",
         build.program_name(),
-        opts.mode,
+        mode,
         info.prog_id,
         info.id
     );
@@ -496,7 +528,7 @@ fn attach_and_pin(
         iface: iface.to_string(),
         ifindex: link.ifindex,
         build,
-        mode: opts.mode,
+        mode,
         prog_id: info.prog_id,
         link_id: info.id,
         pin_dir: dir.to_path_buf(),
@@ -505,12 +537,12 @@ fn attach_and_pin(
 
 /// Turns a `BPF_LINK_CREATE` failure into the error the user needs.
 fn attach_error(
-    opts: &LoadOptions,
+    iface: &str,
+    mode: XdpMode,
     link: &rtnl::Link,
     build: ProgramBuild,
     err: io::Error,
 ) -> XdpError {
-    let iface = opts.iface.as_str();
     match err.raw_os_error() {
         Some(libc::EBUSY) | Some(libc::EEXIST) => {
             // Someone attached a program (or a link) between our check and the attach, or in
@@ -528,7 +560,7 @@ fn attach_error(
                     iface: iface.to_string(),
                     prog_id: 0,
                     name: None,
-                    mode: opts.mode.into(),
+                    mode: mode.into(),
                 },
             }
         }
@@ -541,13 +573,13 @@ fn attach_error(
         // 524 is the kernel-internal ENOTSUPP, which leaks out of some drivers.
         Some(libc::EOPNOTSUPP) | Some(524) => XdpError::ModeNotSupported {
             iface: iface.to_string(),
-            mode: opts.mode,
+            mode,
             build,
             source: err,
         },
         _ => XdpError::kernel(
             iface,
-            format!("attaching the {build} XDP program in {} mode", opts.mode),
+            format!("attaching the {build} XDP program in {mode} mode"),
             err,
         ),
     }
