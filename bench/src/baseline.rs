@@ -62,8 +62,23 @@ const TCP_PORT: u16 = 7003;
 
 // ---------------------------------------------------------------- kernel UDP
 
-/// `count` round trips of `payload`-byte datagrams, echoed by a socket in namespace 1
-/// (blocking receives on both ends, as an application would).
+/// The largest piece of a message one frame or datagram of the baselines carries: a 4096 path
+/// MTU's payload. A larger message goes as several, as RoCE segments it (and as a 64 KiB
+/// message must over UDP, whose datagrams end below 64 KiB).
+pub const MAX_PIECE: usize = 4096;
+
+/// `payload`'s pieces of at most [`MAX_PIECE`] bytes, in order.
+fn pieces(payload: usize) -> Vec<usize> {
+    let mut v = vec![MAX_PIECE; payload / MAX_PIECE];
+    if payload % MAX_PIECE != 0 || payload == 0 {
+        v.push(payload % MAX_PIECE);
+    }
+    v
+}
+
+/// `count` round trips of `payload`-byte messages (datagrams of at most [`MAX_PIECE`] bytes,
+/// each echoed on arrival) to a socket in namespace 1; blocking receives on both ends, as an
+/// application would. A round trip ends when every datagram of the message came back.
 pub fn udp_pingpong(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
     let (a, b) = (pair.ipv4(0), pair.ipv4(1));
     let stop = Arc::new(AtomicBool::new(false));
@@ -85,14 +100,23 @@ pub fn udp_pingpong(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip
         let s = UdpSocket::bind((a, 0)).expect("bind");
         s.connect((b, UDP_PORT)).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(1))).ok();
-        let msg = vec![7u8; payload];
+        let datagrams = pieces(payload);
+        let msg = vec![7u8; MAX_PIECE];
         let mut buf = vec![0u8; 65536];
         let mut rtts = Vec::with_capacity(count);
-        for _ in 0..count {
+        'turns: for _ in 0..count {
             let t = Instant::now();
-            s.send(&msg).expect("send");
-            if s.recv(&mut buf).is_err() {
-                continue; // a lost datagram: no sample
+            for &len in &datagrams {
+                s.send(&msg[..len]).expect("send");
+            }
+            for _ in &datagrams {
+                if s.recv(&mut buf).is_err() {
+                    // A lost datagram: no sample. Stragglers of this turn are dropped.
+                    s.set_read_timeout(Some(Duration::from_millis(10))).ok();
+                    while s.recv(&mut buf).is_ok() {}
+                    s.set_read_timeout(Some(Duration::from_secs(1))).ok();
+                    continue 'turns;
+                }
             }
             rtts.push(t.elapsed().as_secs_f64() * 1e6);
         }
@@ -323,8 +347,9 @@ pub fn xsk_pingpong_turns(
     RoundTrip::from_samples(rtts)
 }
 
-/// What one turn of a raw ping-pong sends: the message (`payload` bytes of UDP payload), then
-/// `frames - 1` ACK-sized frames, all in one kick.
+/// What one turn of a raw ping-pong sends: the message (`payload` bytes of UDP payload, in
+/// frames of at most [`MAX_PIECE`] bytes), then `frames - 1` ACK-sized frames, all in one
+/// kick. (`frames` counts a message of one frame: 2 is RC's answer and ACK.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PingTurn {
     pub payload: usize,
@@ -333,26 +358,32 @@ pub struct PingTurn {
 
 /// Ready-made frames of a turn, from `own` to `peer`.
 struct TurnFrames {
-    message: Vec<u8>,
+    message: Vec<Vec<u8>>,
     ack: Vec<u8>,
-    frames: usize,
+    acks: usize,
 }
 
 impl TurnFrames {
     fn new(end: &RawEnd, own: Ipv4Addr, peer: Ipv4Addr, turn: PingTurn) -> Self {
         TurnFrames {
-            message: udp_frame(end.mac, end.peer_mac, own, peer, turn.payload),
+            message: pieces(turn.payload)
+                .into_iter()
+                .map(|len| udp_frame(end.mac, end.peer_mac, own, peer, len))
+                .collect(),
             ack: udp_frame(end.mac, end.peer_mac, own, peer, ACK_PAYLOAD),
-            frames: turn.frames.max(1),
+            acks: turn.frames.max(1) - 1,
         }
     }
 
+    /// Frames in a turn.
+    fn frames(&self) -> usize {
+        self.message.len() + self.acks
+    }
+
     fn send(&self, end: &mut RawEnd) {
-        while !end.sock.send(&self.message) {
-            let _ = end.sock.flush();
-        }
-        for _ in 1..self.frames {
-            while !end.sock.send(&self.ack) {
+        let acks = std::iter::repeat_n(&self.ack, self.acks);
+        for frame in self.message.iter().chain(acks) {
+            while !end.sock.send(frame) {
                 let _ = end.sock.flush();
             }
         }
@@ -370,7 +401,7 @@ pub struct EchoLimits {
 }
 
 /// The answering end of a raw ping-pong on its own: busy-polls `iface` and answers every
-/// `turn.frames` frames with a turn of its own to `peer`, until `stop` is set or `limits`
+/// turn's worth of frames with a turn of its own to `peer`, until `stop` is set or `limits`
 /// say so. `ready` runs once the socket takes frames. Returns how many turns it answered.
 /// Needs xroce's XDP program on `iface`.
 pub fn xsk_echo(
@@ -399,8 +430,8 @@ pub fn xsk_echo(
                 return Err(format!("no frame from {peer} within {:?}", l.wait));
             }
         }
-        while got >= reply.frames {
-            got -= reply.frames;
+        while got >= reply.frames() {
+            got -= reply.frames();
             reply.send(&mut end);
             answered += 1;
         }
@@ -425,8 +456,8 @@ pub fn xsk_ping(
         let t = Instant::now();
         ping.send(&mut end);
         let mut got = 0;
-        while got < ping.frames {
-            end.sock.recv(ping.frames - got, &mut |_| got += 1);
+        while got < ping.frames() {
+            end.sock.recv(ping.frames() - got, &mut |_| got += 1);
             if t.elapsed() > Duration::from_secs(1) {
                 // Lost: no sample. Let stragglers of this turn arrive and drop them.
                 std::thread::sleep(Duration::from_millis(10));
@@ -661,6 +692,15 @@ impl Counter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_split_into_pieces_of_a_4096_path_mtu() {
+        assert_eq!(pieces(64), [64]);
+        assert_eq!(pieces(4096), [4096]);
+        assert_eq!(pieces(5000), [4096, 904]);
+        assert_eq!(pieces(65536), [4096; 16]);
+        assert_eq!(pieces(0), [0], "an empty message is still a frame");
+    }
 
     #[test]
     fn percentiles_of_samples() {

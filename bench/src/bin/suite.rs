@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use xroce_bench::baseline::{self, RoundTrip, Sink};
 use xroce_bench::paired::{self, Paired};
 use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, XrocePair, DEV};
-use xroce_bench::report::{size_text, Goal, Kind, Report, Row};
+use xroce_bench::report::{number, size_text, Goal, Kind, Report, Row};
 use xroce_bench::{guests, plot};
 
 struct Options {
@@ -123,12 +123,12 @@ fn main() {
         p99: paired::median(rts.iter().map(|t| t.p99).collect()).unwrap_or(f64::NAN),
     };
     for (method, rt) in [
-        ("raw AF_XDP (busy-polled)", median_rt(&b2b.raw_one_frame)),
+        (RAW_ONE_WAY, median_rt(&b2b.raw_one_frame)),
         (RAW_TWO_FRAMES, median_rt(&b2b.raw_two_frames)),
         ("kernel UDP", udp_rt),
         ("kernel TCP", tcp_rt),
     ] {
-        r.rows.push(one_way(LAT, method, rt));
+        r.rows.push(one_way(LAT, 64, method, rt));
     }
     let raw_median = |streams: &[baseline::Stream], of: fn(&baseline::Stream) -> f64| {
         paired::median(streams.iter().map(of).collect()).unwrap_or(f64::NAN)
@@ -176,6 +176,33 @@ fn main() {
     } else {
         &[64, 4096, 65536]
     };
+    // The larger messages' ping-pong over the baselines: raw AF_XDP in frames of up to 4096
+    // bytes (16 for 64 KiB, in one kick), kernel UDP in datagrams of up to 4096 bytes, kernel
+    // TCP in one write. Measured once each (no goal compares with them).
+    let mut bigger_baselines = Vec::new();
+    for &size in lat_sizes.iter().filter(|&&s| s > 64) {
+        p.say(&format!(
+            "baselines: {} ping-pong over raw AF_XDP, kernel UDP and kernel TCP",
+            size_text(size)
+        ));
+        let turns = if size >= 65536 { pings / 10 } else { pings };
+        let raw = baseline::xsk_pingpong(&x.pair, size as usize, turns);
+        for (method, rt) in [
+            (RAW_ONE_WAY, raw),
+            (
+                "kernel UDP",
+                baseline::udp_pingpong(&x.pair, size as usize, turns),
+            ),
+            (
+                "kernel TCP",
+                baseline::tcp_pingpong(&x.pair, size as usize, turns),
+            ),
+        ] {
+            r.rows.push(one_way(LAT, size, method, rt));
+        }
+        bigger_baselines.push((size, raw.p50 / 2.0));
+    }
+    let mut send_lat_by_size = Vec::new();
     for program in ["ib_send_lat", "ib_write_lat", "ib_read_lat"] {
         for &size in lat_sizes {
             let measured = if program == "ib_send_lat" && size == 64 {
@@ -188,6 +215,9 @@ fn main() {
                 median_latency(&x, &mut r, program, &args, lat_runs)
             };
             if let Some(l) = measured {
+                if program == "ib_send_lat" {
+                    send_lat_by_size.push((size, l.typical));
+                }
                 r.rows.push(Row {
                     p99: Some(l.p99),
                     ..Row::new(LAT, program, size, "xroce", Kind::LatencyUs, l.typical)
@@ -218,6 +248,27 @@ fn main() {
         "xroce latencies: the run with the median p50 of {lat_runs} runs per size (64 B \
          ib_send_lat over RC: of the {rounds} back-to-back rounds)"
     ));
+    let larger: Vec<String> = bigger_baselines
+        .iter()
+        .filter_map(|&(size, raw_one_way)| {
+            let (_, xroce) = send_lat_by_size.iter().find(|(s, _)| *s == size)?;
+            Some(format!(
+                "{}: {:.2}× ({} / {} µs)",
+                size_text(size),
+                xroce / raw_one_way,
+                number(*xroce),
+                number(raw_one_way)
+            ))
+        })
+        .collect();
+    if !larger.is_empty() {
+        r.notes.push(format!(
+            "ib_send_lat over RC as a multiple of raw AF_XDP's one-way time for the same \
+             message (in frames of up to 4096 bytes, sent together, and no ACK), measured \
+             once each: {}",
+            larger.join("; ")
+        ));
+    }
 
     let bw_sizes: &[u64] = if opts.quick {
         &[64, 65536]
@@ -382,7 +433,50 @@ fn main() {
     // ---------------------------------------------------------------- netdev MTU 1500
     p.say("namespaces at MTU 1500");
     let x = XrocePair::new("xrperf", 1500, &bin_dir).unwrap_or_else(|e| fail("set-up", e));
-    bandwidth(&x, &mut r, BW1024, bw_sizes, secs, &[], &p);
+    let _ = x
+        .pair
+        .exec(0, &format!("ping -c 1 -W 1 {}", x.pair.ipv4(1)));
+    // The baselines of path MTU 1024: frames and datagrams of 1 KiB, what a path MTU of 1024
+    // puts in each frame.
+    p.say("baselines at MTU 1500: raw AF_XDP, kernel UDP and TCP");
+    let raw_1k = baseline::xsk_stream(&x.pair, 1024, stream_for, Sink::Counting);
+    for (test, size, method, mb) in [
+        ("1 KiB frames", 1024, "raw AF_XDP", raw_1k.mb_per_s),
+        (
+            "1 KiB datagrams",
+            1024,
+            "kernel UDP",
+            baseline::udp_stream(&x.pair, 1024, stream_for).mb_per_s,
+        ),
+        (
+            "64 KiB writes",
+            65536,
+            "kernel TCP",
+            baseline::tcp_stream(&x.pair, 65536, stream_for).mb_per_s,
+        ),
+    ] {
+        r.rows.push(Row::new(
+            BW1024,
+            test,
+            size,
+            method,
+            Kind::MegabytesPerSecond,
+            mb,
+        ));
+    }
+    let at_1024 = bandwidth(&x, &mut r, BW1024, bw_sizes, secs, &[], &p);
+    if let Some((_, l)) = at_1024
+        .iter()
+        .find(|(program, l)| *program == "ib_write_bw" && l.size == 65536)
+    {
+        r.notes.push(format!(
+            "Path MTU 1024: ib_write_bw 64 KiB is {:.2}× raw AF_XDP's stream of 1 KiB frames \
+             ({} / {} MB/s, measured once each, minutes apart)",
+            l.mb_per_s / raw_1k.mb_per_s,
+            number(l.mb_per_s),
+            number(raw_1k.mb_per_s)
+        ));
+    }
     drop(x);
 
     // ---------------------------------------------------------------- guests
@@ -476,7 +570,7 @@ fn main() {
                 match &c.raw_one_way_us {
                     Ok(raw) => {
                         for (method, t) in [
-                            ("raw AF_XDP (busy-polled)", raw.one_frame),
+                            (RAW_ONE_WAY, raw.one_frame),
                             (RAW_TWO_FRAMES, raw.two_frames),
                         ] {
                             r.rows.push(Row::new(
@@ -751,17 +845,19 @@ fn back_to_back(
 /// A baseline's round trip as one-way latency (half), like perftest's SEND/WRITE numbers.
 /// The raw AF_XDP ping-pong that sends what an RC turn needs: the message and an ACK-sized
 /// frame in one kick (see `baseline::xsk_pingpong_turns`).
+/// Raw AF_XDP's ping-pong, one message (and no ACK) per turn.
+const RAW_ONE_WAY: &str = "raw AF_XDP (busy-polled)";
 const RAW_TWO_FRAMES: &str = "raw AF_XDP, 2 frames per turn (RC's answer + ACK)";
 /// The raw AF_XDP stream whose receiver reads each frame as a RoCE receiver must.
 const RAW_READING: &str = "raw AF_XDP, receiver reads each frame (CRC-32 + copy)";
 
-fn one_way(section: &str, method: &str, rt: RoundTrip) -> Row {
+fn one_way(section: &str, size: u64, method: &str, rt: RoundTrip) -> Row {
     Row {
         p99: Some(rt.p99 / 2.0),
         ..Row::new(
             section,
-            "64 B ping-pong, one way",
-            64,
+            &format!("{} ping-pong, one way", size_text(size)),
+            size,
             method,
             Kind::LatencyUs,
             rt.p50 / 2.0,
