@@ -391,6 +391,16 @@ impl TurnFrames {
     }
 }
 
+/// A pause within a turn's frames that means the rest were lost: far longer than a turn
+/// takes to arrive (microseconds here, a few milliseconds under emulation), far shorter than
+/// the second [`xsk_ping`] waits before it gives a turn up.
+const TURN_GAP: Duration = Duration::from_millis(100);
+
+/// Turns lost in a row after which [`xsk_ping`] stops: the path does not carry its frames
+/// (a frame larger than the socket sends, say), and waiting a second for each would take
+/// hours.
+const LOST_IN_A_ROW: usize = 10;
+
 /// When [`xsk_echo`] gives up on its own (besides its stop flag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EchoLimits {
@@ -422,6 +432,11 @@ pub fn xsk_echo(
     while !stop.load(Ordering::Relaxed) {
         if end.sock.recv(64, &mut |_| got += 1) > 0 {
             last = Instant::now();
+        } else if got > 0 && last.elapsed() > TURN_GAP {
+            // Part of a turn, then nothing for longer than a turn takes: the rest was lost,
+            // and the asking end has given up on it. Counting on would answer the next turn
+            // after its first frames.
+            got = 0;
         } else if let Some(l) = limits {
             if answered > 0 && last.elapsed() > l.quiet {
                 break;
@@ -452,6 +467,7 @@ pub fn xsk_ping(
     let mut end = try_raw_end(iface, peer)?;
     let ping = TurnFrames::new(&end, own, peer, turn);
     let mut rtts = Vec::with_capacity(count);
+    let mut lost_in_a_row = 0;
     'pings: for _ in 0..count {
         let t = Instant::now();
         ping.send(&mut end);
@@ -460,11 +476,20 @@ pub fn xsk_ping(
             end.sock.recv(ping.frames() - got, &mut |_| got += 1);
             if t.elapsed() > Duration::from_secs(1) {
                 // Lost: no sample. Let stragglers of this turn arrive and drop them.
+                lost_in_a_row += 1;
+                if lost_in_a_row == LOST_IN_A_ROW {
+                    return Err(format!(
+                        "{LOST_IN_A_ROW} turns in a row unanswered ({} bytes in {} frames each)",
+                        turn.payload,
+                        ping.frames()
+                    ));
+                }
                 std::thread::sleep(Duration::from_millis(10));
                 while end.sock.recv(64, &mut |_| {}) > 0 {}
                 continue 'pings;
             }
         }
+        lost_in_a_row = 0;
         rtts.push(t.elapsed().as_secs_f64() * 1e6);
     }
     Ok(rtts)

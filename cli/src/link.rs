@@ -21,15 +21,17 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> ExitCode {
     };
     // The link exists now whatever happens to the output (a closed pipe must not panic).
     let mut out = io::stdout().lock();
-    // Generic mode nobody asked for: the driver has no native XDP. Say so, since it costs
-    // speed and rules out zero-copy.
-    let why = if mode.is_none()
-        && attachment.mode == XdpMode::Generic
-        && matches!(added.xdp, LoadOutcome::Loaded(_))
-    {
-        "; the driver has no native XDP"
-    } else {
-        ""
+    // Generic mode nobody asked for: the kernel picks it when the driver has no native XDP.
+    // Say so, since it costs speed and rules out zero-copy. And a program already attached
+    // keeps its mode whatever was asked.
+    let why = match (mode, &added.xdp) {
+        (None, LoadOutcome::Loaded(a)) if a.mode == XdpMode::Generic => {
+            "; the driver has no native XDP".to_string()
+        }
+        (Some(asked), LoadOutcome::AlreadyLoaded(a)) if a.mode != asked => {
+            format!("; not {asked} as asked: `xroce link del {name}` unloads it, then add again")
+        }
+        _ => String::new(),
     };
     let _ = writeln!(
         out,

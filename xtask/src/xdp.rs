@@ -104,7 +104,7 @@ fn load(opts: &LoadOptions) -> Result<(), String> {
                 a.prog_id,
                 a.link_id
             );
-            let mode_differs = a.mode != opts.mode;
+            let mode_differs = opts.mode.is_some_and(|m| m != a.mode);
             let build_differs = opts.build.is_some_and(|b| b != a.build);
             if mode_differs || build_differs {
                 println!(

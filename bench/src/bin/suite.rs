@@ -19,6 +19,7 @@ use xroce_bench::paired::{self, Paired};
 use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, XrocePair, DEV};
 use xroce_bench::report::{number, size_text, Goal, Kind, Report, Row};
 use xroce_bench::{guests, plot};
+use xroce_datapath::afxdp;
 
 struct Options {
     quick: bool,
@@ -186,21 +187,32 @@ fn main() {
             size_text(size)
         ));
         let turns = if size >= 65536 { pings / 10 } else { pings };
-        let raw = baseline::xsk_pingpong(&x.pair, size as usize, turns);
+        // A 4096-byte piece's frame takes two UMEM descriptors: AF_XDP multi-buffer.
+        let raw = afxdp::kernel_supports_multi_buffer()
+            .then(|| baseline::xsk_pingpong(&x.pair, size as usize, turns));
         for (method, rt) in [
             (RAW_ONE_WAY, raw),
             (
                 "kernel UDP",
-                baseline::udp_pingpong(&x.pair, size as usize, turns),
+                Some(baseline::udp_pingpong(&x.pair, size as usize, turns)),
             ),
             (
                 "kernel TCP",
-                baseline::tcp_pingpong(&x.pair, size as usize, turns),
+                Some(baseline::tcp_pingpong(&x.pair, size as usize, turns)),
             ),
         ] {
-            r.rows.push(one_way(LAT, size, method, rt));
+            if let Some(rt) = rt {
+                r.rows.push(one_way(LAT, size, method, rt));
+            }
         }
-        bigger_baselines.push((size, raw.p50 / 2.0));
+        match raw {
+            Some(raw) => bigger_baselines.push((size, raw.p50 / 2.0)),
+            None => r.notes.push(format!(
+                "No raw AF_XDP ping-pong of {}: its 4096-byte frames need AF_XDP multi-buffer \
+                 (Linux 6.6 or newer)",
+                size_text(size)
+            )),
+        }
     }
     let mut send_lat_by_size = Vec::new();
     for program in ["ib_send_lat", "ib_write_lat", "ib_read_lat"] {
@@ -842,15 +854,15 @@ fn back_to_back(
     b
 }
 
-/// A baseline's round trip as one-way latency (half), like perftest's SEND/WRITE numbers.
-/// The raw AF_XDP ping-pong that sends what an RC turn needs: the message and an ACK-sized
-/// frame in one kick (see `baseline::xsk_pingpong_turns`).
 /// Raw AF_XDP's ping-pong, one message (and no ACK) per turn.
 const RAW_ONE_WAY: &str = "raw AF_XDP (busy-polled)";
+/// The raw AF_XDP ping-pong that sends what an RC turn needs: the message and an ACK-sized
+/// frame in one kick (see `baseline::xsk_pingpong_turns`).
 const RAW_TWO_FRAMES: &str = "raw AF_XDP, 2 frames per turn (RC's answer + ACK)";
 /// The raw AF_XDP stream whose receiver reads each frame as a RoCE receiver must.
 const RAW_READING: &str = "raw AF_XDP, receiver reads each frame (CRC-32 + copy)";
 
+/// A baseline's round trip as one-way latency (half), like perftest's SEND/WRITE numbers.
 fn one_way(section: &str, size: u64, method: &str, rt: RoundTrip) -> Row {
     Row {
         p99: Some(rt.p99 / 2.0),

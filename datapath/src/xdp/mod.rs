@@ -227,9 +227,9 @@ impl FromStr for ProgramBuild {
 pub struct LoadOptions {
     /// Interface name, in the caller's network namespace.
     pub iface: String,
-    /// Attach mode. `None` (the default) tries native and, when the driver has no native XDP
-    /// (a bridge, a bond, many virtual devices), attaches in generic mode, as `ip link set
-    /// ... xdp` does; `Some` takes that mode or fails.
+    /// Attach mode. `None` (the default) leaves it to the kernel, as `ip link set ... xdp`
+    /// does: native where the driver implements XDP, generic where it does not (a bridge,
+    /// many virtual devices). `Some` takes that mode or fails.
     pub mode: Option<XdpMode>,
     /// Forced build; `None` chooses by MTU ([`ProgramBuild::for_mtu`]), and falls back to the
     /// frags build when the driver refuses the plain one for its MTU (on veth, when the
@@ -238,7 +238,8 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    /// Native mode where the driver has it, else generic; build chosen by MTU.
+    /// The kernel's choice of mode (native where the driver implements XDP); build chosen by
+    /// MTU.
     pub fn new(iface: &str) -> LoadOptions {
         LoadOptions {
             iface: iface.to_string(),
@@ -428,43 +429,14 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
         Some(build) => build,
         None => ProgramBuild::for_mtu(link.mtu),
     };
-    match load_in_mode(
-        opts,
-        opts.mode.unwrap_or(XdpMode::Native),
-        &link,
-        &dir,
-        build,
-    ) {
-        // No native XDP in this driver (a bridge, a bond, a tun device): generic mode runs
-        // the same program on every driver, after the kernel has built the skb.
-        Err(XdpError::ModeNotSupported { .. }) if opts.mode.is_none() => {
-            log::info!("{iface}: the driver has no native XDP, attaching in generic mode");
-            load_in_mode(opts, XdpMode::Generic, &link, &dir, build)
-        }
-        result => result,
-    }
-}
-
-/// Loads in `mode`, with the build `build` or, when that was chosen by MTU and the driver's
-/// limit is lower, the frags build.
-fn load_in_mode(
-    opts: &LoadOptions,
-    mode: XdpMode,
-    link: &rtnl::Link,
-    dir: &Path,
-    build: ProgramBuild,
-) -> Result<LoadOutcome, XdpError> {
-    match load_and_pin(&opts.iface, mode, link, dir, build) {
+    match load_and_pin(iface, opts.mode, &link, &dir, build) {
         // Chosen by our MTU, but the driver's limit is lower (on veth: the peer's MTU is
         // larger than ours). The frags build fits any MTU.
         Err(XdpError::MtuTooLarge { .. })
             if opts.build.is_none() && build == ProgramBuild::Plain =>
         {
-            log::info!(
-                "{}: the plain build does not fit, loading the frags build",
-                opts.iface
-            );
-            load_and_pin(&opts.iface, mode, link, dir, ProgramBuild::Frags)
+            log::info!("{iface}: the plain build does not fit, loading the frags build");
+            load_and_pin(iface, opts.mode, &link, &dir, ProgramBuild::Frags)
         }
         result => result,
     }
@@ -472,7 +444,7 @@ fn load_in_mode(
 
 fn load_and_pin(
     iface: &str,
-    mode: XdpMode,
+    mode: Option<XdpMode>,
     link: &rtnl::Link,
     dir: &Path,
     build: ProgramBuild,
@@ -487,9 +459,11 @@ fn load_and_pin(
     result
 }
 
+/// Attaches in `mode`, or (`None`) in the mode the kernel picks: native when the driver
+/// implements XDP, generic when it does not (`dev_xdp_mode`).
 fn attach_and_pin(
     iface: &str,
-    mode: XdpMode,
+    mode: Option<XdpMode>,
     link: &rtnl::Link,
     dir: &Path,
     ebpf: &aya::Ebpf,
@@ -511,12 +485,19 @@ fn attach_and_pin(
     let prog_fd = program_fd(ebpf, iface, build)?;
     sys::obj_pin(prog_fd.as_fd(), &dir.join(pins::PROG_PIN))
         .map_err(|e| XdpError::kernel(iface, "pinning the XDP program", e))?;
-    let link_fd = sys::xdp_link_create(prog_fd.as_fd(), link.ifindex, mode.flags())
-        .map_err(|e| attach_error(iface, mode, link, build, e))?;
+    let flags = mode.map_or(0, XdpMode::flags);
+    // Left to choose, the kernel tries native wherever the driver implements XDP; a refusal
+    // is native's.
+    let link_fd = sys::xdp_link_create(prog_fd.as_fd(), link.ifindex, flags)
+        .map_err(|e| attach_error(iface, mode.unwrap_or(XdpMode::Native), link, build, e))?;
     sys::obj_pin(link_fd.as_fd(), &dir.join(pins::LINK_PIN))
         .map_err(|e| XdpError::kernel(iface, "pinning the XDP link", e))?;
     let info: sys::LinkInfo = sys::obj_info(link_fd.as_fd())
         .map_err(|e| XdpError::kernel(iface, "reading the XDP link", e))?;
+    let mode = match mode {
+        Some(mode) => mode,
+        None => attached_mode(iface, info.prog_id)?,
+    };
     log::info!(
         "attached {} ({build}, {}) to {iface}: prog id {}, link id {}",
         build.program_name(),
@@ -533,6 +514,24 @@ fn attach_and_pin(
         link_id: info.id,
         pin_dir: dir.to_path_buf(),
     }))
+}
+
+/// The mode program `prog_id` is attached to `iface` in, as rtnetlink reports it.
+fn attached_mode(iface: &str, prog_id: u32) -> Result<XdpMode, XdpError> {
+    let now = rtnl::link_by_name(iface)
+        .map_err(|e| XdpError::kernel(iface, "reading the interface after attaching", e))?;
+    match now {
+        Some(l) if l.drv_prog_id == prog_id => Ok(XdpMode::Native),
+        Some(l) if l.skb_prog_id == prog_id => Ok(XdpMode::Generic),
+        _ => Err(XdpError::kernel(
+            iface,
+            "finding the program just attached",
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "not attached in native or generic mode",
+            ),
+        )),
+    }
 }
 
 /// Turns a `BPF_LINK_CREATE` failure into the error the user needs.
