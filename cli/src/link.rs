@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use xroce_core::transport::PathMtu;
+use xroce_datapath::engine;
 use xroce_datapath::netlink::{self, Interface};
 use xroce_datapath::registry::{self, gid_ipv6, Link, RegistryError, GID_TABLE_LEN};
 use xroce_datapath::xdp::{self, LoadOutcome, UnloadOutcome, XdpError, XdpMode};
@@ -161,8 +162,23 @@ fn xdp_state(iface: &Interface) -> String {
         Some(_) => "queue 0: no socket bound".to_string(),
         None => "queue 0: socket unknown".to_string(),
     };
+    // Which process holds the device, when an engine left its note: the answer to "why does
+    // my program get EBUSY".
+    let mut holders: Vec<String> = Vec::new();
+    for &queue in ours.xsk_queues.as_deref().unwrap_or_default() {
+        if let Some(h) = engine::queue_holder(&iface.name, queue).map(|h| h.to_string()) {
+            if !holders.contains(&h) {
+                holders.push(h);
+            }
+        }
+    }
+    let held = if holders.is_empty() {
+        String::new()
+    } else {
+        format!(", in use by {}", holders.join(" and "))
+    };
     format!(
-        "attached ({}, {} build, program id {}); {sockets}",
+        "attached ({}, {} build, program id {}); {sockets}{held}",
         a.mode, a.build, a.prog_id
     )
 }

@@ -353,6 +353,11 @@ fn a_second_program_on_a_device_is_told_which_process_has_it() {
         .expect("start the first server");
     rig.wait_listening();
     let second = rig.run(0, &["ibv_rc_pingpong", "-g", "1", "-p", "18600"]);
+    // `xroce link show` names it too.
+    let mut show = rig.pair.command(0, &rig.xroce);
+    show.args(["link", "show", DEV]);
+    let show = run_bounded(show, Duration::from_secs(30)).expect("run xroce link show");
+    let shown = String::from_utf8_lossy(&show.stdout).into_owned();
     let _ = first.kill();
     let _ = first.wait();
     let stderr = String::from_utf8_lossy(&second.stderr);
@@ -365,6 +370,13 @@ fn a_second_program_on_a_device_is_told_which_process_has_it() {
             && stderr.contains("(ibv_rc_pingpong)")
             && stderr.contains("one RDMA process at a time"),
         "the error does not name the program in the way: {stderr}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "in use by process {} (ibv_rc_pingpong)",
+            first.id()
+        )),
+        "xroce link show does not name the program holding the device: {shown}"
     );
     let (s, c) = rig.server_client(&["ibv_rc_pingpong", "-g", "1", "-n", "100"]);
     assert!(s.contains("iters in") && c.contains("iters in"), "{s}\n{c}");

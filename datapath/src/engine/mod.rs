@@ -31,7 +31,7 @@ use xroce_core::wire::IpAddress;
 
 pub use addressing::{AddressingError, Applied, Neighbours};
 pub use memory::ProcessMemory;
-pub use queue_claim::QueueHolder;
+pub use queue_claim::{holder as queue_holder, QueueHolder};
 
 use crate::afxdp::{BindMode, QueueSet, XskConfig, XskError, XskSocket, RECEIVE_ONLY};
 use crate::netlink::core_address;

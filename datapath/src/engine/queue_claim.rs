@@ -84,8 +84,9 @@ fn remove_dead_notes(dir: &std::path::Path) {
     }
 }
 
-/// The process whose note says it holds `queue` of `iface`, if it still runs.
-pub(crate) fn holder(iface: &str, queue: u32) -> Option<QueueHolder> {
+/// The process whose note says it holds `queue` of `iface` (in the calling thread's network
+/// namespace), if it still runs.
+pub fn holder(iface: &str, queue: u32) -> Option<QueueHolder> {
     let (pid, started) = read_note(&note_path(iface, queue)?)?;
     if start_time(pid)? != started {
         return None;
