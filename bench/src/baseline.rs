@@ -54,6 +54,19 @@ pub struct Stream {
     pub mpps: f64,
     /// CPU the sending thread used while it sent.
     pub sender_cpu: CpuTime,
+    /// CPU both ends used (every thread of this process, the kernel's work in their system
+    /// calls included), from the receiver's start until it stopped: the stream, plus a busy
+    /// receiver's spinning for a moment before and 50 ms after.
+    pub both_ends_cpu: CpuTime,
+    /// Payload delivered, Gbit.
+    pub delivered_gbit: f64,
+}
+
+impl Stream {
+    /// Cores used per Gbit/s delivered (CPU seconds per Gbit), both ends.
+    pub fn cores_per_gbit_s(&self) -> f64 {
+        self.both_ends_cpu.total_s() / self.delivered_gbit
+    }
 }
 
 /// UDP port the socket baselines use (not 4791: the kernel's own stack carries them).
@@ -674,6 +687,8 @@ struct Counter {
     bytes: Arc<AtomicU64>,
     messages: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// This process's CPU time before the receiver started.
+    process_cpu_at_start: CpuTime,
 }
 
 impl Counter {
@@ -682,6 +697,7 @@ impl Counter {
             bytes: Arc::new(AtomicU64::new(0)),
             messages: Arc::new(AtomicU64::new(0)),
             stop: Arc::new(AtomicBool::new(false)),
+            process_cpu_at_start: CpuTime::process(),
         }
     }
 
@@ -710,6 +726,8 @@ impl Counter {
             mb_per_s: self.bytes.load(Ordering::Relaxed) as f64 / secs / 1e6,
             mpps: self.messages.load(Ordering::Relaxed) as f64 / secs / 1e6,
             sender_cpu,
+            both_ends_cpu: CpuTime::process().minus(self.process_cpu_at_start),
+            delivered_gbit: self.bytes.load(Ordering::Relaxed) as f64 * 8.0 / 1e9,
         }
     }
 }

@@ -383,6 +383,38 @@ fn main() {
         }
         Err(e) => r.notes.push(format!("CPU run failed: {e}")),
     }
+    // The baselines' streams, both ends (this process's threads) over the same kind of run.
+    let raw_cpu = paired::median(b2b.raw_4k.iter().map(|s| s.cores_per_gbit_s()).collect());
+    for (test, size, method, cores) in [
+        (
+            "4 KiB frames, both ends",
+            4096,
+            "raw AF_XDP",
+            raw_cpu.unwrap_or(f64::NAN),
+        ),
+        (
+            "4 KiB datagrams, both ends",
+            4096,
+            "kernel UDP",
+            udp_4k.cores_per_gbit_s(),
+        ),
+        (
+            "64 KiB writes, both ends",
+            65536,
+            "kernel TCP",
+            tcp_64k.cores_per_gbit_s(),
+        ),
+    ] {
+        r.rows
+            .push(Row::new(CPU, test, size, method, Kind::CoresPerGbps, cores));
+    }
+    r.notes.push(
+        "CPU per Gbit/s of the baselines: every thread of both ends from the receiver's start \
+         to its stop (raw AF_XDP's receiver busy-polls, as xroce's engine does while traffic \
+         flows; raw AF_XDP is the median of the back-to-back rounds); the kernel's work in the \
+         threads' system calls is included, on both sides, as it is for xroce."
+            .to_string(),
+    );
     // Idle cost and memory with connected QPs (qp_scale.c, compiled here).
     match compile_qp_scale() {
         Ok(prog) => {
