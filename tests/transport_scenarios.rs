@@ -3010,6 +3010,88 @@ fn a_qp_about_to_be_destroyed_acknowledges_its_last_request_once_more() {
     assert!(!sim.nodes[0].dev.queue_farewell_ack(ua.qpn));
 }
 
+/// A QP destroyed right after it executed its peer's last SEND, whose ACKs never arrived:
+/// destroyed plainly, nothing answers the peer's resends and its WQE ends in
+/// `RetryExcErr`; destroyed lingering, it answers the first resend with the ACK for the
+/// last request and the peer's WQE completes. Verbs see it gone at once, it executes
+/// nothing new, and once its time is up it answers nothing.
+#[test]
+fn a_destroyed_qp_lingers_to_answer_its_peers_resends() {
+    const LINGER: Nanos = 50_000_000;
+    for lingering in [false, true] {
+        let mut sim = Sim::new(43, 2, LinkConfig::default());
+        let opts = ConnectOptions {
+            retry_cnt: 3,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &opts);
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        // The responder's ACKs are lost; it executes the SEND all the same.
+        sim.drop_filter = Some(Box::new(|from, _| from == 1));
+        post_send_and_its_recv(&mut sim, (a, &src), (b, &dst), 1);
+        assert_eq!(wait_cq(&mut sim, 1, b.recv_cq, 1).len(), 1);
+        let r = if lingering {
+            sim.nodes[1]
+                .dev
+                .destroy_qp_lingering(b.qpn, sim.now + LINGER)
+        } else {
+            sim.nodes[1].dev.destroy_qp(b.qpn)
+        };
+        r.unwrap();
+        sim.drop_filter = None;
+        assert!(matches!(
+            sim.nodes[1].dev.query_qp(b.qpn),
+            Err(VerbsError::NoSuchObject(_))
+        ));
+        assert_eq!(sim.nodes[1].dev.lingering(sim.now), lingering);
+        let before = counters(&sim, 1);
+        let done = wait_cq(&mut sim, 0, a.send_cq, 1);
+        let after = counters(&sim, 1);
+        if lingering {
+            assert_eq!(done[0].status, WcStatus::Success, "{done:?}");
+            assert!(after.tx_responses > before.tx_responses, "{after:?}");
+            assert_eq!(after.unknown_qp, before.unknown_qp);
+        } else {
+            assert_eq!(done[0].status, WcStatus::RetryExcErr, "{done:?}");
+            assert!(after.unknown_qp > before.unknown_qp, "{after:?}");
+        }
+    }
+
+    // A new message to a lingering QP is not executed (nor answered), and the QP is forgotten
+    // once its time is up.
+    let mut sim = Sim::new(44, 2, LinkConfig::default());
+    let (a, b) = connect(
+        &mut sim,
+        0,
+        1,
+        &ConnectOptions {
+            retry_cnt: 1,
+            ..ConnectOptions::default()
+        },
+    );
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    post_send_and_its_recv(&mut sim, (a, &src), (b, &dst), 1);
+    assert_eq!(
+        wait_cq(&mut sim, 0, a.send_cq, 1)[0].status,
+        WcStatus::Success
+    );
+    sim.nodes[1]
+        .dev
+        .destroy_qp_lingering(b.qpn, sim.now + LINGER)
+        .unwrap();
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![sge(&src, 0, 100)]))
+        .unwrap();
+    let before = counters(&sim, 1);
+    let done = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(done[0].status, WcStatus::RetryExcErr, "{done:?}");
+    assert_eq!(counters(&sim, 1).tx_responses, before.tx_responses);
+    sim.now += 2 * LINGER;
+    assert!(!sim.nodes[1].dev.lingering(sim.now));
+}
+
 /// `mid_message` tells whether the newest packet to reach a QP leaves its message unfinished
 /// (the engine's progress thread then waits awake for the rest): true after the first and
 /// middle packets of a WRITE and of a READ response, false after their last packets, after an

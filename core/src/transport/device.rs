@@ -247,6 +247,11 @@ pub struct Device {
     mid_message: bool,
     /// See [`Self::fail`].
     failed: bool,
+    /// Destroyed RC QPs that still answer their peers' resends, each until its deadline (see
+    /// [`Self::destroy_qp_lingering`]). Out of `qps`, so no verb reaches them.
+    departed: HashMap<u32, (Qp, Nanos)>,
+    /// A departed QP has an ACK to send.
+    departed_pending: bool,
 }
 
 impl Device {
@@ -279,6 +284,8 @@ impl Device {
             answers_awaiting_acks: 0,
             mid_message: false,
             failed: false,
+            departed: HashMap::default(),
+            departed_pending: false,
         }
     }
 
@@ -567,7 +574,7 @@ impl Device {
             return Err(VerbsError::Invalid("max_inline_data above 512"));
         }
         let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) {
+        while self.qps.contains_key(&qpn) || self.departed.contains_key(&qpn) {
             qpn = next_qpn(qpn);
         }
         self.next_qpn = next_qpn(qpn);
@@ -590,7 +597,39 @@ impl Device {
     }
 
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
-        self.qps
+        self.remove_qp(qpn).map(drop)
+    }
+
+    /// [`Self::destroy_qp`], except that an RC QP that executed requests of a connected peer
+    /// goes on answering that peer's resends of them (SEND and WRITE packets behind the PSN
+    /// it expects) with the ACK for the last one, until `until`; nothing else reaches it and
+    /// it completes nothing. Verbs see it gone at once.
+    ///
+    /// rdma_rxe can be left resending its last message after its peer got it: its
+    /// retransmission timer fires on an old deadline while the message is in flight, and an
+    /// ACK arriving during the resend moves its `comp.psn` without completing the WQE (see
+    /// docs/decisions.md, "Why rdma_rxe retransmits on a clean path"). Only another ACK for
+    /// that PSN gets it out. The farewell ACK ([`Self::queue_farewell_ack`]) can arrive during
+    /// the same resend; an answer to the next resend cannot. With `retry_cnt` 7 (infinite in
+    /// rdma_rxe, and what the rdma-core examples set) a peer left unanswered resends forever.
+    pub fn destroy_qp_lingering(&mut self, qpn: u32, until: Nanos) -> Result<(), VerbsError> {
+        let qp = self.remove_qp(qpn)?;
+        if qp.executed_requests() && !self.failed {
+            self.departed.insert(qpn, (qp, until));
+        }
+        Ok(())
+    }
+
+    /// Whether a destroyed QP still answers resends at `now` (see
+    /// [`Self::destroy_qp_lingering`]); forgets those whose time is up.
+    pub fn lingering(&mut self, now: Nanos) -> bool {
+        self.departed.retain(|_, (_, until)| *until > now);
+        !self.departed.is_empty()
+    }
+
+    fn remove_qp(&mut self, qpn: u32) -> Result<Qp, VerbsError> {
+        let qp = self
+            .qps
             .remove(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
         // A destroyed QP leaves the ready list at once: QP numbers wrap, and a new QP given
@@ -599,7 +638,7 @@ impl Device {
             self.turn_sent = 0;
         }
         self.ready.retain(|&q| q != qpn);
-        Ok(())
+        Ok(qp)
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&Qp> {
@@ -818,6 +857,17 @@ impl Device {
         }
         let qpn = bth.dest_qpn;
         let Some(qp) = self.qps.get_mut(&qpn) else {
+            if let Some((qp, until)) = self.departed.get_mut(&qpn) {
+                if *until > now
+                    && info.transport == Transport::Rc
+                    && qp.attr.av.is_some_and(|av| av.dgid == h.ip.src_addr())
+                    && qp.is_resent_send_or_write(frame, info)
+                {
+                    qp.handle_request(&mut self.sh, host, frame);
+                    self.departed_pending = true;
+                    return;
+                }
+            }
             c.unknown_qp += 1;
             return;
         };
@@ -921,6 +971,14 @@ impl Device {
             self.ready.pop_front();
             self.turn_sent = 0;
         }
+        if self.departed_pending {
+            for (qp, _) in self.departed.values_mut() {
+                if let Some(t) = qp.next_response(&mut self.sh, host, buf) {
+                    return Some(t);
+                }
+            }
+            self.departed_pending = false;
+        }
         None
     }
 
@@ -972,6 +1030,7 @@ impl Device {
     /// round.
     pub fn has_work(&self, now: Nanos) -> bool {
         !self.ready.is_empty()
+            || self.departed_pending
             || self.timer_floor.is_some_and(|t| t <= now)
             || !self.sh.events.is_empty()
     }
@@ -987,6 +1046,7 @@ impl Device {
             return;
         }
         self.failed = true;
+        self.departed.clear();
         self.sh
             .events
             .push_back(Event::Async(AsyncEvent::DeviceFatal));

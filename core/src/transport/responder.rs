@@ -423,14 +423,28 @@ impl Qp {
     /// It is a frame of its own even when an ACK is still queued (the one an application
     /// that ends on a receive leaves held): that one may be the ACK arriving during a resend.
     pub(crate) fn queue_farewell_ack(&mut self) -> bool {
-        if self.ty != QpType::Rc
-            || !matches!(self.attr.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-            || self.resp.psn == self.attr.rq_psn
-        {
+        if !self.executed_requests() {
             return false;
         }
         self.resp.push_ack(psn::add(self.resp.psn, psn::MASK));
         true
+    }
+
+    /// Whether this RC QP executed a request of a connected peer: what it takes to answer
+    /// that peer's resends after it is destroyed (see `Device::destroy_qp_lingering`).
+    pub(crate) fn executed_requests(&self) -> bool {
+        self.ty == QpType::Rc
+            && matches!(self.attr.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            && self.resp.psn != self.attr.rq_psn
+    }
+
+    /// Whether `frame` is a resent SEND or WRITE packet of a request this QP executed, the
+    /// one kind of packet a destroyed QP still answers: with the ACK for the last request,
+    /// which touches no memory and completes nothing here.
+    pub(crate) fn is_resent_send_or_write(&self, frame: &RoceFrame<'_>, info: &OpcodeInfo) -> bool {
+        info.is_request()
+            && matches!(info.operation, Operation::Send | Operation::RdmaWrite)
+            && psn::diff(frame.headers.transport.bth.psn, self.resp.psn) < 0
     }
 
     /// A request whose PSN is behind the expected one.

@@ -606,7 +606,9 @@ impl Engine {
         if (st.dev.queue_farewell_ack(qpn) || st.deferred != Deferred::Nothing) && !st.io.failed {
             progress::send(&self.shared, st, self.shared.now());
         }
-        let r = st.dev.destroy_qp(qpn);
+        let r = st
+            .dev
+            .destroy_qp_lingering(qpn, self.shared.now() + LINGER_NS);
         drop(guard);
         self.shared.wake();
         r
@@ -964,6 +966,13 @@ impl Engine {
     }
 }
 
+/// How long a destroyed RC QP answers its peer's resends of the requests it executed (see
+/// `Device::destroy_qp_lingering`), and so how long closing a device can wait for that. A
+/// peer resends when its retransmission timer fires: rdma_rxe with `timeout` 14, which the
+/// rdma-core examples and perftest set, fires 67 ms after it armed the timer, at the latest
+/// 67 ms after the message the destroyed QP last executed.
+const LINGER_NS: u64 = 100_000_000;
+
 /// How long `poll_cq` holds ACKs for the application's answer while the application finds
 /// nothing to take. An answer comes within a microsecond or two of the completion it answers
 /// (`ib_send_lat` posts its reply right after its poll); a peer whose application waits for
@@ -1102,6 +1111,11 @@ impl Engine {
     pub fn stop(&self) {
         // ACKs an application's last poll left for later still go.
         self.send_deferred(&mut self.lock());
+        // QPs destroyed a moment ago answer their peers' resends for a while (see
+        // `Device::destroy_qp_lingering`); the progress thread does that, so it stays.
+        while self.lock().dev.lingering(self.shared.now()) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.sleeping.store(true, Ordering::SeqCst);
         self.shared.wake();
