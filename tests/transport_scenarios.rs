@@ -3034,7 +3034,7 @@ fn a_destroyed_qp_lingers_to_answer_its_peers_resends() {
         let r = if lingering {
             sim.nodes[1]
                 .dev
-                .destroy_qp_lingering(b.qpn, sim.now + LINGER)
+                .destroy_qp_lingering(b.qpn, sim.now, LINGER)
         } else {
             sim.nodes[1].dev.destroy_qp(b.qpn)
         };
@@ -3079,7 +3079,7 @@ fn a_destroyed_qp_lingers_to_answer_its_peers_resends() {
     );
     sim.nodes[1]
         .dev
-        .destroy_qp_lingering(b.qpn, sim.now + LINGER)
+        .destroy_qp_lingering(b.qpn, sim.now, LINGER)
         .unwrap();
     sim.nodes[0]
         .post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![sge(&src, 0, 100)]))

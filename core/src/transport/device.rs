@@ -612,10 +612,23 @@ impl Device {
     /// that PSN gets it out. The farewell ACK ([`Self::queue_farewell_ack`]) can arrive during
     /// the same resend; an answer to the next resend cannot. With `retry_cnt` 7 (infinite in
     /// rdma_rxe, and what the rdma-core examples set) a peer left unanswered resends forever.
-    pub fn destroy_qp_lingering(&mut self, qpn: u32, until: Nanos) -> Result<(), VerbsError> {
-        let qp = self.remove_qp(qpn)?;
+    ///
+    /// Only the QP's expected PSN, MSN, path and queued ACKs are kept (its queues are
+    /// dropped): nothing it does can reach memory, a receive WQE or a CQ. QPs whose time is
+    /// up are forgotten here and whenever a packet comes for one, so the aside holds only
+    /// those destroyed within the last `linger`.
+    pub fn destroy_qp_lingering(
+        &mut self,
+        qpn: u32,
+        now: Nanos,
+        linger: Nanos,
+    ) -> Result<(), VerbsError> {
+        let mut qp = self.remove_qp(qpn)?;
+        self.departed.retain(|_, (_, until)| *until > now);
         if qp.executed_requests() && !self.failed {
-            self.departed.insert(qpn, (qp, until));
+            // A farewell ACK the transmit ring had no room for still goes.
+            self.departed_pending |= qp.strip_for_departure();
+            self.departed.insert(qpn, (qp, now + linger));
         }
         Ok(())
     }
@@ -858,9 +871,19 @@ impl Device {
         let qpn = bth.dest_qpn;
         let Some(qp) = self.qps.get_mut(&qpn) else {
             if let Some((qp, until)) = self.departed.get_mut(&qpn) {
-                if *until > now
-                    && info.transport == Transport::Rc
-                    && qp.attr.av.is_some_and(|av| av.dgid == h.ip.src_addr())
+                if *until <= now {
+                    self.departed.remove(&qpn);
+                } else if info.transport == Transport::Rc
+                    && qp.attr.av.is_some_and(|av| {
+                        av.dgid == h.ip.src_addr()
+                            && self
+                                .sh
+                                .gids
+                                .get(usize::from(av.sgid_index))
+                                .copied()
+                                .flatten()
+                                == Some(dst)
+                    })
                     && qp.is_resent_send_or_write(frame, info)
                 {
                     qp.handle_request(&mut self.sh, host, frame);

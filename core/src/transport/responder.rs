@@ -438,6 +438,21 @@ impl Qp {
             && self.resp.psn != self.attr.rq_psn
     }
 
+    /// Leaves only what answering resends needs: the expected PSN and MSN, the path, and
+    /// queued ACKs. Work queues, the message being received, READ responses and the
+    /// responder's READ/atomic resources go, so nothing can reach memory, a receive WQE or
+    /// a CQ any more (see `Device::destroy_qp_lingering`). True when an ACK is still queued.
+    pub(crate) fn strip_for_departure(&mut self) -> bool {
+        self.sq.clear();
+        self.rq.clear();
+        self.resp.recv = None;
+        self.resp.cur = None;
+        self.resp.resources.clear();
+        self.resp.res_next = 0;
+        self.resp.out.retain(|o| matches!(o, Outbound::Ack { .. }));
+        !self.resp.out.is_empty()
+    }
+
     /// Whether `frame` is a resent SEND or WRITE packet of a request this QP executed, the
     /// one kind of packet a destroyed QP still answers: with the ACK for the last request,
     /// which touches no memory and completes nothing here.

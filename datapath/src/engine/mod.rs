@@ -606,9 +606,13 @@ impl Engine {
         if (st.dev.queue_farewell_ack(qpn) || st.deferred != Deferred::Nothing) && !st.io.failed {
             progress::send(&self.shared, st, self.shared.now());
         }
-        let r = st
-            .dev
-            .destroy_qp_lingering(qpn, self.shared.now() + LINGER_NS);
+        // Lingering needs the progress thread to answer; a stopped or failed engine has none.
+        let r = if st.io.failed || self.shared.stop.load(Ordering::SeqCst) {
+            st.dev.destroy_qp(qpn)
+        } else {
+            st.dev
+                .destroy_qp_lingering(qpn, self.shared.now(), LINGER_NS)
+        };
         drop(guard);
         self.shared.wake();
         r
@@ -1112,9 +1116,12 @@ impl Engine {
         // ACKs an application's last poll left for later still go.
         self.send_deferred(&mut self.lock());
         // QPs destroyed a moment ago answer their peers' resends for a while (see
-        // `Device::destroy_qp_lingering`); the progress thread does that, so it stays.
-        while self.lock().dev.lingering(self.shared.now()) {
-            std::thread::sleep(std::time::Duration::from_millis(2));
+        // `Device::destroy_qp_lingering`); the progress thread does that, so it stays. (Not
+        // after a first stop: there is no progress thread then.)
+        if !self.shared.stop.load(Ordering::SeqCst) {
+            while self.lock().dev.lingering(self.shared.now()) {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
         }
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.sleeping.store(true, Ordering::SeqCst);
