@@ -874,16 +874,7 @@ impl Device {
                 if *until <= now {
                     self.departed.remove(&qpn);
                 } else if info.transport == Transport::Rc
-                    && qp.attr.av.is_some_and(|av| {
-                        av.dgid == h.ip.src_addr()
-                            && self
-                                .sh
-                                .gids
-                                .get(usize::from(av.sgid_index))
-                                .copied()
-                                .flatten()
-                                == Some(dst)
-                    })
+                    && qp.hears_from(&self.sh.gids, h.ip.src_addr(), dst)
                     && qp.is_resent_send_or_write(frame, info)
                 {
                     qp.handle_request(&mut self.sh, host, frame);
@@ -904,12 +895,7 @@ impl Device {
         }
         if qp.ty != QpType::Ud {
             // A connected QP only hears from its peer, at the address it was given.
-            let gids = &self.sh.gids;
-            let ok = qp.attr.av.is_some_and(|av| {
-                av.dgid == h.ip.src_addr()
-                    && gids.get(usize::from(av.sgid_index)).copied().flatten() == Some(dst)
-            });
-            if !ok {
+            if !qp.hears_from(&self.sh.gids, h.ip.src_addr(), dst) {
                 c.wrong_address += 1;
                 return;
             }

@@ -220,6 +220,19 @@ pub struct Qp {
 pub const DEFAULT_TTL: u8 = 64;
 
 impl Qp {
+    /// Whether a packet from `src` to `dst` comes from this connected QP's peer, to the local
+    /// address its path was given (`gids` is the device's GID table).
+    pub(crate) fn hears_from(
+        &self,
+        gids: &[Option<IpAddress>],
+        src: IpAddress,
+        dst: IpAddress,
+    ) -> bool {
+        self.attr.av.is_some_and(|av| {
+            av.dgid == src && gids.get(usize::from(av.sgid_index)).copied().flatten() == Some(dst)
+        })
+    }
+
     pub(crate) fn new(qpn: u32, init: &QpInit) -> Self {
         Qp {
             qpn,

@@ -516,14 +516,24 @@ fn attach_and_pin(
     }))
 }
 
+/// The mode program `prog_id` is attached to `link` in, if it is attached there.
+fn mode_of(link: &rtnl::Link, prog_id: u32) -> Option<XdpMode> {
+    if link.drv_prog_id == prog_id {
+        Some(XdpMode::Native)
+    } else if link.skb_prog_id == prog_id {
+        Some(XdpMode::Generic)
+    } else {
+        None
+    }
+}
+
 /// The mode program `prog_id` is attached to `iface` in, as rtnetlink reports it.
 fn attached_mode(iface: &str, prog_id: u32) -> Result<XdpMode, XdpError> {
     let now = rtnl::link_by_name(iface)
         .map_err(|e| XdpError::kernel(iface, "reading the interface after attaching", e))?;
-    match now {
-        Some(l) if l.drv_prog_id == prog_id => Ok(XdpMode::Native),
-        Some(l) if l.skb_prog_id == prog_id => Ok(XdpMode::Generic),
-        _ => Err(XdpError::kernel(
+    match now.and_then(|l| mode_of(&l, prog_id)) {
+        Some(mode) => Ok(mode),
+        None => Err(XdpError::kernel(
             iface,
             "finding the program just attached",
             io::Error::new(
@@ -890,11 +900,7 @@ fn live_link(iface: &str, dir: &Path, link: &rtnl::Link) -> Result<Option<LiveLi
     if info.type_ != sys::BPF_LINK_TYPE_XDP || info.xdp_ifindex != link.ifindex {
         return Ok(None);
     }
-    let mode = if link.drv_prog_id == info.prog_id {
-        XdpMode::Native
-    } else if link.skb_prog_id == info.prog_id {
-        XdpMode::Generic
-    } else {
+    let Some(mode) = mode_of(link, info.prog_id) else {
         return Ok(None);
     };
     Ok(Some(LiveLink {
