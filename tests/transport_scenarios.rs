@@ -3018,7 +3018,9 @@ fn a_qp_about_to_be_destroyed_acknowledges_its_last_request_once_more() {
 #[test]
 fn a_destroyed_qp_lingers_to_answer_its_peers_resends() {
     const LINGER: Nanos = 50_000_000;
-    for lingering in [false, true] {
+    // The third case: the application moves the QP to ERROR (to flush it) before destroying
+    // it, which must not keep it from answering.
+    for (lingering, errored_first) in [(false, false), (true, false), (true, true)] {
         let mut sim = Sim::new(43, 2, LinkConfig::default());
         let opts = ConnectOptions {
             retry_cnt: 3,
@@ -3031,6 +3033,16 @@ fn a_destroyed_qp_lingers_to_answer_its_peers_resends() {
         sim.drop_filter = Some(Box::new(|from, _| from == 1));
         post_send_and_its_recv(&mut sim, (a, &src), (b, &dst), 1);
         assert_eq!(wait_cq(&mut sim, 1, b.recv_cq, 1).len(), 1);
+        if errored_first {
+            let to_error = QpAttr {
+                state: QpState::Error,
+                ..QpAttr::default()
+            };
+            sim.nodes[1]
+                .dev
+                .modify_qp(b.qpn, &to_error, AttrMask::STATE)
+                .unwrap();
+        }
         let r = if lingering {
             sim.nodes[1]
                 .dev
@@ -3049,7 +3061,11 @@ fn a_destroyed_qp_lingers_to_answer_its_peers_resends() {
         let done = wait_cq(&mut sim, 0, a.send_cq, 1);
         let after = counters(&sim, 1);
         if lingering {
-            assert_eq!(done[0].status, WcStatus::Success, "{done:?}");
+            assert_eq!(
+                done[0].status,
+                WcStatus::Success,
+                "{errored_first} {done:?}"
+            );
             assert!(after.tx_responses > before.tx_responses, "{after:?}");
             assert_eq!(after.unknown_qp, before.unknown_qp);
         } else {

@@ -584,7 +584,7 @@ impl Device {
 
     /// Queues one more ACK for the last request `qpn` executed, to be transmitted before
     /// the QP is destroyed. True when there is one (only an RC QP that executed requests
-    /// and is still connected has). Why: see `Qp::queue_farewell_ack`.
+    /// and is still connected has, also one moved to ERROR). Why: see `Qp::queue_farewell_ack`.
     pub fn queue_farewell_ack(&mut self, qpn: u32) -> bool {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return false;

@@ -431,10 +431,15 @@ impl Qp {
     }
 
     /// Whether this RC QP executed a request of a connected peer: what it takes to answer
-    /// that peer's resends after it is destroyed (see `Device::destroy_qp_lingering`).
+    /// that peer's resends after it is destroyed (see `Device::destroy_qp_lingering`). Also
+    /// in ERROR: applications often move a QP there to flush it before destroying it, and
+    /// what it executed before was executed all the same.
     pub(crate) fn executed_requests(&self) -> bool {
         self.ty == QpType::Rc
-            && matches!(self.attr.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            && matches!(
+                self.attr.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error
+            )
             && self.resp.psn != self.attr.rq_psn
     }
 
@@ -450,6 +455,11 @@ impl Qp {
         self.resp.resources.clear();
         self.resp.res_next = 0;
         self.resp.out.retain(|o| matches!(o, Outbound::Ack { .. }));
+        // A live QP in ERROR ignores requests, as rdma_rxe's does; a departed one answers
+        // resends whatever state it left in (the queues are gone, so nothing else can run).
+        if self.attr.state == QpState::Error {
+            self.attr.state = QpState::Rtr;
+        }
         !self.resp.out.is_empty()
     }
 
