@@ -189,6 +189,9 @@ pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        // Objects the application did not destroy: their events must not reach this
+        // context's pipe once libibverbs has closed it.
+        crate::engines::with_routes(|r| r.forget_context_objects(&state.async_tx));
         if let Some(e) = engine {
             crate::engines::detach_context(&e, &state);
             e.release_context();

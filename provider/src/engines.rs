@@ -58,7 +58,13 @@ impl EngineRef {
     /// objects the application did not destroy (perftest's ib_send_bw client leaks a CQ): as
     /// closing a kernel device's command file cleans up after the application, closing the
     /// last context ends the engine.
+    ///
+    /// Under the engine list's lock, like `engine_for`'s look-up: a context of the same
+    /// netdev opened meanwhile must neither join this engine as it stops (its verbs would
+    /// succeed and nothing would ever be sent) nor start a second one while this one still
+    /// holds the queue; it waits for the stop and then starts afresh.
     pub fn release_context(&self) {
+        let _all = lock(&ENGINES);
         if self.contexts.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.finish();
         }
@@ -266,12 +272,40 @@ pub struct CqRoute {
     /// Write end of its completion channel, if it has one.
     pub channel: Option<Arc<OwnedFd>>,
     pub async_tx: Arc<OwnedFd>,
+    /// Records written to the channel and to the async pipe, for the destroy's wait (see
+    /// `destroyed_events`).
+    pub comp_posted: u32,
+    pub async_posted: u32,
+}
+
+impl CqRoute {
+    pub fn new(cq: usize, channel: Option<Arc<OwnedFd>>, async_tx: Arc<OwnedFd>) -> CqRoute {
+        CqRoute {
+            cq,
+            channel,
+            async_tx,
+            comp_posted: 0,
+            async_posted: 0,
+        }
+    }
 }
 
 /// Where the asynchronous events of a QP or SRQ go.
 pub struct ObjectRoute {
     pub object: usize,
     pub async_tx: Arc<OwnedFd>,
+    /// Records written to the async pipe (see `destroyed_events`).
+    pub async_posted: u32,
+}
+
+impl ObjectRoute {
+    pub fn new(object: usize, async_tx: Arc<OwnedFd>) -> ObjectRoute {
+        ObjectRoute {
+            object,
+            async_tx,
+            async_posted: 0,
+        }
+    }
 }
 
 /// Where the device events of one context go: its async event pipe, and whether it was told
@@ -287,6 +321,17 @@ pub struct Routes {
     pub srqs: HashMap<(u64, SrqId), ObjectRoute>,
 }
 
+impl Routes {
+    /// Forgets the objects whose events go to the async pipe `async_tx` (a context being
+    /// freed): nothing may be written to a pipe whose read end libibverbs is about to close,
+    /// and another context may keep the engine running (a write there would raise SIGPIPE).
+    pub fn forget_context_objects(&mut self, async_tx: &Arc<OwnedFd>) {
+        self.cqs.retain(|_, c| !Arc::ptr_eq(&c.async_tx, async_tx));
+        self.qps.retain(|_, o| !Arc::ptr_eq(&o.async_tx, async_tx));
+        self.srqs.retain(|_, o| !Arc::ptr_eq(&o.async_tx, async_tx));
+    }
+}
+
 static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
 
 /// Runs `f` on the routing table. Never call into an engine from `f`: events are routed with
@@ -299,29 +344,32 @@ pub fn with_routes<R>(f: impl FnOnce(&mut Routes) -> R) -> R {
 fn route(engine: u64, ev: Event) {
     with_routes(|r| match ev {
         Event::CqNotify(cq) => {
-            if let Some(c) = r.cqs.get(&(engine, cq)) {
+            if let Some(c) = r.cqs.get_mut(&(engine, cq)) {
                 if let Some(ch) = &c.channel {
-                    write_all(ch, &(c.cq as u64).to_ne_bytes());
+                    if write_all(ch, &(c.cq as u64).to_ne_bytes()) {
+                        c.comp_posted = c.comp_posted.wrapping_add(1);
+                    }
                 }
             }
         }
         Event::Async(a) => {
-            let (target, ty) = match a {
-                AsyncEvent::CqError(cq) => (
-                    r.cqs.get(&(engine, cq)).map(|c| (c.cq, c.async_tx.clone())),
-                    IBV_EVENT_CQ_ERR,
-                ),
-                AsyncEvent::QpFatal(qpn) => (qp(r, engine, qpn), IBV_EVENT_QP_FATAL),
-                AsyncEvent::SqDrained(qpn) => (qp(r, engine, qpn), IBV_EVENT_SQ_DRAINED),
-                AsyncEvent::QpLastWqeReached(qpn) => {
-                    (qp(r, engine, qpn), IBV_EVENT_QP_LAST_WQE_REACHED)
+            let (route, ty) = match a {
+                AsyncEvent::CqError(cq) => {
+                    if let Some(c) = r.cqs.get_mut(&(engine, cq)) {
+                        if post_async(&c.async_tx, c.cq as u64, IBV_EVENT_CQ_ERR) {
+                            c.async_posted = c.async_posted.wrapping_add(1);
+                        }
+                    }
+                    return;
                 }
-                AsyncEvent::SrqLimitReached(srq) => (
-                    r.srqs
-                        .get(&(engine, srq))
-                        .map(|o| (o.object, o.async_tx.clone())),
-                    IBV_EVENT_SRQ_LIMIT_REACHED,
-                ),
+                AsyncEvent::QpFatal(qpn) => (r.qps.get_mut(&(engine, qpn)), IBV_EVENT_QP_FATAL),
+                AsyncEvent::SqDrained(qpn) => (r.qps.get_mut(&(engine, qpn)), IBV_EVENT_SQ_DRAINED),
+                AsyncEvent::QpLastWqeReached(qpn) => {
+                    (r.qps.get_mut(&(engine, qpn)), IBV_EVENT_QP_LAST_WQE_REACHED)
+                }
+                AsyncEvent::SrqLimitReached(srq) => {
+                    (r.srqs.get_mut(&(engine, srq)), IBV_EVENT_SRQ_LIMIT_REACHED)
+                }
                 // Every context on the engine's netdev hears it (its port watcher may have
                 // already told it, the netdev gone: see `port_events`).
                 AsyncEvent::DeviceFatal => {
@@ -331,21 +379,18 @@ fn route(engine: u64, ev: Event) {
                     return;
                 }
             };
-            if let Some((object, fd)) = target {
-                post_async(&fd, object as u64, ty);
+            if let Some(o) = route {
+                if post_async(&o.async_tx, o.object as u64, ty) {
+                    o.async_posted = o.async_posted.wrapping_add(1);
+                }
             }
         }
     });
 }
 
-fn qp(r: &Routes, engine: u64, qpn: u32) -> Option<(usize, Arc<OwnedFd>)> {
-    r.qps
-        .get(&(engine, qpn))
-        .map(|o| (o.object, o.async_tx.clone()))
-}
-
 /// Queues one asynchronous event record for `ibv_get_async_event`.
-pub fn post_async(fd: &OwnedFd, element: u64, event_type: u32) {
+/// True when it was queued.
+pub fn post_async(fd: &OwnedFd, element: u64, event_type: u32) -> bool {
     let desc = async_event_desc {
         element,
         event_type,
@@ -358,12 +403,13 @@ pub fn post_async(fd: &OwnedFd, element: u64, event_type: u32) {
             std::mem::size_of::<async_event_desc>(),
         )
     };
-    write_all(fd, bytes);
+    write_all(fd, bytes)
 }
 
 /// Writes one event record. Records are far smaller than PIPE_BUF, so a write is atomic: it
-/// lands whole or (pipe full: the application stopped reading events) not at all.
-fn write_all(fd: &OwnedFd, bytes: &[u8]) {
+/// lands whole or (pipe full: the application stopped reading events) not at all. True when
+/// it landed.
+fn write_all(fd: &OwnedFd, bytes: &[u8]) -> bool {
     // SAFETY: writing from a valid buffer to a descriptor we own.
     let n = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
     if n < 0 {
@@ -376,4 +422,5 @@ fn write_all(fd: &OwnedFd, bytes: &[u8]) {
             )
         });
     }
+    n == bytes.len() as isize
 }

@@ -12,6 +12,7 @@
 //! - [`engines`]: one engine per netdev per process, started on first use; routes its events.
 //! - [`verbs`]: PD, MR, CQ, QP, SRQ, AH and the data path ops.
 //! - [`port_events`]: port up/down and GID changes as asynchronous events.
+//! - `destroyed_events`: a destroyed object's unread events dropped, the others waited for.
 //! - [`comp_channel`]: `ibv_create_comp_channel` for xroce contexts (an interposer, because it
 //!   is not a provider op).
 //! - [`discovery`]: keeps libibverbs on the generated sysfs tree on kernels that have RDMA
@@ -19,6 +20,7 @@
 
 pub mod abi;
 pub mod comp_channel;
+mod destroyed_events;
 pub mod device;
 pub mod discovery;
 pub mod engines;

@@ -390,6 +390,8 @@ pub const IBV_ACCESS_REMOTE_WRITE: c_int = 1 << 1;
 pub const IBV_ACCESS_REMOTE_READ: c_int = 1 << 2;
 pub const IBV_ACCESS_REMOTE_ATOMIC: c_int = 1 << 3;
 pub const IBV_ACCESS_MW_BIND: c_int = 1 << 4;
+/// The memory is in huge pages: a hint rdma_rxe accepts and ignores.
+pub const IBV_ACCESS_HUGETLB: c_int = 1 << 7;
 /// Optional access bits a device may ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
 pub const IBV_ACCESS_OPTIONAL_RANGE: c_int = 0x3ff0_0000;
 

@@ -10,6 +10,7 @@ use super::errno;
 use crate::abi::verbs::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_wc, IBV_WC_GRH, IBV_WC_WITH_IMM,
 };
+use crate::destroyed_events::{async_events_taken, comp_events_taken, wait_acknowledged};
 use crate::device::state;
 use crate::engines::{engine_for, with_routes, CqRoute, EngineRef};
 use crate::set_errno;
@@ -84,11 +85,7 @@ pub unsafe extern "C" fn create_cq(
     with_routes(|r| {
         r.cqs.insert(
             (engine.id, id),
-            CqRoute {
-                cq: ptr as usize,
-                channel: notify,
-                async_tx: st.async_tx.clone(),
-            },
+            CqRoute::new(ptr as usize, notify, st.async_tx.clone()),
         )
     });
     ptr as *mut ibv_cq
@@ -100,7 +97,32 @@ pub unsafe extern "C" fn destroy_cq(c: *mut ibv_cq) -> c_int {
     if let Err(e) = x.engine.engine.with_device(|d| d.destroy_cq(x.id)) {
         return errno(&e);
     }
-    with_routes(|r| r.cqs.remove(&(x.engine.id, x.id)));
+    let taken = with_routes(|r| {
+        let route = r.cqs.remove(&(x.engine.id, x.id))?;
+        // SAFETY: libibverbs set the CQ's context, and its channel (or NULL), when it made it.
+        let (async_fd, channel_fd) = unsafe {
+            (
+                (*(*c).context).async_fd,
+                (*c).channel.as_ref().map(|ch| ch.fd),
+            )
+        };
+        let comp = match (&route.channel, channel_fd) {
+            (Some(tx), Some(fd)) => comp_events_taken(fd, tx, route.cq, route.comp_posted),
+            _ => 0,
+        };
+        let async_ = async_events_taken(async_fd, &route.async_tx, route.cq, route.async_posted);
+        Some((comp, async_))
+    });
+    if let Some((comp, async_)) = taken {
+        // SAFETY: the CQ's mutex and condition variable, initialised by libibverbs; the
+        // counters are the ones `ibv_ack_cq_events` and `ibv_ack_async_event` raise.
+        unsafe {
+            wait_acknowledged(&mut (*c).mutex, &mut (*c).cond, || {
+                std::ptr::read_volatile(&(*c).comp_events_completed) >= comp
+                    && std::ptr::read_volatile(&(*c).async_events_completed) >= async_
+            })
+        };
+    }
     // SAFETY: the CQ is gone from the device and the routes; free the box `create_cq` made.
     drop(unsafe { Box::from_raw(c as *mut XroceCq) });
     0

@@ -19,6 +19,7 @@ use crate::abi::verbs::{
     ibv_ah_attr, ibv_global_route, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr,
     IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD,
 };
+use crate::destroyed_events::forget_object_events;
 use crate::engines::{with_routes, EngineRef, ObjectRoute};
 use crate::set_errno;
 
@@ -76,14 +77,21 @@ pub unsafe extern "C" fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    // SAFETY: CQs and SRQ the application created on this context.
-    let (send_cq, recv_cq) = unsafe { (cq(a.send_cq).id, cq(a.recv_cq).id) };
-    let srq_id = if a.srq.is_null() {
-        None
-    } else {
-        // SAFETY: as above.
-        Some(unsafe { srq(a.srq).id })
-    };
+    // SAFETY: CQs and SRQ the application created (on this device, checked next).
+    let (scq, rcq) = unsafe { (cq(a.send_cq), cq(a.recv_cq)) };
+    // SAFETY: as above.
+    let srq_of = (!a.srq.is_null()).then(|| unsafe { srq(a.srq) });
+    // Objects are numbered per device: a CQ or SRQ of another xroce device would silently
+    // stand for this device's object of the same number (the kernel refuses it: EINVAL).
+    let same_device = Arc::ptr_eq(&scq.engine, &x.engine)
+        && Arc::ptr_eq(&rcq.engine, &x.engine)
+        && srq_of.is_none_or(|s| Arc::ptr_eq(&s.engine, &x.engine));
+    if !same_device {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let (send_cq, recv_cq) = (scq.id, rcq.id);
+    let srq_id = srq_of.map(|s| s.id);
     let init = QpInit {
         ty,
         pd: x.id,
@@ -134,13 +142,8 @@ pub unsafe extern "C" fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
         .async_tx
         .clone();
     with_routes(|r| {
-        r.qps.insert(
-            (x.engine.id, qpn),
-            ObjectRoute {
-                object: ptr as usize,
-                async_tx,
-            },
-        )
+        r.qps
+            .insert((x.engine.id, qpn), ObjectRoute::new(ptr as usize, async_tx))
     });
     ptr as *mut ibv_qp
 }
@@ -314,7 +317,17 @@ pub unsafe extern "C" fn destroy_qp(q: *mut ibv_qp) -> c_int {
     if let Err(e) = x.engine.engine.destroy_qp(qpn) {
         return errno(&e);
     }
-    with_routes(|r| r.qps.remove(&(x.engine.id, qpn)));
+    // SAFETY: the QP's context is ours and live; its mutex and condition variable
+    // were initialised by `create_qp`.
+    unsafe {
+        forget_object_events(
+            |r| r.qps.remove(&(x.engine.id, qpn)),
+            (*(*q).context).async_fd,
+            &mut (*q).mutex,
+            &mut (*q).cond,
+            &(*q).events_completed,
+        )
+    };
     // SAFETY: gone from the device and the routes; free what `create_qp` made.
     unsafe {
         libc::pthread_mutex_destroy(&mut (*q).mutex);

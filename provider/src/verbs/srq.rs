@@ -10,6 +10,7 @@ use super::{errno, init_sync};
 use crate::abi::verbs::{
     ibv_pd, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR,
 };
+use crate::destroyed_events::forget_object_events;
 use crate::engines::{with_routes, EngineRef, ObjectRoute};
 use crate::set_errno;
 
@@ -69,13 +70,8 @@ pub unsafe extern "C" fn create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr
         crate::device::state(x.pd.context).async_tx.clone()
     };
     with_routes(|r| {
-        r.srqs.insert(
-            (x.engine.id, id),
-            ObjectRoute {
-                object: ptr as usize,
-                async_tx,
-            },
-        )
+        r.srqs
+            .insert((x.engine.id, id), ObjectRoute::new(ptr as usize, async_tx))
     });
     ptr as *mut ibv_srq
 }
@@ -129,7 +125,17 @@ pub unsafe extern "C" fn destroy_srq(s: *mut ibv_srq) -> c_int {
     if let Err(e) = x.engine.engine.with_device(|d| d.destroy_srq(x.id)) {
         return errno(&e);
     }
-    with_routes(|r| r.srqs.remove(&(x.engine.id, x.id)));
+    // SAFETY: the SRQ's context is ours and live; its mutex and condition variable
+    // were initialised by `create_srq`.
+    unsafe {
+        forget_object_events(
+            |r| r.srqs.remove(&(x.engine.id, x.id)),
+            (*(*s).context).async_fd,
+            &mut (*s).mutex,
+            &mut (*s).cond,
+            &(*s).events_completed,
+        )
+    };
     // SAFETY: gone from the device and the routes; free what `create_srq` made.
     unsafe {
         libc::pthread_mutex_destroy(&mut (*s).mutex);

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <time.h>
 #include <infiniband/verbs.h>
 
@@ -65,6 +67,19 @@ static struct ibv_qp *create_rc(struct ibv_cq *scq, struct ibv_cq *rcq, uint32_t
         .recv_cq = rcq,
         .cap = {.max_send_wr = max_send_wr, .max_recv_wr = 16, .max_send_sge = 2,
                 .max_recv_sge = 2, .max_inline_data = max_inline},
+        .qp_type = IBV_QPT_RC,
+    };
+    return ibv_create_qp(pd, &a);
+}
+
+/* An RC QP whose receives come from `srq`. */
+static struct ibv_qp *create_srq_rc(struct ibv_cq *cq, struct ibv_srq *srq)
+{
+    struct ibv_qp_init_attr a = {
+        .send_cq = cq,
+        .recv_cq = cq,
+        .srq = srq,
+        .cap = {.max_send_wr = 16, .max_send_sge = 1},
         .qp_type = IBV_QPT_RC,
     };
     return ibv_create_qp(pd, &a);
@@ -391,15 +406,8 @@ int main(int argc, char **argv)
         struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
         struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 1}};
         struct ibv_srq *srq = ibv_create_srq(pd, &si);
-        struct ibv_qp_init_attr qa = {
-            .send_cq = cq,
-            .recv_cq = cq,
-            .srq = srq,
-            .cap = {.max_send_wr = 16, .max_send_sge = 1},
-            .qp_type = IBV_QPT_RC,
-        };
         struct ibv_qp *a = cq ? create_rc(cq, cq, 16, 64) : NULL;
-        struct ibv_qp *b = srq ? ibv_create_qp(pd, &qa) : NULL;
+        struct ibv_qp *b = srq ? create_srq_rc(cq, srq) : NULL;
         int conn = a && b && !to_init(a) && !to_init(b) && !to_rtr_rts(a, b->qp_num) &&
                    !to_rtr_rts(b, a->qp_num);
         int recvs = 0;
@@ -434,6 +442,110 @@ int main(int argc, char **argv)
             ibv_destroy_srq(srq);
         if (cq)
             ibv_destroy_cq(cq);
+    }
+
+    /* A destroyed CQ's unread completion event is dropped, and the events of the other CQs
+     * on its channel stay: ibv_get_cq_event must never hand out a freed CQ (the kernel's
+     * uverbs drops a destroyed CQ's unread events too). Destroying a CQ whose events were all
+     * acknowledged does not wait. */
+    {
+        struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+        struct ibv_cq *stays = ch ? ibv_create_cq(ctx, 16, NULL, ch, 0) : NULL;
+        struct ibv_cq *gone = ch ? ibv_create_cq(ctx, 16, NULL, ch, 0) : NULL;
+        struct ibv_qp *a = stays ? create_rc(stays, stays, 16, 64) : NULL;
+        struct ibv_qp *b = gone ? create_rc(gone, gone, 16, 64) : NULL;
+        int conn = a && b && !to_init(a) && !to_init(b) && !to_rtr_rts(a, b->qp_num) &&
+                   !to_rtr_rts(b, a->qp_num);
+        int armed = conn && ibv_req_notify_cq(stays, 0) == 0 && ibv_req_notify_cq(gone, 0) == 0;
+        /* One completion on each CQ: both CQs' event records are now in the channel. */
+        int written = armed &&
+                      post_write(a, buf, 64, mr->lkey, (uintptr_t)buf + 8192, mr->rkey, 0) == 0 &&
+                      poll_one(stays, &wc) && wc.status == IBV_WC_SUCCESS &&
+                      post_write(b, buf, 64, mr->lkey, (uintptr_t)buf + 8192, mr->rkey, 0) == 0 &&
+                      poll_one(gone, &wc) && wc.status == IBV_WC_SUCCESS;
+        if (a)
+            ibv_destroy_qp(a);
+        if (b)
+            ibv_destroy_qp(b);
+        int destroyed = gone && ibv_destroy_cq(gone) == 0;
+        struct pollfd pf = {.fd = ch ? ch->fd : -1, .events = POLLIN};
+        struct ibv_cq *ev_cq = NULL;
+        void *ev_ctx;
+        int first = destroyed && poll(&pf, 1, 2000) == 1 && ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0;
+        if (first)
+            ibv_ack_cq_events(ev_cq, 1);
+        pf.revents = 0;
+        int then_none = first && poll(&pf, 1, 200) == 0;
+        CHECK("destroyed_cq_events_dropped", written && ev_cq == stays && then_none,
+              "connected %d, armed %d, written %d, destroyed %d, event for %s, more %d", conn,
+              armed, written, destroyed,
+              ev_cq == stays ? "the live CQ" : ev_cq ? "ANOTHER CQ" : "none", !then_none);
+        int freed = stays && ibv_destroy_cq(stays) == 0;
+        CHECK("destroy_cq_after_its_events_were_acknowledged", freed, "destroy failed");
+        if (ch)
+            ibv_destroy_comp_channel(ch);
+    }
+
+    /* A destroyed QP's unread asynchronous event is dropped: an SRQ's QP moved to ERROR
+     * raises IBV_EVENT_QP_LAST_WQE_REACHED; destroyed before the event is read, the event
+     * must not reach ibv_get_async_event (which would read the freed QP). */
+    {
+        struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+        struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 1}};
+        struct ibv_srq *srq = ibv_create_srq(pd, &si);
+        struct ibv_qp *qp = cq && srq ? create_srq_rc(cq, srq) : NULL;
+        struct ibv_qp_attr err = {.qp_state = IBV_QPS_ERR};
+        int errored = qp && !to_init(qp) && ibv_modify_qp(qp, &err, IBV_QP_STATE) == 0;
+        struct pollfd pf = {.fd = ctx->async_fd, .events = POLLIN};
+        int pending = errored && poll(&pf, 1, 2000) == 1;
+        int destroyed = qp && ibv_destroy_qp(qp) == 0;
+        pf.revents = 0;
+        int dropped = destroyed && poll(&pf, 1, 200) == 0;
+        CHECK("destroyed_qp_async_events_dropped", pending && dropped,
+              "errored %d, event pending %d, destroyed %d, dropped %d", errored, pending,
+              destroyed, dropped);
+        if (srq)
+            ibv_destroy_srq(srq);
+        if (cq)
+            ibv_destroy_cq(cq);
+    }
+
+    /* Registering memory that is not mapped, or read-only memory for writing, fails with
+     * EFAULT as on rdma_rxe (which pins the pages): otherwise a peer's WRITE into it would
+     * crash the process. Read-only memory registered for reading, and the huge-page hint,
+     * are fine. */
+    {
+        long page = sysconf(_SC_PAGESIZE);
+        char *hole = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (hole != MAP_FAILED)
+            munmap(hole, 2 * page);
+        errno = 0;
+        struct ibv_mr *m = hole != MAP_FAILED
+                               ? ibv_reg_mr(pd, hole, 2 * page, IBV_ACCESS_LOCAL_WRITE)
+                               : NULL;
+        CHECK("reg_mr_unmapped_memory", !m && errno == EFAULT, "mr %p errno %d", (void *)m,
+              errno);
+        if (m)
+            ibv_dereg_mr(m);
+        char *ro = mmap(NULL, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        errno = 0;
+        m = ro != MAP_FAILED ? ibv_reg_mr(pd, ro, page, IBV_ACCESS_REMOTE_WRITE |
+                                                          IBV_ACCESS_LOCAL_WRITE)
+                             : NULL;
+        CHECK("reg_mr_read_only_for_writing", !m && errno == EFAULT, "mr %p errno %d",
+              (void *)m, errno);
+        if (m)
+            ibv_dereg_mr(m);
+        m = ro != MAP_FAILED ? ibv_reg_mr(pd, ro, page, IBV_ACCESS_REMOTE_READ) : NULL;
+        CHECK("reg_mr_read_only_for_reading", m != NULL, "errno %d", errno);
+        if (m)
+            ibv_dereg_mr(m);
+        if (ro != MAP_FAILED)
+            munmap(ro, page);
+        m = ibv_reg_mr(pd, other, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_HUGETLB);
+        CHECK("reg_mr_hugetlb_hint", m != NULL, "errno %d", errno);
+        if (m)
+            ibv_dereg_mr(m);
     }
 
     /* Deregistering an MR and then using its key. */
