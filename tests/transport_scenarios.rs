@@ -3372,3 +3372,131 @@ fn a_failed_device_flushes_every_qp_and_raises_device_fatal_once() {
     );
     assert_eq!(VerbsError::DeviceFailed.errno(), 5, "EIO");
 }
+
+/// A READ or an atomic, then in the same receive batch (as the engine hands them over) a
+/// WRITE with a bad R_Key: the responder owes the READ response (or the atomic ACK) for the
+/// earlier PSN and must send it ahead of the NAK, as rdma_rxe sends a READ response whole
+/// before it looks at the next request. With the response dropped, the requester retried a
+/// READ that the responder, now in ERROR, never answered: forever with `retry_cnt` 7; and an
+/// atomic the responder executed was reported failed.
+#[test]
+fn responses_owed_before_a_failed_request_still_go_out() {
+    for (what, retry_cnt) in [("read", 7), ("read", 2), ("fetch_add", 7)] {
+        let mut sim = Sim::new(61, 2, LinkConfig::default());
+        let opts = ConnectOptions {
+            retry_cnt,
+            ..ConnectOptions::default()
+        };
+        let (a, _b) = connect(&mut sim, 0, 1, &opts);
+        let src = sim.nodes[0].alloc(8192, RW);
+        let dst = sim.nodes[1].alloc(8192, RW);
+        sim.nodes[1].bytes_mut(&dst)[..8].copy_from_slice(&5u64.to_ne_bytes());
+        sim.nodes[1].bytes_mut(&dst)[64..64 + 4096].copy_from_slice(&pattern(4096, 3));
+        let (first, len) = if what == "read" {
+            (read_op(&dst, 64), 4096)
+        } else {
+            (
+                SendOp::FetchAdd {
+                    remote_addr: dst.va,
+                    rkey: dst.rkey,
+                    add: 1,
+                },
+                8,
+            )
+        };
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(1, first, vec![sge(&src, 0, len)]))
+            .unwrap();
+        let bad = SendOp::RdmaWrite {
+            remote_addr: dst.va,
+            rkey: dst.rkey ^ 1,
+        };
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(2, bad, vec![sge(&src, 4096, 64)]))
+            .unwrap();
+        let now = sim.now;
+        let requests = drain(&mut sim, 0, now);
+        assert_eq!(requests.len(), 2, "{what}");
+        for p in &requests {
+            let node = &mut sim.nodes[1];
+            node.dev.handle_packet(now, p, &mut node.mem);
+        }
+        let responses = drain(&mut sim, 1, now);
+        let opcodes: Vec<Opcode> = responses.iter().map(|p| bth_of(p).0).collect();
+        let owed = if what == "read" {
+            Opcode::RC_RDMA_READ_RESPONSE_FIRST
+        } else {
+            Opcode::RC_ATOMIC_ACKNOWLEDGE
+        };
+        assert_eq!(opcodes.first(), Some(&owed), "{what}: {opcodes:?}");
+        assert_eq!(
+            opcodes.last(),
+            Some(&Opcode::RC_ACKNOWLEDGE),
+            "{what}: the NAK last: {opcodes:?}"
+        );
+        for p in &responses {
+            let node = &mut sim.nodes[0];
+            node.dev.handle_packet(now, p, &mut node.mem);
+        }
+        let done = wait_cq(&mut sim, 0, a.send_cq, 2);
+        assert_eq!(
+            ids_and_status(&done),
+            [(1, WcStatus::Success), (2, WcStatus::RemAccessErr)],
+            "{what} (retry_cnt {retry_cnt})"
+        );
+        if what == "read" {
+            assert_eq!(&sim.nodes[0].bytes(&src)[..4096], &pattern(4096, 3)[..]);
+        } else {
+            assert_eq!(u64_at(sim.nodes[1].bytes(&dst), 0), 6);
+            assert_eq!(u64_at(sim.nodes[0].bytes(&src), 0), 5);
+        }
+    }
+}
+
+/// A UC receiver that drops messages (no receive posted) keeps its expected PSN level with the
+/// sender's: otherwise, after 2^23 dropped packets, every new message would look older than
+/// the expected PSN and be dropped as a duplicate even once receives are posted. A repeated
+/// packet is still delivered at most once.
+#[test]
+fn a_uc_receiver_that_drops_messages_keeps_up_with_the_senders_psn() {
+    let mut sim = Sim::new(72, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        ty: QpType::Uc,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    for i in 0..20 {
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(i, SendOp::Send, vec![sge(&src, 0, 64)]))
+            .unwrap();
+    }
+    settle(&mut sim);
+    assert_eq!(counters(&sim, 1).uc_messages_dropped, 20);
+    let sq_psn = sim.nodes[0].dev.query_qp(a.qpn).unwrap().sq_psn;
+    assert_eq!(sim.nodes[1].dev.query_qp(b.qpn).unwrap().rq_psn, sq_psn);
+
+    // Receives posted: the next message arrives; a copy of it is not delivered again.
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(7, &dst, 0, 1024))
+        .unwrap();
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(8, &dst, 1024, 1024))
+        .unwrap();
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(99, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    let now = sim.now;
+    let packets = drain(&mut sim, 0, now);
+    assert_eq!(packets.len(), 1);
+    for _ in 0..2 {
+        let node = &mut sim.nodes[1];
+        node.dev.handle_packet(now, &packets[0], &mut node.mem);
+    }
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+        [(7, WcStatus::Success)]
+    );
+    assert_eq!(counters(&sim, 1).duplicates, 1);
+}

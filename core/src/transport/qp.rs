@@ -390,7 +390,7 @@ impl Qp {
                 QpState::Reset => self.reset(),
                 QpState::Error => {
                     self.attr.state = QpState::Error;
-                    self.flush(sh);
+                    self.flush(sh, None);
                 }
                 QpState::Sqd => {
                     self.attr.state = QpState::Sqd;
@@ -494,17 +494,23 @@ impl Qp {
 
     /// Moves the QP to ERROR after a failure and flushes its queues.
     pub(crate) fn enter_error(&mut self, sh: &mut Shared) {
+        self.enter_error_owing(sh, None);
+    }
+
+    /// As [`Self::enter_error`]; after a request at PSN `failed` failed, the responses owed
+    /// for the requests before it stay queued (see `Responder::keep_owed_before`).
+    pub(crate) fn enter_error_owing(&mut self, sh: &mut Shared, failed: Option<u32>) {
         if self.attr.state == QpState::Error {
             return;
         }
         self.attr.state = QpState::Error;
-        self.flush(sh);
+        self.flush(sh, failed);
     }
 
     /// Completes every queued WQE with WR_FLUSH_ERR (send completions regardless of
     /// signalling) and stops the timers. A responder's final NAK stays queued so that it still
-    /// reaches the peer.
-    fn flush(&mut self, sh: &mut Shared) {
+    /// reaches the peer, behind what was owed before the request it reports (`failed`).
+    fn flush(&mut self, sh: &mut Shared, failed: Option<u32>) {
         while let Some(wqe) = self.sq.pop_front() {
             let wc = self.send_wc(&wqe, WcStatus::WrFlushErr);
             sh.complete_quiet(self.send_cq, wc);
@@ -523,7 +529,10 @@ impl Qp {
             let wc = self.recv_flush_wc(wr.wr_id);
             sh.complete_quiet(self.recv_cq, wc);
         }
-        self.resp.drop_pending_except_nak();
+        match failed {
+            Some(p) => self.resp.keep_owed_before(p),
+            None => self.resp.drop_pending_except_nak(),
+        }
         if self.srq.is_some() {
             sh.events
                 .push_back(super::Event::Async(AsyncEvent::QpLastWqeReached(self.qpn)));

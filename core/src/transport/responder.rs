@@ -145,6 +145,24 @@ impl Responder {
         });
     }
 
+    /// After a request at `failed` failed (class A/C), what was owed for the requests before
+    /// it still goes out ahead of the NAK: READ responses, atomic ACKs and ACKs, in PSN order,
+    /// as rdma_rxe sends a READ response whole before it looks at the next request. Dropping
+    /// them would leave the requester retrying a READ that nobody answers any more (forever
+    /// with `retry_cnt` 7), or failing an atomic the responder did execute.
+    pub(crate) fn keep_owed_before(&mut self, failed: u32) {
+        self.out.retain(|o| match o {
+            Outbound::Ack {
+                syndrome: AethSyndrome::Nak(_),
+                ..
+            } => true,
+            Outbound::Ack { psn, .. } | Outbound::AtomicAck { psn, .. } => {
+                psn::diff(*psn, failed) < 0
+            }
+            Outbound::Read(r) => psn::diff(r.psn, failed) < 0,
+        });
+    }
+
     fn push(&mut self, o: Outbound) {
         if self.out.len() < MAX_QUEUED_RESPONSES {
             self.out.push_back(o);
@@ -718,7 +736,7 @@ impl Qp {
         sh.counters.error_naks_sent += 1;
         self.fail_recv_in_progress(sh, f.status());
         self.resp.cur = None;
-        self.enter_error(sh);
+        self.enter_error_owing(sh, Some(p));
     }
 
     fn fail_recv_in_progress(&mut self, sh: &mut Shared, status: WcStatus) {
@@ -756,6 +774,10 @@ impl Qp {
             return;
         }
         let in_order = d == 0 && !self.resp.uc_dropping;
+        // The expected PSN follows every packet at or past it, also those of messages dropped
+        // (no receive posted, a gap): otherwise a receiver that drops for long enough (2^23
+        // packets) would see every later message as behind it, an old duplicate.
+        self.resp.psn = psn::add(p, 1);
         if !in_order || (pos.starts_message() && self.resp.cur.is_some()) {
             // A gap loses the message in progress; a FIRST/ONLY always starts a new one.
             // Each lost message counts once: when its reception is abandoned, or when the first
@@ -899,11 +921,9 @@ impl Qp {
                 t.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
                 (t, 0, None)
             }
+            // In ERROR only what was owed before a failed request is left (see
+            // `Responder::keep_owed_before`); it goes out.
             Outbound::Read(r) => {
-                if self.attr.state == QpState::Error {
-                    self.resp.out.pop_front();
-                    return None;
-                }
                 let mtu = self.mtu(sh) as u64;
                 let n = r.remaining.min(mtu);
                 let last = r.remaining <= mtu;
