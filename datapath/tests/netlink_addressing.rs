@@ -552,6 +552,53 @@ fn route_get_on_link_via_gateway_and_unreachable() {
     });
 }
 
+/// Every IPv6 link has its own `fe80::/64` route. With another interface's link-local route
+/// first (here by a lower metric, as on a host whose management NIC came up first), the
+/// kernel's plain lookup of a link-local peer names that interface; `route_from` asks for the
+/// engine's interface, as an IPv6 link-local GID (GID 0, the default) needs. Other
+/// destinations keep the kernel's own choice.
+#[test]
+fn a_link_local_peer_is_routed_out_of_the_engines_interface() {
+    if !root_or_skip() {
+        return;
+    }
+    let lab = Lab::new();
+    lab.ip_a(&[
+        "link", "add", "xrother0", "type", "veth", "peer", "name", "xrother1",
+    ]);
+    lab.ip_a(&["link", "set", "xrother0", "up"]);
+    lab.ip_a(&["link", "set", "xrother1", "up"]);
+    lab.ip_a(&[
+        "-6",
+        "route",
+        "add",
+        "fe80::/64",
+        "dev",
+        "xrother0",
+        "metric",
+        "1",
+    ]);
+    lab.in_a(|| {
+        let ours = netlink::interface_by_name(DEV_A).expect("interface").index;
+        let other = netlink::interface_by_name("xrother0")
+            .expect("interface")
+            .index;
+        let peer = ip_of("fe80::2");
+        let plain = netlink::route_get(peer).expect("plain lookup");
+        assert_eq!(
+            plain.oif, other,
+            "the set-up makes the other interface's route first"
+        );
+        let r = netlink::route_from(peer, ours).expect("link-local from ours");
+        assert_eq!(r.oif, ours);
+        assert_eq!(r.gateway, None);
+        // Not forced for other destinations: from the other interface's point of view, the
+        // IPv4 peer is still routed out of ours (the caller reports "other interface").
+        let r = netlink::route_from(lab.addr(2), other).expect("IPv4 peer");
+        assert_eq!(r.oif, ours);
+    });
+}
+
 #[test]
 fn resolve_the_peer_from_an_empty_neighbour_table() {
     if !root_or_skip() {

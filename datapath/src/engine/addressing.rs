@@ -65,7 +65,7 @@ pub struct Probe {
 
 impl Probe {
     pub fn wait(self, timeout: Duration) -> Result<[u8; 6], AddressingError> {
-        let route = netlink::route_get(self.dst)?;
+        let route = netlink::route_from(self.dst, self.ifindex)?;
         if route.oif != self.ifindex {
             let iface = netlink::interface_by_index(self.ifindex)
                 .map(|i| i.name)
@@ -150,7 +150,7 @@ impl Neighbours {
         }
         let next_try = now + RETRY;
         let ip = std_address(dst);
-        let entry = match self.netlink.route_get(ip) {
+        let entry = match self.netlink.route_from(ip, self.iface.index) {
             Ok(route) if route.oif != self.iface.index => Entry::OtherInterface { next_try },
             Ok(route) => {
                 let hop = route.gateway.unwrap_or(ip);

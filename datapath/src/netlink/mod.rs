@@ -100,6 +100,11 @@ pub fn route_get(dst: IpAddr) -> Result<Route, NetlinkError> {
     Netlink::open()?.route_get(dst)
 }
 
+/// The route for `dst` from interface `ifindex` (see [`Netlink::route_from`]).
+pub fn route_from(dst: IpAddr, ifindex: u32) -> Result<Route, NetlinkError> {
+    Netlink::open()?.route_from(dst, ifindex)
+}
+
 /// The MAC of neighbour `ip` on interface `ifindex` if the kernel has a usable entry (see
 /// [`Netlink::neighbour`]).
 pub fn neighbour(ifindex: u32, ip: IpAddr) -> Result<Option<[u8; 6]>, NetlinkError> {

@@ -88,6 +88,16 @@ impl Netlink {
         route_from(&msg, dst, op)
     }
 
+    /// The route for `dst` from interface `ifindex`'s point of view: for an IPv6 link-local
+    /// destination (which exists on every link, each with its own `fe80::/64` route) the
+    /// route out of `ifindex`; for any other destination the kernel's own choice, which may
+    /// be another interface (the caller tells the user so). Forcing the interface for those
+    /// would make the kernel call any destination on-link there.
+    pub fn route_from(&mut self, dst: IpAddr, ifindex: u32) -> Result<Route, NetlinkError> {
+        let scoped = matches!(dst, IpAddr::V6(a) if a.is_unicast_link_local());
+        self.route_get_on(dst, scoped.then_some(ifindex))
+    }
+
     /// The route the kernel would use for `dst` (`ip route get DST`).
     pub fn route_get(&mut self, dst: IpAddr) -> Result<Route, NetlinkError> {
         self.route_get_on(dst, None)
