@@ -599,6 +599,35 @@ fn a_link_local_peer_is_routed_out_of_the_engines_interface() {
     });
 }
 
+/// Route changes are announced (the engine then looks every destination's next hop up again):
+/// an IPv4 and an IPv6 route added.
+#[test]
+fn route_changes_are_reported() {
+    if !root_or_skip() {
+        return;
+    }
+    let lab = Lab::new();
+    let n = lab.n;
+    let mut watcher = lab.in_a(|| AddressWatcher::new().expect("watcher"));
+    lab.ip_a(&[
+        "route",
+        "add",
+        &format!("10.95.{n}.0/24"),
+        "via",
+        &format!("10.231.{n}.2"),
+    ]);
+    wait_for(&mut watcher, |c| *c == Change::Routes);
+    lab.ip_a(&[
+        "-6",
+        "route",
+        "add",
+        &format!("fd00:95:{n}::/64"),
+        "via",
+        &format!("fd00:231:{n}::2"),
+    ]);
+    wait_for(&mut watcher, |c| *c == Change::Routes);
+}
+
 #[test]
 fn resolve_the_peer_from_an_empty_neighbour_table() {
     if !root_or_skip() {

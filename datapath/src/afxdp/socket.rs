@@ -407,23 +407,13 @@ impl XskSocket {
         };
         // First half of the UMEM receives, second half transmits (all of it receives for a
         // socket that only receives).
-        let rx_frames = if config.receive_only {
-            config.frames
-        } else {
-            config.frames / 2
-        };
+        let (rx_frames, free_tx) = split_umem(config.frames, config.receive_only);
         let fill_n = rx_frames.min(sock.fill.free());
         for i in 0..fill_n {
             sock.fill.push(u64::from(i) * u64::from(FRAME_SIZE));
         }
         sock.fill.submit();
-        // Transmit slots are two adjacent frames: a frame up to TX_SLOT bytes is built in one
-        // contiguous piece and goes out as one or two descriptors.
-        sock.free_tx = (rx_frames..config.frames)
-            .step_by(2)
-            .rev()
-            .map(|i| u64::from(i) * u64::from(FRAME_SIZE))
-            .collect();
+        sock.free_tx = free_tx;
 
         let addr = libc::sockaddr_xdp {
             sxdp_family: libc::AF_XDP as u16,
@@ -744,9 +734,49 @@ impl Default for XdpStatistics {
 #[derive(Default)]
 struct XdpOptions(u32);
 
+/// How `frames` UMEM frames are used: the number of receive frames (the first ones), and the
+/// transmit slots' addresses (the rest, by two). Transmit slots are two adjacent frames, so
+/// that a frame up to `TX_SLOT` bytes is built in one contiguous piece and goes out as one or
+/// two descriptors; completions recognise a slot by its alignment to `TX_SLOT`, so the receive
+/// part ends on an even frame and a last odd frame is left unused.
+fn split_umem(frames: u32, receive_only: bool) -> (u32, Vec<u64>) {
+    if receive_only {
+        return (frames, Vec::new());
+    }
+    let rx_frames = (frames / 2) & !1;
+    let free_tx = (rx_frames..frames.saturating_sub(1))
+        .step_by(2)
+        .rev()
+        .map(|i| u64::from(i) * u64::from(FRAME_SIZE))
+        .collect();
+    (rx_frames, free_tx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transmit_slots_are_whole_aligned_frame_pairs_inside_the_umem() {
+        for frames in [4096u32, 4098, 4097, 4099, 7, 2, 1] {
+            let (rx, tx) = split_umem(frames, false);
+            assert!(rx <= frames / 2, "{frames}");
+            for &a in &tx {
+                assert_eq!(a % TX_SLOT as u64, 0, "{frames}: slot {a:#x} unaligned");
+                assert!(
+                    a / u64::from(FRAME_SIZE) + 2 <= u64::from(frames),
+                    "{frames}: past the end"
+                );
+                assert!(
+                    a / u64::from(FRAME_SIZE) >= u64::from(rx),
+                    "{frames}: overlaps receive"
+                );
+            }
+            assert_eq!(tx.len() as u32, (frames - rx) / 2, "{frames}");
+        }
+        assert_eq!(split_umem(4096, false).0, 2048);
+        assert_eq!(split_umem(4096, true), (4096, Vec::new()));
+    }
 
     /// `(major, minor)` of the running kernel.
     fn kernel_version() -> (u32, u32) {

@@ -41,9 +41,17 @@ pub enum NextHop {
 
 #[derive(Debug, Clone, Copy)]
 enum Entry {
-    Known([u8; 6]),
-    Pending { next_try: Instant },
-    OtherInterface { next_try: Instant },
+    /// The MAC of the next hop `hop`: the destination itself on-link, else its gateway.
+    Known {
+        mac: [u8; 6],
+        hop: IpAddress,
+    },
+    Pending {
+        next_try: Instant,
+    },
+    OtherInterface {
+        next_try: Instant,
+    },
 }
 
 /// How often a missing neighbour is asked for again.
@@ -63,8 +71,15 @@ pub struct Probe {
     dst: IpAddr,
 }
 
+/// A destination's next hop and its MAC, as [`Probe::wait`] found them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved {
+    pub hop: IpAddr,
+    pub mac: [u8; 6],
+}
+
 impl Probe {
-    pub fn wait(self, timeout: Duration) -> Result<[u8; 6], AddressingError> {
+    pub fn wait(self, timeout: Duration) -> Result<Resolved, AddressingError> {
         let route = netlink::route_from(self.dst, self.ifindex)?;
         if route.oif != self.ifindex {
             let iface = netlink::interface_by_index(self.ifindex)
@@ -77,12 +92,11 @@ impl Probe {
                 ifindex: self.ifindex,
             });
         }
-        Ok(netlink::resolve(
-            self.ifindex,
-            self.dst,
-            route.gateway,
-            timeout,
-        )?)
+        let mac = netlink::resolve(self.ifindex, self.dst, route.gateway, timeout)?;
+        Ok(Resolved {
+            hop: route.next_hop(self.dst),
+            mac,
+        })
     }
 }
 
@@ -128,8 +142,14 @@ impl Neighbours {
         }
     }
 
-    pub fn learn(&mut self, dst: IpAddress, mac: [u8; 6]) {
-        self.cache.insert(dst, Entry::Known(mac));
+    pub fn learn(&mut self, dst: IpAddress, found: Resolved) {
+        self.cache.insert(
+            dst,
+            Entry::Known {
+                mac: found.mac,
+                hop: core_address(found.hop),
+            },
+        );
     }
 
     /// The next hop for `dst`, asking the kernel (without waiting) on a miss.
@@ -137,7 +157,7 @@ impl Neighbours {
         // A hit is every packet's case: it reads no clock (a clock read is about as dear as
         // the hash lookup itself).
         let cached = self.cache.get(&dst).copied();
-        if let Some(Entry::Known(mac)) = cached {
+        if let Some(Entry::Known { mac, .. }) = cached {
             return NextHop::Mac(mac);
         }
         let now = Instant::now();
@@ -153,9 +173,12 @@ impl Neighbours {
         let entry = match self.netlink.route_from(ip, self.iface.index) {
             Ok(route) if route.oif != self.iface.index => Entry::OtherInterface { next_try },
             Ok(route) => {
-                let hop = route.gateway.unwrap_or(ip);
+                let hop = route.next_hop(ip);
                 match self.netlink.neighbour(self.iface.index, hop) {
-                    Ok(Some(mac)) => Entry::Known(mac),
+                    Ok(Some(mac)) => Entry::Known {
+                        mac,
+                        hop: core_address(hop),
+                    },
                     _ => {
                         let _ = self.netlink.solicit(self.iface.index, hop);
                         Entry::Pending { next_try }
@@ -166,7 +189,7 @@ impl Neighbours {
         };
         self.cache.insert(dst, entry);
         match entry {
-            Entry::Known(mac) => NextHop::Mac(mac),
+            Entry::Known { mac, .. } => NextHop::Mac(mac),
             Entry::Pending { .. } => NextHop::Pending,
             Entry::OtherInterface { .. } => NextHop::OtherInterface,
         }
@@ -186,23 +209,42 @@ impl Neighbours {
                 self.cache.clear();
             }
             Change::Neighbour(ifindex, ip, mac) if ifindex == self.iface.index => {
-                // Any cached destination whose next hop this is must be looked up again; the
-                // common case (on-link peer) is the address itself.
-                let key = core_address(ip);
-                match mac {
-                    Some(mac) => {
-                        self.cache.insert(key, Entry::Known(mac));
-                    }
-                    None => {
-                        self.cache.remove(&key);
-                    }
-                }
-                self.cache
-                    .retain(|_, e| !matches!(e, Entry::Pending { .. }));
+                self.neighbour_changed(core_address(ip), mac)
             }
+            // A route added, changed or removed may move any destination to another gateway
+            // or interface: everything is looked up again (a miss costs one question to the
+            // kernel per destination).
+            Change::Routes => self.cache.clear(),
             _ => {}
         }
         Applied::Done
+    }
+}
+
+impl Neighbours {
+    /// The kernel's neighbour entry for `ip` changed (`mac`: usable, or `None`: gone or
+    /// failed). Every cached destination whose next hop `ip` is follows it: the destination
+    /// itself when it is on-link, all those behind it when it is a gateway. `ip` itself is
+    /// on-link (it has a neighbour entry), so it is cached as its own next hop.
+    fn neighbour_changed(&mut self, ip: IpAddress, mac: Option<[u8; 6]>) {
+        match mac {
+            Some(mac) => {
+                for e in self.cache.values_mut() {
+                    if let Entry::Known { hop, mac: m } = e {
+                        if *hop == ip {
+                            *m = mac;
+                        }
+                    }
+                }
+                self.cache.insert(ip, Entry::Known { mac, hop: ip });
+            }
+            None => self
+                .cache
+                .retain(|_, e| !matches!(e, Entry::Known { hop, .. } if *hop == ip)),
+        }
+        // Resolutions under way may have finished with this change: ask again at once.
+        self.cache
+            .retain(|_, e| !matches!(e, Entry::Pending { .. }));
     }
 }
 
@@ -272,6 +314,60 @@ pub(crate) fn merge_gids(old: &[Option<IpAddress>], now: &[IpAddr]) -> Vec<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xroce_core::transport::{DeviceConfig, PathMtu};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// Destinations behind a gateway follow the gateway's neighbour entry (its MAC changes, it
+    /// fails), and a route change sends every destination back to the kernel. (Runs on `lo`,
+    /// which every network namespace has; the cache is what is checked.)
+    #[test]
+    fn cached_next_hops_follow_their_gateway_and_route_changes() {
+        let mut n = Neighbours::open("lo").expect("loopback interface");
+        let lo = n.ifindex();
+        let mut dev = Device::new(DeviceConfig {
+            gids: Vec::new(),
+            port_mtu: PathMtu::Mtu1024,
+            key_seed: [0; 32],
+            first_qpn: 0,
+        });
+        let (old, new) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let gw = ip("10.9.0.1");
+        let (far1, far2, near) = (ip("10.99.0.5"), ip("10.98.0.7"), ip("10.9.0.3"));
+        for dst in [far1, far2] {
+            n.learn(core_address(dst), Resolved { hop: gw, mac: old });
+        }
+        n.learn(
+            core_address(near),
+            Resolved {
+                hop: near,
+                mac: [2, 0, 0, 0, 0, 3],
+            },
+        );
+        let cached = |n: &Neighbours, dst: IpAddr| match n.cache.get(&core_address(dst)) {
+            Some(Entry::Known { mac, .. }) => Some(*mac),
+            _ => None,
+        };
+        // The gateway's MAC changes (a router replaced): both destinations behind it follow.
+        n.apply(&mut dev, Change::Neighbour(lo, gw, Some(new)));
+        assert_eq!(cached(&n, far1), Some(new));
+        assert_eq!(cached(&n, far2), Some(new));
+        assert_eq!(cached(&n, gw), Some(new));
+        assert_eq!(cached(&n, near), Some([2, 0, 0, 0, 0, 3]));
+        // The gateway fails: what is behind it is looked up again; the on-link peer stays.
+        n.apply(&mut dev, Change::Neighbour(lo, gw, None));
+        assert_eq!(cached(&n, far1), None);
+        assert_eq!(cached(&n, far2), None);
+        assert_eq!(cached(&n, near), Some([2, 0, 0, 0, 0, 3]));
+        // A change on another interface is not ours.
+        n.apply(&mut dev, Change::Neighbour(lo + 1000, near, None));
+        assert_eq!(cached(&n, near), Some([2, 0, 0, 0, 0, 3]));
+        // Any route change: everything is asked again.
+        n.apply(&mut dev, Change::Routes);
+        assert_eq!(cached(&n, near), None);
+    }
 
     #[test]
     fn gid_indices_stay_put_across_address_changes() {

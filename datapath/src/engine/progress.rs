@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xroce_core::transport::{Event, TX_TURN_PACKETS};
-use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, IpAddress};
+use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetRepr, IpAddress};
 
 use super::addressing::{AddressWatcher, Applied, Neighbours, NextHop};
 use super::capture::Capture;
@@ -1103,27 +1103,66 @@ fn next_hop_mac(shared: &Shared, neighbours: &mut Neighbours, dst: IpAddress) ->
     }
 }
 
-/// The IP packet inside an Ethernet frame (after up to two VLAN tags), for IPv4 and IPv6.
+/// The IP packet inside an Ethernet frame (after up to two VLAN tags, 802.1Q or 802.1ad, in
+/// any order: what the steering program lets through), for IPv4 and IPv6.
 fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
-    let eth = EthernetFrame::new_checked(frame).ok()?;
-    let mut offset = eth.header_len();
-    let mut ethertype = eth.ethertype();
-    if ethertype == EtherType::Vlan {
-        // A second (inner) tag: its TCI, then the real EtherType.
-        let t = frame.get(offset + 2..offset + 4)?;
-        ethertype = EtherType::from(u16::from_be_bytes([t[0], t[1]]));
-        offset += 4;
+    const IPV4: u16 = 0x0800;
+    const IPV6: u16 = 0x86dd;
+    const TAG_8021Q: u16 = 0x8100;
+    const TAG_8021AD: u16 = 0x88a8;
+    // The EtherType after the two MACs, then after each tag (2 bytes of TCI, 2 of type).
+    let mut at = 12;
+    for _ in 0..=crate::xdp::abi::MAX_VLAN_TAGS {
+        let t = frame.get(at..at + 2)?;
+        match u16::from_be_bytes([t[0], t[1]]) {
+            IPV4 | IPV6 => return frame.get(at + 2..),
+            TAG_8021Q | TAG_8021AD => at += 4,
+            _ => return None,
+        }
     }
-    match ethertype {
-        EtherType::Ipv4 | EtherType::Ipv6 => frame.get(offset..),
-        _ => None,
-    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xroce_core::wire::{Ipv4Address, Ipv6Address};
+    use xroce_core::wire::{EthernetFrame, Ipv4Address, Ipv6Address};
+
+    /// Untagged, one tag, two tags (802.1Q and 802.1ad, as the steering program accepts them);
+    /// a third tag, another EtherType or a cut frame is not an IP packet.
+    #[test]
+    fn the_ip_packet_is_found_behind_up_to_two_vlan_tags() {
+        let ip = [0x45u8, 0, 0, 20];
+        let frame = |types: &[u16]| {
+            let mut f = vec![0u8; 12];
+            for (k, t) in types.iter().enumerate() {
+                f.extend_from_slice(&t.to_be_bytes());
+                if k + 1 < types.len() {
+                    f.extend_from_slice(&[0x00, 0x64]); // TCI: VLAN 100
+                }
+            }
+            f.extend_from_slice(&ip);
+            f
+        };
+        for types in [
+            &[0x0800][..],
+            &[0x86dd],
+            &[0x8100, 0x0800],
+            &[0x88a8, 0x0800],
+            &[0x88a8, 0x8100, 0x0800],
+            &[0x8100, 0x8100, 0x86dd],
+        ] {
+            assert_eq!(ip_payload(&frame(types)), Some(&ip[..]), "{types:x?}");
+        }
+        for types in [
+            &[0x8100, 0x8100, 0x8100, 0x0800][..],
+            &[0x0806],
+            &[0x8100, 0x0806],
+        ] {
+            assert_eq!(ip_payload(&frame(types)), None, "{types:x?}");
+        }
+        assert_eq!(ip_payload(&frame(&[0x8100, 0x0800])[..15]), None);
+    }
 
     /// The prebuilt header is the one `EthernetRepr` writes: next hop first, then this
     /// interface, then the destination's IP version.

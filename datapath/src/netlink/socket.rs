@@ -181,6 +181,12 @@ impl Netlink {
                         if interrupted {
                             return Err(Failure::Interrupted);
                         }
+                        // A dump that failed part way ends with its error here, after the
+                        // replies it had: those are not the whole answer.
+                        if let Some(errno) = done_errno(nb.payload()) {
+                            let message = io::Error::from_raw_os_error(errno).to_string();
+                            return Err(NetlinkError::Kernel { op, errno, message }.into());
+                        }
                         return Ok(replies);
                     }
                     NLMSG_ERROR => {
@@ -351,6 +357,16 @@ fn extack_message(flags: u16, payload: &[u8]) -> Option<String> {
     None
 }
 
+/// The error a dump's `NLMSG_DONE` reports (its payload starts with the dump's result: 0, or
+/// a negative errno when the dump failed part way); `None` when it succeeded.
+fn done_errno(payload: &[u8]) -> Option<i32> {
+    let code = payload
+        .get(0..4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, i32::from_ne_bytes);
+    (code < 0).then(|| code.checked_neg().unwrap_or(i32::MAX))
+}
+
 pub(crate) fn align4(len: usize) -> usize {
     len.saturating_add(3) & !3
 }
@@ -388,6 +404,17 @@ mod tests {
             e.to_string(),
             "the kernel did not answer the netlink RTM_GETLINK request within 50ms"
         );
+    }
+
+    #[test]
+    fn a_dump_that_failed_part_way_is_an_error() {
+        assert_eq!(done_errno(&0i32.to_ne_bytes()), None);
+        assert_eq!(done_errno(&[]), None, "an old kernel's empty NLMSG_DONE");
+        assert_eq!(
+            done_errno(&(-libc::EMSGSIZE).to_ne_bytes()),
+            Some(libc::EMSGSIZE)
+        );
+        assert_eq!(done_errno(&i32::MIN.to_ne_bytes()), Some(i32::MAX));
     }
 
     #[test]

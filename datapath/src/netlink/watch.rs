@@ -22,6 +22,10 @@ pub(crate) const RTMGRP_NEIGH: u32 = 0x4;
 pub(crate) const RTMGRP_IPV4_IFADDR: u32 = 0x10;
 /// `RTMGRP_IPV6_IFADDR`.
 pub(crate) const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+/// `RTMGRP_IPV4_ROUTE`: IPv4 routes added, changed, removed.
+pub(crate) const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+/// `RTMGRP_IPV6_ROUTE`.
+pub(crate) const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 
 /// Socket receive buffer asked for (the kernel caps it at `net.core.rmem_max`). Notifications
 /// that do not fit are lost; [`Change::Resync`] reports it.
@@ -43,6 +47,8 @@ pub enum Change {
     /// The neighbour entry for the IP on interface `ifindex` changed: `Some(mac)` when it is in
     /// a usable state, `None` when it is gone, INCOMPLETE or FAILED.
     Neighbour(u32, IpAddr, Option<[u8; 6]>),
+    /// A route was added, changed or removed: destinations may have another next hop.
+    Routes,
     /// Notifications were lost (socket buffer overrun, or one could not be decoded): re-read
     /// everything of interest.
     Resync,
@@ -64,11 +70,16 @@ impl std::fmt::Debug for AddressWatcher {
 }
 
 impl AddressWatcher {
-    /// Subscribes to `RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR` and
-    /// `RTMGRP_NEIGH`.
+    /// Subscribes to `RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`,
+    /// `RTMGRP_NEIGH` and the IPv4 and IPv6 route groups.
     pub fn new() -> Result<AddressWatcher, NetlinkError> {
         AddressWatcher::with_groups(
-            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_NEIGH,
+            RTMGRP_LINK
+                | RTMGRP_IPV4_IFADDR
+                | RTMGRP_IPV6_IFADDR
+                | RTMGRP_NEIGH
+                | RTMGRP_IPV4_ROUTE
+                | RTMGRP_IPV6_ROUTE,
         )
     }
 
@@ -165,6 +176,7 @@ fn change_from(msg: RouteNetlinkMessage) -> Option<Change> {
         RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
             Some(Change::Addresses(a.header.index))
         }
+        RouteNetlinkMessage::NewRoute(_) | RouteNetlinkMessage::DelRoute(_) => Some(Change::Routes),
         RouteNetlinkMessage::NewNeighbour(n) => neighbour_change(&n, true),
         RouteNetlinkMessage::DelNeighbour(n) => neighbour_change(&n, false),
         _ => None,

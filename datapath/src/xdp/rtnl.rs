@@ -102,6 +102,12 @@ fn request(msg: LinkMessage, dump: bool) -> io::Result<Vec<Link>> {
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             let len = reply.header.length as usize;
             match reply.payload {
+                // A dump that failed part way says so here.
+                NetlinkPayload::Done(d) if d.code < 0 => {
+                    return Err(io::Error::from_raw_os_error(
+                        d.code.checked_neg().unwrap_or(1),
+                    ))
+                }
                 NetlinkPayload::Done(_) => return Ok(links),
                 NetlinkPayload::Error(err) => {
                     if err.code.is_none() {
