@@ -3500,3 +3500,54 @@ fn a_uc_receiver_that_drops_messages_keeps_up_with_the_senders_psn() {
     );
     assert_eq!(counters(&sim, 1).duplicates, 1);
 }
+
+/// A READ response owed before a failed request fails itself (the responder's region is
+/// deregistered before it goes): its NAK is what the requester sees, not the later request's,
+/// so the READ ends in REM_ACCESS_ERR rather than waiting to be resent.
+#[test]
+fn an_owed_read_response_that_fails_is_nacked_in_psn_order() {
+    let mut sim = Sim::new(62, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(8192, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    let pd = sim.nodes[1].pd;
+    let (doomed_id, doomed) = sim.nodes[1].dev.reg_mr(pd, dst.va, dst.len, RW).unwrap();
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, read_op(&doomed, 0), vec![sge(&src, 0, 4096)]),
+        )
+        .unwrap();
+    let bad = SendOp::RdmaWrite {
+        remote_addr: dst.va,
+        rkey: dst.rkey ^ 1,
+    };
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(2, bad, vec![sge(&src, 4096, 64)]))
+        .unwrap();
+    let now = sim.now;
+    let requests = drain(&mut sim, 0, now);
+    let read_psn = bth_of(&requests[0]).1;
+    let write_psn = bth_of(&requests[1]).1;
+    for p in &requests {
+        let node = &mut sim.nodes[1];
+        node.dev.handle_packet(now, p, &mut node.mem);
+    }
+    sim.nodes[1].dev.dereg_mr(doomed_id).unwrap();
+    let responses = drain(&mut sim, 1, now);
+    let naks: Vec<u32> = responses.iter().map(|p| bth_of(p).1).collect();
+    assert_eq!(
+        naks,
+        [read_psn],
+        "only the READ's NAK (not the WRITE's at {write_psn})"
+    );
+    for p in &responses {
+        let node = &mut sim.nodes[0];
+        node.dev.handle_packet(now, p, &mut node.mem);
+    }
+    let done = wait_cq(&mut sim, 0, a.send_cq, 2);
+    assert_eq!(
+        ids_and_status(&done),
+        [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+    );
+}

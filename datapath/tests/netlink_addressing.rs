@@ -608,7 +608,7 @@ fn route_changes_are_reported() {
     }
     let lab = Lab::new();
     let n = lab.n;
-    let mut watcher = lab.in_a(|| AddressWatcher::new().expect("watcher"));
+    let mut watcher = lab.in_a(|| AddressWatcher::with_route_changes().expect("watcher"));
     lab.ip_a(&[
         "route",
         "add",

@@ -19,25 +19,24 @@ use crate::engines::{with_routes, ObjectRoute, Routes};
 
 /// Takes out of the pipe whose read end is `read_fd` (and write end `write_end`) every
 /// record of `record_len` bytes for which `dead` holds; the others are written back in their
-/// order. Returns how many were taken out.
+/// order. Returns how many were taken out, or `None` when the pipe could not be read.
 ///
 /// Call it with the routes lock held, so that no event is written meanwhile. The pipe is read
 /// through a second, non-blocking opening of it (`/proc/self/fd/N`): the application's own
 /// descriptor stays blocking, and a thread of the application reading events at the same time
-/// cannot leave this one waiting. Where that opening fails (no `/proc`), nothing is taken out.
+/// cannot leave this one waiting. Where that opening fails (no `/proc`, no descriptor left, a
+/// sandbox), nothing is taken out.
 pub(crate) fn purge_pipe(
     read_fd: c_int,
     write_end: &OwnedFd,
     record_len: usize,
     dead: impl Fn(&[u8]) -> bool,
-) -> u32 {
+) -> Option<u32> {
     let mut record = [0u8; 32];
     if record_len == 0 || record_len > record.len() {
-        return 0;
+        return None;
     }
-    let Ok(path) = CString::new(format!("/proc/self/fd/{read_fd}")) else {
-        return 0;
-    };
+    let path = CString::new(format!("/proc/self/fd/{read_fd}")).ok()?;
     // SAFETY: opening a NUL-terminated path; the descriptor is closed below.
     let fd = unsafe {
         libc::open(
@@ -46,7 +45,7 @@ pub(crate) fn purge_pipe(
         )
     };
     if fd < 0 {
-        return 0;
+        return None;
     }
     let mut kept = Vec::new();
     let mut purged = 0;
@@ -70,7 +69,7 @@ pub(crate) fn purge_pipe(
         // the pipe a moment ago, so there is room for them again.
         unsafe { libc::write(write_end.as_raw_fd(), r.as_ptr().cast(), r.len()) };
     }
-    purged
+    Some(purged)
 }
 
 /// Waits until `acknowledged()` holds, reading it under `mutex` and sleeping on `cond`,
@@ -112,18 +111,13 @@ pub(crate) unsafe fn forget_object_events(
 ) {
     let taken = with_routes(|r| {
         let route = remove(r)?;
-        Some(async_events_taken(
-            async_fd,
-            &route.async_tx,
-            route.object,
-            route.async_posted,
-        ))
+        async_events_taken(async_fd, &route.async_tx, route.object, route.async_posted)
     });
     if let Some(taken) = taken {
         // SAFETY: per the contract.
         unsafe {
             wait_acknowledged(mutex, cond, || {
-                std::ptr::read_volatile(events_completed) >= taken
+                covers(std::ptr::read_volatile(events_completed), taken)
             })
         };
     }
@@ -139,21 +133,22 @@ fn record_word(record: &[u8]) -> u64 {
 }
 
 /// Takes `object`'s unread records out of the async pipe (read end `async_fd`) and returns
-/// how many of the `posted` ones the application has taken, which it must acknowledge.
+/// how many of the `posted` ones the application has taken, which it must acknowledge; `None`
+/// when the pipe could not be read, so that nothing is known to wait for (waiting for records
+/// still unread would never end in a program that reads them in the thread now destroying).
 /// Records name their object by its address, unique among live objects.
 pub(crate) fn async_events_taken(
     async_fd: c_int,
     async_tx: &OwnedFd,
     object: usize,
     posted: u32,
-) -> u32 {
+) -> Option<u32> {
     if posted == 0 {
-        return 0;
+        return Some(0);
     }
     let len = std::mem::size_of::<async_event_desc>();
-    posted.wrapping_sub(purge_pipe(async_fd, async_tx, len, |r| {
-        record_word(r) == object as u64
-    }))
+    let purged = purge_pipe(async_fd, async_tx, len, |r| record_word(r) == object as u64)?;
+    Some(posted.wrapping_sub(purged))
 }
 
 /// As [`async_events_taken`], for a CQ's records in its completion channel.
@@ -162,13 +157,18 @@ pub(crate) fn comp_events_taken(
     channel_tx: &OwnedFd,
     cq: usize,
     posted: u32,
-) -> u32 {
+) -> Option<u32> {
     if posted == 0 {
-        return 0;
+        return Some(0);
     }
-    posted.wrapping_sub(purge_pipe(channel_fd, channel_tx, 8, |r| {
-        record_word(r) == cq as u64
-    }))
+    let purged = purge_pipe(channel_fd, channel_tx, 8, |r| record_word(r) == cq as u64)?;
+    Some(posted.wrapping_sub(purged))
+}
+
+/// Whether `completed` acknowledgements cover `taken` events: libibverbs' counters are
+/// 32-bit and wrap, so they are compared as a wrapping difference.
+pub(crate) fn covers(completed: u32, taken: u32) -> bool {
+    (completed.wrapping_sub(taken) as i32) >= 0
 }
 
 #[cfg(test)]
@@ -219,14 +219,16 @@ mod tests {
             write_word(&wr, w);
         }
         let purged = purge_pipe(rd, &wr, 8, |r| record_word(r) == 7);
-        assert_eq!(purged, 2);
+        assert_eq!(purged, Some(2));
         assert_eq!(read_all(rd), [1, 2, 3]);
         // The application's descriptor is still blocking.
         // SAFETY: reading the flags of a valid descriptor.
         let flags = unsafe { libc::fcntl(rd, libc::F_GETFL) };
         assert_eq!(flags & libc::O_NONBLOCK, 0);
         // An empty pipe: nothing to take out, and no wait.
-        assert_eq!(purge_pipe(rd, &wr, 8, |_| true), 0);
+        assert_eq!(purge_pipe(rd, &wr, 8, |_| true), Some(0));
+        // A descriptor that is no pipe of ours cannot be read: nothing is known.
+        assert_eq!(purge_pipe(-1, &wr, 8, |_| true), None);
         // SAFETY: closing the read end made above.
         unsafe { libc::close(rd) };
     }
@@ -237,13 +239,22 @@ mod tests {
         write_word(&wr, 9);
         write_word(&wr, 4);
         // Three posted for CQ 9, one of them still unread: two were taken.
-        assert_eq!(comp_events_taken(rd, &wr, 9, 3), 2);
+        assert_eq!(comp_events_taken(rd, &wr, 9, 3), Some(2));
         assert_eq!(read_all(rd), [4]);
         // Nothing posted: the pipe is not even looked at.
         write_word(&wr, 9);
-        assert_eq!(comp_events_taken(rd, &wr, 9, 0), 0);
+        assert_eq!(comp_events_taken(rd, &wr, 9, 0), Some(0));
         assert_eq!(read_all(rd), [9]);
         // SAFETY: closing the read end made above.
         unsafe { libc::close(rd) };
+    }
+
+    #[test]
+    fn acknowledgements_are_counted_across_the_wrap() {
+        assert!(covers(5, 5));
+        assert!(covers(6, 5));
+        assert!(!covers(4, 5));
+        assert!(covers(2, u32::MAX - 1), "completed wrapped past taken");
+        assert!(!covers(u32::MAX, 1), "taken wrapped, completed not yet");
     }
 }

@@ -129,11 +129,13 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     }
     let mut all = lock(&ENGINES);
     all.retain(|(_, w)| w.strong_count() > 0);
+    // A stopped engine stays listed while objects the application never destroyed hold it;
+    // a live one on the same netdev may come after it.
     if let Some(e) = all
         .iter()
-        .find(|(n, _)| *n == ctx.netdev)
-        .and_then(|(_, w)| w.upgrade())
-        .filter(|e| !e.finished.load(Ordering::SeqCst))
+        .filter(|(n, _)| *n == ctx.netdev)
+        .filter_map(|(_, w)| w.upgrade())
+        .find(|e| !e.finished.load(Ordering::SeqCst))
     {
         e.contexts.fetch_add(1, Ordering::SeqCst);
         attach_context(&e, ctx);

@@ -150,12 +150,14 @@ impl Responder {
     /// as rdma_rxe sends a READ response whole before it looks at the next request. Dropping
     /// them would leave the requester retrying a READ that nobody answers any more (forever
     /// with `retry_cnt` 7), or failing an atomic the responder did execute.
+    /// The NAK for `failed` itself stays, and NAKs before it; anything after it is moot.
     pub(crate) fn keep_owed_before(&mut self, failed: u32) {
         self.out.retain(|o| match o {
             Outbound::Ack {
                 syndrome: AethSyndrome::Nak(_),
+                psn,
                 ..
-            } => true,
+            } => psn::diff(*psn, failed) <= 0,
             Outbound::Ack { psn, .. } | Outbound::AtomicAck { psn, .. } => {
                 psn::diff(*psn, failed) < 0
             }
@@ -736,6 +738,12 @@ impl Qp {
         sh.counters.error_naks_sent += 1;
         self.fail_recv_in_progress(sh, f.status());
         self.resp.cur = None;
+        if self.attr.state == QpState::Error {
+            // A response owed before an earlier failure failed itself (its region went away
+            // while it was being sent): its NAK is the one the requester must see next; the
+            // earlier failure's NAK and whatever else came after it in PSN order are moot.
+            self.resp.keep_owed_before(p);
+        }
         self.enter_error_owing(sh, Some(p));
     }
 

@@ -132,7 +132,7 @@ impl Neighbours {
     }
 
     pub fn watch(&self) -> Result<AddressWatcher, AddressingError> {
-        Ok(AddressWatcher::new()?)
+        Ok(AddressWatcher::with_route_changes()?)
     }
 
     pub fn prepare(&self, dst: IpAddress) -> Probe {

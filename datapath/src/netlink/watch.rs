@@ -70,9 +70,18 @@ impl std::fmt::Debug for AddressWatcher {
 }
 
 impl AddressWatcher {
-    /// Subscribes to `RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`,
-    /// `RTMGRP_NEIGH` and the IPv4 and IPv6 route groups.
+    /// Subscribes to `RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR` and
+    /// `RTMGRP_NEIGH`.
     pub fn new() -> Result<AddressWatcher, NetlinkError> {
+        AddressWatcher::with_groups(
+            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_NEIGH,
+        )
+    }
+
+    /// As [`Self::new`], and route changes too ([`Change::Routes`]): for an engine, whose
+    /// next hops depend on them. (Watchers that only follow a port's state leave them out: a
+    /// host with a routing daemon can change routes often.)
+    pub fn with_route_changes() -> Result<AddressWatcher, NetlinkError> {
         AddressWatcher::with_groups(
             RTMGRP_LINK
                 | RTMGRP_IPV4_IFADDR

@@ -10,7 +10,7 @@ use super::errno;
 use crate::abi::verbs::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_wc, IBV_WC_GRH, IBV_WC_WITH_IMM,
 };
-use crate::destroyed_events::{async_events_taken, comp_events_taken, wait_acknowledged};
+use crate::destroyed_events::{async_events_taken, comp_events_taken, covers, wait_acknowledged};
 use crate::device::state;
 use crate::engines::{engine_for, with_routes, CqRoute, EngineRef};
 use crate::set_errno;
@@ -107,10 +107,10 @@ pub unsafe extern "C" fn destroy_cq(c: *mut ibv_cq) -> c_int {
             )
         };
         let comp = match (&route.channel, channel_fd) {
-            (Some(tx), Some(fd)) => comp_events_taken(fd, tx, route.cq, route.comp_posted),
+            (Some(tx), Some(fd)) => comp_events_taken(fd, tx, route.cq, route.comp_posted)?,
             _ => 0,
         };
-        let async_ = async_events_taken(async_fd, &route.async_tx, route.cq, route.async_posted);
+        let async_ = async_events_taken(async_fd, &route.async_tx, route.cq, route.async_posted)?;
         Some((comp, async_))
     });
     if let Some((comp, async_)) = taken {
@@ -118,8 +118,11 @@ pub unsafe extern "C" fn destroy_cq(c: *mut ibv_cq) -> c_int {
         // counters are the ones `ibv_ack_cq_events` and `ibv_ack_async_event` raise.
         unsafe {
             wait_acknowledged(&mut (*c).mutex, &mut (*c).cond, || {
-                std::ptr::read_volatile(&(*c).comp_events_completed) >= comp
-                    && std::ptr::read_volatile(&(*c).async_events_completed) >= async_
+                covers(std::ptr::read_volatile(&(*c).comp_events_completed), comp)
+                    && covers(
+                        std::ptr::read_volatile(&(*c).async_events_completed),
+                        async_,
+                    )
             })
         };
     }

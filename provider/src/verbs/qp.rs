@@ -77,19 +77,25 @@ pub unsafe extern "C" fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) 
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    // SAFETY: CQs and SRQ the application created (on this device, checked next).
-    let (scq, rcq) = unsafe { (cq(a.send_cq), cq(a.recv_cq)) };
-    // SAFETY: as above.
-    let srq_of = (!a.srq.is_null()).then(|| unsafe { srq(a.srq) });
-    // Objects are numbered per device: a CQ or SRQ of another xroce device would silently
-    // stand for this device's object of the same number (the kernel refuses it: EINVAL).
-    let same_device = Arc::ptr_eq(&scq.engine, &x.engine)
-        && Arc::ptr_eq(&rcq.engine, &x.engine)
-        && srq_of.is_none_or(|s| Arc::ptr_eq(&s.engine, &x.engine));
-    if !same_device {
+    // A CQ or SRQ must belong to the PD's context, as the kernel requires (EINVAL otherwise):
+    // objects are numbered per device, so one of another xroce device would silently stand
+    // for this device's object of the same number, and one of another provider is no
+    // `XroceCq` at all. libibverbs sets every object's context.
+    // SAFETY: the application passes CQs and an SRQ (or NULL) it created; only the public
+    // `context` field is read before the check.
+    let same_context = unsafe {
+        (*a.send_cq).context == x.pd.context
+            && (*a.recv_cq).context == x.pd.context
+            && (a.srq.is_null() || (*a.srq).context == x.pd.context)
+    };
+    if !same_context {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
+    // SAFETY: CQs and SRQ of this context, so ours.
+    let (scq, rcq) = unsafe { (cq(a.send_cq), cq(a.recv_cq)) };
+    // SAFETY: as above.
+    let srq_of = (!a.srq.is_null()).then(|| unsafe { srq(a.srq) });
     let (send_cq, recv_cq) = (scq.id, rcq.id);
     let srq_id = srq_of.map(|s| s.id);
     let init = QpInit {
