@@ -3373,6 +3373,35 @@ fn a_failed_device_flushes_every_qp_and_raises_device_fatal_once() {
     assert_eq!(VerbsError::DeviceFailed.errno(), 5, "EIO");
 }
 
+/// Node 0 posts `first` (an operation and its length, from `src`), then a WRITE with a bad
+/// R_Key into `dst`; both requests reach node 1 in one receive batch, as the engine hands
+/// them over. Returns the requests.
+fn then_a_failing_write(
+    sim: &mut Sim,
+    a: QpEnd,
+    (first, len): (SendOp, u32),
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+) -> Vec<Vec<u8>> {
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(1, first, vec![sge(src, 0, len)]))
+        .unwrap();
+    let bad = SendOp::RdmaWrite {
+        remote_addr: dst.va,
+        rkey: dst.rkey ^ 1,
+    };
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(2, bad, vec![sge(src, 4096, 64)]))
+        .unwrap();
+    let now = sim.now;
+    let requests = drain(sim, 0, now);
+    for p in &requests {
+        let node = &mut sim.nodes[1];
+        node.dev.handle_packet(now, p, &mut node.mem);
+    }
+    requests
+}
+
 /// A READ or an atomic, then in the same receive batch (as the engine hands them over) a
 /// WRITE with a bad R_Key: the responder owes the READ response (or the atomic ACK) for the
 /// earlier PSN and must send it ahead of the NAK, as rdma_rxe sends a READ response whole
@@ -3404,23 +3433,9 @@ fn responses_owed_before_a_failed_request_still_go_out() {
                 8,
             )
         };
-        sim.nodes[0]
-            .post_send(a.qpn, SendWr::new(1, first, vec![sge(&src, 0, len)]))
-            .unwrap();
-        let bad = SendOp::RdmaWrite {
-            remote_addr: dst.va,
-            rkey: dst.rkey ^ 1,
-        };
-        sim.nodes[0]
-            .post_send(a.qpn, SendWr::new(2, bad, vec![sge(&src, 4096, 64)]))
-            .unwrap();
-        let now = sim.now;
-        let requests = drain(&mut sim, 0, now);
+        let requests = then_a_failing_write(&mut sim, a, (first, len), &src, &dst);
         assert_eq!(requests.len(), 2, "{what}");
-        for p in &requests {
-            let node = &mut sim.nodes[1];
-            node.dev.handle_packet(now, p, &mut node.mem);
-        }
+        let now = sim.now;
         let responses = drain(&mut sim, 1, now);
         let opcodes: Vec<Opcode> = responses.iter().map(|p| bth_of(p).0).collect();
         let owed = if what == "read" {
@@ -3512,27 +3527,10 @@ fn an_owed_read_response_that_fails_is_nacked_in_psn_order() {
     let dst = sim.nodes[1].alloc(8192, RW);
     let pd = sim.nodes[1].pd;
     let (doomed_id, doomed) = sim.nodes[1].dev.reg_mr(pd, dst.va, dst.len, RW).unwrap();
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(1, read_op(&doomed, 0), vec![sge(&src, 0, 4096)]),
-        )
-        .unwrap();
-    let bad = SendOp::RdmaWrite {
-        remote_addr: dst.va,
-        rkey: dst.rkey ^ 1,
-    };
-    sim.nodes[0]
-        .post_send(a.qpn, SendWr::new(2, bad, vec![sge(&src, 4096, 64)]))
-        .unwrap();
-    let now = sim.now;
-    let requests = drain(&mut sim, 0, now);
+    let requests = then_a_failing_write(&mut sim, a, (read_op(&doomed, 0), 4096), &src, &dst);
     let read_psn = bth_of(&requests[0]).1;
     let write_psn = bth_of(&requests[1]).1;
-    for p in &requests {
-        let node = &mut sim.nodes[1];
-        node.dev.handle_packet(now, p, &mut node.mem);
-    }
+    let now = sim.now;
     sim.nodes[1].dev.dereg_mr(doomed_id).unwrap();
     let responses = drain(&mut sim, 1, now);
     let naks: Vec<u32> = responses.iter().map(|p| bth_of(p).1).collect();
