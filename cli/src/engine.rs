@@ -1,5 +1,6 @@
 //! `xroce engine`: an engine in the foreground until a signal says stop.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
@@ -37,7 +38,11 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
         .enumerate()
         .filter_map(|(i, g)| g.map(|g| format!("{i}:{g}")))
         .collect();
-    println!(
+    // Written, not printed: a reader that went away (`| grep -m1 ready`) must not turn the
+    // engine's end into a panic.
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(
+        stdout,
         "xroce engine ready on {iface} queue {queue}{} ({} mode); GIDs {}",
         receiving_also(engine.queues(), queue),
         if engine.is_zero_copy() {
@@ -67,7 +72,8 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
     };
     let c = engine.counters();
     let dev = engine.with_device(|d| d.counters());
-    println!(
+    let _ = writeln!(
+        stdout,
         "xroce engine stopping (signal {sig}): {} frames in, {} out, {} looped back; transport {:?}",
         c.rx_frames.load(Ordering::Relaxed),
         c.tx_frames.load(Ordering::Relaxed),

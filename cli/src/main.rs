@@ -59,7 +59,7 @@ enum Command {
         )]
         command: Vec<OsString>,
     },
-    /// Run an xroce engine on an interface, in the foreground, until SIGINT or SIGTERM, or
+    /// Run an xroce engine on an interface, in the foreground, until SIGINT, SIGTERM or SIGHUP, or
     /// until its device fails (its interface removed: exit status 1) (root).
     ///
     /// The engine binds an AF_XDP socket to each receive queue of the interface (a NIC spreads

@@ -150,22 +150,28 @@ pub fn check_file(
 pub fn run(files: &[PathBuf], opts: &Options, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let mut total = Summary::default();
     let mut unreadable = false;
+    // Once the reader stops reading (`| head`), the rest is checked without output: the exit
+    // status still says what the files held.
+    let mut sink = io::sink();
+    let mut out = out;
     for path in files {
         if files.len() > 1 {
             let _ = writeln!(out, "== {} ==", path.display());
         }
-        match check_file(path, opts, out) {
+        let checked = match check_file(path, opts, out) {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+                out = &mut sink;
+                check_file(path, opts, out)
+            }
+            r => r,
+        };
+        match checked {
             Ok((s, error)) => {
                 total.add(&s);
                 if let Some(msg) = error {
                     unreadable = true;
                     let _ = writeln!(err, "xroce pcap check: {}: {msg}", path.display());
                 }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                // The reader stopped reading (`| head`): end quietly. The status says what the
-                // files checked to the end held.
-                break;
             }
             Err(e) => {
                 let _ = writeln!(err, "xroce pcap check: writing output: {e}");

@@ -628,3 +628,35 @@ fn link_add_without_privileges_is_refused_clearly() {
     assert!(!run_dir(&pair, 0).join("links").join(&name).exists());
     assert!(!xdp_attached(&pair, 0));
 }
+
+/// A namespace deleted without `xroce link del` leaves its registry directory behind; the
+/// links in it hold nothing (no program can run there any more), so they do not keep the
+/// shared device node alive once the last live namespace's link of that name goes.
+#[test]
+fn a_namespace_deleted_without_link_del_keeps_no_device_node() {
+    if !root_or_skip() {
+        return;
+    }
+    let name = unique_name();
+    let gone_dir = {
+        let pair = NetnsPair::new("xrlink3", 1500).expect("namespaces");
+        let (guard, _) = add_link(&pair, 0, &name);
+        std::mem::forget(guard); // the namespace goes without `link del`
+        run_dir(&pair, 0)
+    };
+    assert!(
+        gone_dir.join("links").join(&name).exists(),
+        "the set-up leaves {} behind",
+        gone_dir.display()
+    );
+    let pair = NetnsPair::new("xrlink4", 1500).expect("namespaces");
+    let (_g, _) = add_link(&pair, 0, &name);
+    assert_dev_node(&name);
+    let o = xroce(&pair, 0, &["link", "del", &name]);
+    assert_ok(&o, "link del");
+    assert!(
+        !Path::new(&format!("/dev/infiniband/xroce-{name}")).exists(),
+        "the dead namespace's link kept the device node"
+    );
+    let _ = std::fs::remove_dir_all(&gone_dir);
+}

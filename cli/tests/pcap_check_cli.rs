@@ -218,19 +218,39 @@ fn help_explains_the_command() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("<FILE>"));
 }
 
-#[test]
-fn a_reader_that_stops_reading_ends_the_check_quietly() {
-    // `xroce pcap check big.pcap | head`: the pipe closes under the checker.
+/// `xroce pcap check FILE | head`: the pipe closes under the checker.
+fn check_with_the_reader_gone(file: &std::path::Path) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_xroce"))
         .args(["pcap", "check"])
-        .arg(fixture_path("ib_write_bw.pcap"))
+        .arg(file)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run xroce");
     drop(child.stdout.take());
-    let out = child.wait_with_output().expect("wait");
+    child.wait_with_output().expect("wait")
+}
+
+#[test]
+fn a_reader_that_stops_reading_ends_the_check_quietly() {
+    let out = check_with_the_reader_gone(&fixture_path("ib_write_bw.pcap"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.is_empty(), "{stderr}");
     assert_eq!(out.status.code(), Some(0));
+
+    // The status still counts what was not printed: a bad last packet makes it 1 (the pipe
+    // closes before the checker reaches it).
+    let mut frames = fixture_frames("ib_write_bw.pcap");
+    let bad = frames.len() - 1;
+    let at = frames[bad].len() - 5;
+    frames[bad][at] ^= 0x40;
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let p = tmp("bad-late.pcap", &pcap_bytes(&refs));
+    let out = check_with_the_reader_gone(&p);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1));
 }

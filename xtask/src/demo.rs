@@ -11,6 +11,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::interrupt::{interrupted, was_interrupted};
+
 const NS: [&str; 2] = ["xroce-demo-a", "xroce-demo-b"];
 const IFACE: [&str; 2] = ["xdemo-a", "xdemo-b"];
 const ADDR: [&str; 2] = ["10.77.7.1", "10.77.7.2"];
@@ -19,33 +21,12 @@ const PORT: u16 = 18515;
 /// Longest one demo program may run.
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Catches SIGINT/SIGTERM so the namespaces are removed; the programs running in the
-/// foreground process group get the same Ctrl-C and stop.
-fn catch_signals() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: installs an async-signal-safe handler (one atomic store).
-        unsafe {
-            libc::signal(
-                sig,
-                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            );
-        }
-    }
-}
-
-fn interrupted() -> Result<(), String> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        Err("interrupted".into())
-    } else {
-        Ok(())
-    }
-}
+/// Set while cleaning up: the removal commands then run to their end (bounded) even after
+/// Ctrl-C, which is when they matter most.
+static CLEANING_UP: AtomicBool = AtomicBool::new(false);
+/// How long the server may go on once its client has failed: it may wait in `accept()` or
+/// for completions that will never come.
+const AFTER_CLIENT_FAILED: Duration = Duration::from_secs(5);
 
 pub fn run(root: &Path) -> Result<(), String> {
     if !crate::packages::is_root() {
@@ -53,7 +34,7 @@ pub fn run(root: &Path) -> Result<(), String> {
             "the demo creates network namespaces and loads an XDP program: run it as root".into(),
         );
     }
-    catch_signals();
+    crate::interrupt::catch_signals();
     crate::packages::ensure_demo_packages()?;
     let cargo = crate::cargo();
     crate::step(
@@ -238,13 +219,27 @@ impl Demo {
         let mut client_args = args.to_vec();
         client_args.push(ADDR[0]);
         let client = self.exec_in(1, &client_args);
-        let server = wait_child(server, PROGRAM_TIMEOUT);
+        let client_ok = matches!(&client, Ok(c) if c.status.success());
+        let server = wait_child(
+            server,
+            if client_ok {
+                PROGRAM_TIMEOUT
+            } else {
+                AFTER_CLIENT_FAILED
+            },
+        );
+        // Both sides' output first, whatever happened: a failure's reason is in it.
+        for (name, ns, out) in [("server", NS[0], &server), ("client", NS[1], &client)] {
+            match out {
+                Ok(o) => {
+                    println!("  --- {name} ({ns}):");
+                    print_indented(o);
+                }
+                Err(e) => println!("  --- {name} ({ns}): {e}"),
+            }
+        }
         let client = client?;
         let server = server?;
-        println!("  --- server ({}):", NS[0]);
-        print_indented(&server);
-        println!("  --- client ({}):", NS[1]);
-        print_indented(&client);
         interrupted()?;
         if server.status.success() && client.status.success() {
             Ok(())
@@ -258,6 +253,7 @@ impl Demo {
 
     fn cleanup(&mut self) {
         println!("==> cleaning up");
+        CLEANING_UP.store(true, Ordering::SeqCst);
         for (side, ns) in NS.iter().enumerate() {
             if self.links[side] {
                 match self.xroce_in(side, &["link", "del", DEV]) {
@@ -342,22 +338,33 @@ fn bounded(mut cmd: Command, timeout: Duration) -> Result<Output, String> {
     wait_child(child, timeout)
 }
 
+/// Waits for `child`, killing it after `timeout` or on Ctrl-C (not while cleaning up). A
+/// child that had to be killed is an error that carries what it had printed.
 fn wait_child(mut child: Child, timeout: Duration) -> Result<Output, String> {
     let deadline = Instant::now() + timeout;
+    let stop_asked = || was_interrupted() && !CLEANING_UP.load(Ordering::SeqCst);
     loop {
         match child.try_wait() {
             Ok(Some(_)) => return child.wait_with_output().map_err(|e| e.to_string()),
-            Ok(None) if Instant::now() < deadline && !INTERRUPTED.load(Ordering::SeqCst) => {
+            Ok(None) if Instant::now() < deadline && !stop_asked() => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(if INTERRUPTED.load(Ordering::SeqCst) {
-                    "interrupted".into()
+                let why = if stop_asked() {
+                    "interrupted".to_string()
                 } else {
                     format!("did not finish within {} s", timeout.as_secs())
-                });
+                };
+                let _ = child.kill();
+                let said = match child.wait_with_output() {
+                    Ok(out) => String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .chain(String::from_utf8_lossy(&out.stderr).lines())
+                        .map(|l| format!("\n    {l}"))
+                        .collect::<String>(),
+                    Err(_) => String::new(),
+                };
+                return Err(format!("{why}{said}"));
             }
             Err(e) => return Err(e.to_string()),
         }

@@ -11,6 +11,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod demo;
+mod interrupt;
 mod packages;
 mod rxe_peer;
 #[cfg(feature = "xdp")]

@@ -202,6 +202,9 @@ fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
         files,
     } = opts;
     need_root("the lab is a network namespace with a bridge and taps")?;
+    // Ctrl-C while the guests boot: the lab and the namespaces made for it go again (the
+    // guests' qemu get the same Ctrl-C).
+    crate::interrupt::catch_signals();
     if let Some(lab) = RunningLab::load(&state_file()).map_err(|e| e.to_string())? {
         return Err(format!(
             "a lab is already running (namespace {}); `cargo xtask rxe-peer down` removes it",
@@ -270,7 +273,9 @@ fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
         no_rxe,
         &extra_files,
         &mut created,
-    ) {
+    )
+    .and_then(|b| crate::interrupt::interrupted().map(|()| b))
+    {
         Ok(b) => b,
         Err(e) => {
             // Dropping the lab kills what booted and removes its namespace; the namespaces

@@ -439,12 +439,44 @@ fn used_elsewhere(name: &str) -> Result<bool, RegistryError> {
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        let is_ns = entry.file_name().to_string_lossy().starts_with("net-");
-        if is_ns && path != own && path.join(LINKS_DIR).join(name).exists() {
+        let file_name = entry.file_name();
+        let Some(id) = file_name
+            .to_string_lossy()
+            .strip_prefix("net-")
+            .and_then(|id| id.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        // The directory of a namespace deleted without `xroce link del` stays behind; its
+        // links hold nothing (nobody can run a program there any more).
+        if path != own && path.join(LINKS_DIR).join(name).exists() && netns_in_use(id) {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// Whether network namespace `id` can still be used: a bind mount keeps it (`ip netns add`
+/// makes one under /run/netns), or a process is in it.
+fn netns_in_use(id: u64) -> bool {
+    let tag = format!("net:[{id}]");
+    let mounted = fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| m.contains(&tag))
+        // Cannot tell: count it as used (the device node stays, as before).
+        .unwrap_or(true);
+    if mounted {
+        return true;
+    }
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return true;
+    };
+    procs.flatten().any(|p| {
+        p.file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            && fs::read_link(p.path().join("ns/net")).is_ok_and(|l| l.as_os_str() == tag.as_str())
+    })
 }
 
 /// Removes `/dev/infiniband/xroce-NAME` unless another namespace still has a link of that
@@ -469,4 +501,17 @@ pub(crate) fn remove_dev_node_if_unused(name: &str) -> Result<bool, RegistryErro
     // /dev/infiniband of its own, so an empty one is ours.
     let _ = fs::remove_dir(CDEV_DIR);
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_is_in_use_while_a_process_is_in_it() {
+        let own = crate::registry::netns_id().expect("own namespace");
+        assert!(netns_in_use(own));
+        // No namespace has inode 1.
+        assert!(!netns_in_use(1));
+    }
 }
