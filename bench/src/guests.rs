@@ -88,15 +88,15 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     let g = lab.boot_all(guests).map_err(|e| e.to_string())?;
     let mut rounds = Vec::with_capacity(ROUNDS);
     for round in 1..=ROUNDS {
-        say(&format!("round {round}/{ROUNDS}: rdma_rxe <-> rdma_rxe"));
-        let rxe = measure(&g, "", "rxe0")?;
-        // xroce's XDP program is attached only for its own runs: rdma_rxe's packets never pass
-        // through it.
-        xroce_link(&g, "add xr0 netdev eth0")?;
-        say(&format!("round {round}/{ROUNDS}: xroce <-> xroce"));
-        let xroce = measure(&g, "/opt/xroce/xroce exec -- ", "xr0")?;
-        xroce_link(&g, "del xr0")?;
-        rounds.push((rxe, xroce));
+        // The order alternates, as on the host, so that neither always runs second.
+        let xroce_first = crate::paired::xroce_first(round - 1);
+        let first = measure_stack(&g, xroce_first, round, say)?;
+        let second = measure_stack(&g, !xroce_first, round, say)?;
+        rounds.push(if xroce_first {
+            (second, first)
+        } else {
+            (first, second)
+        });
     }
     // guest-stream registers its socket in the XDP program's map, which `link add` loads.
     xroce_link(&g, "add xr0 netdev eth0")?;
@@ -117,6 +117,25 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
         raw_stream_mb_s,
         raw_one_way_us,
     })
+}
+
+/// One stack's numbers in one round: xroce's (its XDP program attached only for its own runs,
+/// so that rdma_rxe's packets never pass through it) or rdma_rxe's.
+fn measure_stack(
+    g: &[Guest],
+    xroce: bool,
+    round: usize,
+    say: &mut dyn FnMut(&str),
+) -> Result<GuestNumbers, String> {
+    if !xroce {
+        say(&format!("round {round}/{ROUNDS}: rdma_rxe <-> rdma_rxe"));
+        return measure(g, "", "rxe0");
+    }
+    xroce_link(g, "add xr0 netdev eth0")?;
+    say(&format!("round {round}/{ROUNDS}: xroce <-> xroce"));
+    let n = measure(g, "/opt/xroce/xroce exec -- ", "xr0");
+    xroce_link(g, "del xr0")?;
+    n
 }
 
 /// Turns of the raw ping-pong, as many as `ib_send_lat` makes in [`measure`].

@@ -305,35 +305,9 @@ fn bench_suite(root: &Path, quick: bool, no_guests: bool) -> Result<(), String> 
             "xroce-bench",
         ],
     )?;
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .current_dir(root)
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    // The results this run is about to overwrite do not make the build it measures dirty.
-    let dirty = Command::new("git")
-        .args([
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-            "--",
-            ".",
-            ":!bench/results",
-        ])
-        .current_dir(root)
-        .output()
-        .is_ok_and(|o| !o.stdout.is_empty());
     let mut cmd = Command::new(root.join("target/release/suite"));
-    cmd.current_dir(root).env(
-        "XROCE_COMMIT",
-        if dirty {
-            format!("{commit} (+ uncommitted changes)")
-        } else {
-            commit
-        },
-    );
+    cmd.current_dir(root)
+        .env("XROCE_COMMIT", measured_commit(root));
     if quick {
         cmd.args(["--quick", "--out", "target/perf-quick"]);
     } else if no_guests {
@@ -352,6 +326,35 @@ fn bench_suite(root: &Path, quick: bool, no_guests: bool) -> Result<(), String> 
 
 fn demo(root: &Path) -> Result<(), String> {
     demo::run(root)
+}
+
+/// The commit a benchmark measures, marked when the tree has changes beyond it (the results
+/// about to be overwritten do not count).
+fn measured_commit(root: &Path) -> String {
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let dirty = Command::new("git")
+        .args([
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!bench/results",
+        ])
+        .current_dir(root)
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    if dirty {
+        format!("{commit} (+ uncommitted changes)")
+    } else {
+        commit
+    }
 }
 
 /// `cargo xtask bench datapath`: builds and runs the datapath benchmark (release), shows its
@@ -398,7 +401,7 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default()
     };
-    let commit = capture("git", &["rev-parse", "--short", "HEAD"]);
+    let commit = measured_commit(root);
     let date = capture("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let kernel = capture("uname", &["-r"]);
     let cpus = std::thread::available_parallelism()
