@@ -63,12 +63,16 @@ pub struct Neighbours {
     /// Opened with the engine, so it talks to the engine's network namespace whatever thread
     /// uses it.
     netlink: Netlink,
+    /// Counts the kernel's changes applied to the cache, so that a resolution that raced one
+    /// is not stored over it (see [`Self::learn`]).
+    changes: u64,
 }
 
 /// A resolution the caller waits for without holding the engine lock.
 pub struct Probe {
     ifindex: u32,
     dst: IpAddr,
+    changes_at: u64,
 }
 
 /// A destination's next hop and its MAC, as [`Probe::wait`] found them.
@@ -76,6 +80,8 @@ pub struct Probe {
 pub struct Resolved {
     pub hop: IpAddr,
     pub mac: [u8; 6],
+    /// [`Neighbours::changes`] when the probe was prepared.
+    pub changes_at: u64,
 }
 
 impl Probe {
@@ -96,6 +102,7 @@ impl Probe {
         Ok(Resolved {
             hop: route.next_hop(self.dst),
             mac,
+            changes_at: self.changes_at,
         })
     }
 }
@@ -107,6 +114,7 @@ impl Neighbours {
             iface: netlink.interface_by_name(iface)?,
             cache: HashMap::default(),
             netlink,
+            changes: 0,
         })
     }
 
@@ -139,10 +147,17 @@ impl Neighbours {
         Probe {
             ifindex: self.iface.index,
             dst: std_address(dst),
+            changes_at: self.changes,
         }
     }
 
+    /// Caches what a probe found, unless a neighbour or route change was applied while it
+    /// waited (without the engine lock): its answer may be older than that change, and the
+    /// next packet looks the destination up again anyway.
     pub fn learn(&mut self, dst: IpAddress, found: Resolved) {
+        if found.changes_at != self.changes {
+            return;
+        }
         self.cache.insert(
             dst,
             Entry::Known {
@@ -197,6 +212,12 @@ impl Neighbours {
 
     /// Follows a change the kernel announced.
     pub fn apply(&mut self, dev: &mut Device, change: Change) -> Applied {
+        if matches!(
+            change,
+            Change::Neighbour(..) | Change::Routes | Change::Resync
+        ) {
+            self.changes += 1;
+        }
         match change {
             Change::Addresses(ifindex) if ifindex == self.iface.index => self.refresh_gids(dev),
             Change::Link(ifindex) if ifindex == self.iface.index => return self.refresh_link(dev),
@@ -337,13 +358,21 @@ mod tests {
         let gw = ip("10.9.0.1");
         let (far1, far2, near) = (ip("10.99.0.5"), ip("10.98.0.7"), ip("10.9.0.3"));
         for dst in [far1, far2] {
-            n.learn(core_address(dst), Resolved { hop: gw, mac: old });
+            n.learn(
+                core_address(dst),
+                Resolved {
+                    hop: gw,
+                    mac: old,
+                    changes_at: 0,
+                },
+            );
         }
         n.learn(
             core_address(near),
             Resolved {
                 hop: near,
                 mac: [2, 0, 0, 0, 0, 3],
+                changes_at: 0,
             },
         );
         let cached = |n: &Neighbours, dst: IpAddr| match n.cache.get(&core_address(dst)) {
@@ -367,6 +396,30 @@ mod tests {
         // Any route change: everything is asked again.
         n.apply(&mut dev, Change::Routes);
         assert_eq!(cached(&n, near), None);
+
+        // A resolution prepared before a change and finished after it is not cached over it.
+        let probe_at = n.prepare(core_address(near)).changes_at;
+        n.apply(&mut dev, Change::Neighbour(lo, near, Some(new)));
+        n.learn(
+            core_address(far1),
+            Resolved {
+                hop: near,
+                mac: old,
+                changes_at: probe_at,
+            },
+        );
+        assert_eq!(cached(&n, far1), None);
+        // One with nothing in between is.
+        let probe_at = n.prepare(core_address(far1)).changes_at;
+        n.learn(
+            core_address(far1),
+            Resolved {
+                hop: near,
+                mac: new,
+                changes_at: probe_at,
+            },
+        );
+        assert_eq!(cached(&n, far1), Some(new));
     }
 
     #[test]
