@@ -111,7 +111,13 @@ pub(crate) unsafe fn forget_object_events(
 ) {
     let taken = with_routes(|r| {
         let route = remove(r)?;
-        async_events_taken(async_fd, &route.async_tx, route.object, route.async_posted)
+        events_taken(
+            async_fd,
+            &route.async_tx,
+            ASYNC_RECORD,
+            route.object,
+            route.async_posted,
+        )
     });
     if let Some(taken) = taken {
         // SAFETY: per the contract.
@@ -132,36 +138,30 @@ fn record_word(record: &[u8]) -> u64 {
     u64::from_ne_bytes(w)
 }
 
-/// Takes `object`'s unread records out of the async pipe (read end `async_fd`) and returns
-/// how many of the `posted` ones the application has taken, which it must acknowledge; `None`
-/// when the pipe could not be read, so that nothing is known to wait for (waiting for records
-/// still unread would never end in a program that reads them in the thread now destroying).
-/// Records name their object by its address, unique among live objects.
-pub(crate) fn async_events_taken(
-    async_fd: c_int,
-    async_tx: &OwnedFd,
+/// Bytes of a completion channel's record (a `struct ibv_cq *`).
+pub(crate) const COMP_RECORD: usize = 8;
+/// Bytes of an async event record (`struct ib_uverbs_async_event_desc`).
+pub(crate) const ASYNC_RECORD: usize = std::mem::size_of::<async_event_desc>();
+
+/// Takes `object`'s unread records (`record_len` bytes each: [`COMP_RECORD`] or
+/// [`ASYNC_RECORD`]) out of the pipe whose read end is `read_fd` and returns how many of the
+/// `posted` ones the application has taken, which it must acknowledge; `None` when the pipe
+/// could not be read, so that nothing is known to wait for (waiting for records still unread
+/// would never end in a program that reads them in the thread now destroying). Records name
+/// their object by its address, unique among live objects.
+pub(crate) fn events_taken(
+    read_fd: c_int,
+    write_end: &OwnedFd,
+    record_len: usize,
     object: usize,
     posted: u32,
 ) -> Option<u32> {
     if posted == 0 {
         return Some(0);
     }
-    let len = std::mem::size_of::<async_event_desc>();
-    let purged = purge_pipe(async_fd, async_tx, len, |r| record_word(r) == object as u64)?;
-    Some(posted.wrapping_sub(purged))
-}
-
-/// As [`async_events_taken`], for a CQ's records in its completion channel.
-pub(crate) fn comp_events_taken(
-    channel_fd: c_int,
-    channel_tx: &OwnedFd,
-    cq: usize,
-    posted: u32,
-) -> Option<u32> {
-    if posted == 0 {
-        return Some(0);
-    }
-    let purged = purge_pipe(channel_fd, channel_tx, 8, |r| record_word(r) == cq as u64)?;
+    let purged = purge_pipe(read_fd, write_end, record_len, |r| {
+        record_word(r) == object as u64
+    })?;
     Some(posted.wrapping_sub(purged))
 }
 
@@ -239,11 +239,11 @@ mod tests {
         write_word(&wr, 9);
         write_word(&wr, 4);
         // Three posted for CQ 9, one of them still unread: two were taken.
-        assert_eq!(comp_events_taken(rd, &wr, 9, 3), Some(2));
+        assert_eq!(events_taken(rd, &wr, COMP_RECORD, 9, 3), Some(2));
         assert_eq!(read_all(rd), [4]);
         // Nothing posted: the pipe is not even looked at.
         write_word(&wr, 9);
-        assert_eq!(comp_events_taken(rd, &wr, 9, 0), Some(0));
+        assert_eq!(events_taken(rd, &wr, COMP_RECORD, 9, 0), Some(0));
         assert_eq!(read_all(rd), [9]);
         // SAFETY: closing the read end made above.
         unsafe { libc::close(rd) };

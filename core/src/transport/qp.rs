@@ -501,6 +501,12 @@ impl Qp {
     /// for the requests before it stay queued (see `Responder::keep_owed_before`).
     pub(crate) fn enter_error_owing(&mut self, sh: &mut Shared, failed: Option<u32>) {
         if self.attr.state == QpState::Error {
+            // A response owed before an earlier failure failed itself (its region went away
+            // while it was being sent): its NAK is the one the requester must see next; the
+            // earlier failure's NAK and whatever else came after it in PSN order are moot.
+            if let Some(p) = failed {
+                self.resp.keep_owed_before(p);
+            }
             return;
         }
         self.attr.state = QpState::Error;

@@ -738,12 +738,6 @@ impl Qp {
         sh.counters.error_naks_sent += 1;
         self.fail_recv_in_progress(sh, f.status());
         self.resp.cur = None;
-        if self.attr.state == QpState::Error {
-            // A response owed before an earlier failure failed itself (its region went away
-            // while it was being sent): its NAK is the one the requester must see next; the
-            // earlier failure's NAK and whatever else came after it in PSN order are moot.
-            self.resp.keep_owed_before(p);
-        }
         self.enter_error_owing(sh, Some(p));
     }
 

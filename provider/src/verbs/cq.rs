@@ -10,7 +10,7 @@ use super::errno;
 use crate::abi::verbs::{
     ibv_comp_channel, ibv_context, ibv_cq, ibv_wc, IBV_WC_GRH, IBV_WC_WITH_IMM,
 };
-use crate::destroyed_events::{async_events_taken, comp_events_taken, covers, wait_acknowledged};
+use crate::destroyed_events::{covers, events_taken, wait_acknowledged, ASYNC_RECORD, COMP_RECORD};
 use crate::device::state;
 use crate::engines::{engine_for, with_routes, CqRoute, EngineRef};
 use crate::set_errno;
@@ -107,10 +107,16 @@ pub unsafe extern "C" fn destroy_cq(c: *mut ibv_cq) -> c_int {
             )
         };
         let comp = match (&route.channel, channel_fd) {
-            (Some(tx), Some(fd)) => comp_events_taken(fd, tx, route.cq, route.comp_posted)?,
+            (Some(tx), Some(fd)) => events_taken(fd, tx, COMP_RECORD, route.cq, route.comp_posted)?,
             _ => 0,
         };
-        let async_ = async_events_taken(async_fd, &route.async_tx, route.cq, route.async_posted)?;
+        let async_ = events_taken(
+            async_fd,
+            &route.async_tx,
+            ASYNC_RECORD,
+            route.cq,
+            route.async_posted,
+        )?;
         Some((comp, async_))
     });
     if let Some((comp, async_)) = taken {
