@@ -72,8 +72,11 @@ pub const RAW_PAYLOAD: usize = 1024;
 
 pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, String> {
     let image = ensure_image(&default_cache_dir(), say).map_err(|e| e.to_string())?;
+    // Declared first so that it is dropped after the lab, which deletes the namespace.
+    let _tracked;
     let lab = Lab::new("xrbench", 1500, image, bin_dir.join("xroce-guest-agent"))
         .map_err(|e| e.to_string())?;
+    _tracked = crate::interrupt::TrackedNamespace::new(lab.netns(), lab.work_dir());
     let guests = (0..2u8)
         .map(|i| {
             let mut c = GuestConfig::rxe(&format!("bench{i}"), 30 + i);

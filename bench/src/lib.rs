@@ -5,6 +5,7 @@
 //! - [`cpu`]: CPU time of a thread, the process or its children.
 //! - [`perftest`]: perftest over xroce between two namespaces, and its result lines.
 //! - [`paired`]: comparisons measured in rounds, xroce and its baseline back to back.
+//! - [`interrupt`]: Ctrl-C removes the namespaces a run made, and what runs in them.
 //! - [`guests`]: rdma_rxe↔rdma_rxe next to xroce↔xroce in identical QEMU guests.
 //! - [`report`]: the measured numbers and goals of one run, and their Markdown rendering.
 //! - [`plot`]: the same report drawn as one SVG image.
@@ -12,6 +13,7 @@
 pub mod baseline;
 pub mod cpu;
 pub mod guests;
+pub mod interrupt;
 pub mod paired;
 pub mod perftest;
 pub mod plot;

@@ -31,6 +31,11 @@
 //!   program from both ends if it is loaded (so no pins are left in bpffs), and deletes both
 //!   namespaces, which deletes the veth pair.
 //!
+//! - While a pair exists its namespaces are listed in a process-wide register; a program
+//!   that is interrupted (a benchmark's Ctrl-C) calls [`remove_tracked`] from its signal
+//!   thread, which kills what runs in them and deletes them, since no `Drop` will run.
+//!   Other namespaces a program makes can be listed with [`track`].
+//!
 //! Uses `ip` from iproute2 and needs root.
 
 use std::io;
@@ -95,8 +100,10 @@ impl NetnsPair {
             created: [false; 2],
             children: Mutex::new(Vec::new()),
         };
-        // On any error below, dropping `pair` deletes what was created.
+        // On any error below, dropping `pair` deletes what was created. Listed before it
+        // exists, so that an interruption cannot fall between the two.
         for side in 0..2 {
+            track(&pair.ns[side], &[pair.ifaces[side].as_str()]);
             ip(&["netns", "add", &pair.ns[side]])?;
             pair.created[side] = true;
         }
@@ -291,8 +298,131 @@ impl Drop for NetnsPair {
                     eprintln!("netns fixture: deleting namespace {}: {e}", self.ns[side]);
                 }
             }
+            untrack(&self.ns[side]);
         }
     }
+}
+
+/// Namespaces this process made and has not deleted yet, with the interfaces in them that
+/// may carry xroce's XDP program.
+static TRACKED: Mutex<Vec<(String, Vec<String>)>> = Mutex::new(Vec::new());
+
+/// Lists namespace `ns` (with the interfaces in it that may carry xroce's XDP program) for
+/// [`remove_tracked`]. [`NetnsPair`] lists its own.
+pub fn track(ns: &str, xdp_ifaces: &[&str]) {
+    let mut tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    tracked.retain(|(name, _)| name != ns);
+    tracked.push((
+        ns.to_string(),
+        xdp_ifaces.iter().map(|i| i.to_string()).collect(),
+    ));
+}
+
+/// Takes `ns` off the list (it was deleted, or is meant to outlive the process).
+pub fn untrack(ns: &str) {
+    TRACKED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(name, _)| name != ns);
+}
+
+/// For a program that was interrupted: SIGKILLs every other process inside the listed
+/// namespaces (the programs a benchmark started there, which run in process groups of their
+/// own, and guests), deletes the xroce devices made in them (`xroce link add`: records and
+/// device nodes) and unloads xroce's XDP program from their interfaces (so no pins stay in
+/// bpffs), and deletes them. Returns the names it deleted. Each step is bounded in time;
+/// the list stays locked, so pairs made or dropped meanwhile wait.
+pub fn remove_tracked() -> Vec<String> {
+    let tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    tracked
+        .iter()
+        .filter(|(ns, ifaces)| remove_namespace(ns, ifaces))
+        .map(|(ns, _)| ns.clone())
+        .collect()
+}
+
+/// [`remove_tracked`]'s work for one namespace; whether it was deleted.
+fn remove_namespace(ns: &str, xdp_ifaces: &[String]) -> bool {
+    let Ok(ns_file) = std::fs::metadata(format!("/run/netns/{ns}")) else {
+        return false;
+    };
+    kill_processes_in(&ns_file);
+    let (ns_name, ifaces) = (ns.to_string(), xdp_ifaces.to_vec());
+    let (tx, rx) = mpsc::channel();
+    // Its own thread, because it enters the namespace; bounded, because unloading takes
+    // bpffs's lock, which the interrupted main thread may hold for a moment.
+    std::thread::spawn(move || {
+        if enter(&ns_name).is_ok() {
+            // xroce devices made there (`xroce link add`): their records and device nodes.
+            if let Ok(links) = crate::registry::links() {
+                for link in links {
+                    let _ = crate::registry::delete(&link.name);
+                }
+            }
+            for iface in &ifaces {
+                let _ = crate::xdp::unload(iface);
+            }
+        }
+        let _ = tx.send(());
+    });
+    let _ = rx.recv_timeout(Duration::from_secs(5));
+    match ip(&["netns", "del", ns]) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("netns fixture: deleting namespace {ns}: {e}");
+            false
+        }
+    }
+}
+
+/// SIGKILLs every process (other than this one) whose network namespace is the one
+/// `ns_file` (`/run/netns/NAME`) names, and waits up to 2 s for them to go.
+fn kill_processes_in(ns_file: &std::fs::Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let mut killed = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        let Ok(net) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
+            continue;
+        };
+        if net.dev() == ns_file.dev() && net.ino() == ns_file.ino() {
+            if let Ok(id) = libc::pid_t::try_from(pid) {
+                // SAFETY: kill has no memory effects; the target runs in a namespace this
+                // process made for itself.
+                unsafe {
+                    libc::kill(id, libc::SIGKILL);
+                }
+                killed.push(pid);
+            }
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline && killed.iter().any(|pid| is_running(*pid)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` exists and is not a zombie (a killed child of ours stays one until reaped).
+fn is_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name's closing parenthesis.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z')
+    })
 }
 
 /// Deletes namespaces named `<prefix>-<pid>-<n>-<side>` whose process is gone: a run killed
@@ -472,6 +602,75 @@ mod tests {
         ] {
             assert_eq!(orphan_pid("xrbench", other), None, "{other}");
         }
+    }
+
+    /// What an interrupted benchmark does to its namespaces: a program running inside in a
+    /// process group of its own is killed, the xroce device made there goes with its device
+    /// node, the XDP programs' pins go (one loaded by the device, one by itself), the
+    /// namespaces go.
+    #[test]
+    fn a_removed_namespace_takes_its_programs_devices_and_pins_with_it() {
+        if !root_or_skip() {
+            return;
+        }
+        use std::os::unix::fs::MetadataExt;
+        let mut pair = NetnsPair::new("xrremove", 1500).expect("pair");
+        let iface = pair.iface(0).to_string();
+        pair.run_in(0, move || crate::registry::add("xrremove", &iface, None))
+            .expect("xroce link add");
+        let iface = pair.iface(1).to_string();
+        pair.run_in(1, move || {
+            crate::xdp::load(&crate::xdp::LoadOptions::new(&iface))
+        })
+        .expect("load XDP");
+        let ino = |side: usize| {
+            std::fs::metadata(format!("/run/netns/{}", pair.ns_name(side)))
+                .expect("namespace file")
+                .ino()
+        };
+        let (ino0, ino1) = (ino(0), ino(1));
+        let state = [
+            crate::xdp::pins::netns_dir(ino0),
+            crate::xdp::pins::netns_dir(ino1),
+            crate::registry::run_dir_of(ino0),
+            crate::registry::cdev_path("xrremove"),
+        ];
+        let state_before: Vec<bool> = state.iter().map(|p| p.exists()).collect();
+        let mut sleep = pair.command(0, "sleep");
+        let mut program = sleep
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .expect("sleep in the namespace");
+        // `ip netns exec` enters the namespace, then becomes `sleep`.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{}/comm", program.id()))
+            .is_ok_and(|c| c.trim() != "sleep")
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let names = [pair.ns_name(0).to_string(), pair.ns_name(1).to_string()];
+        let removed = [
+            remove_namespace(&names[0], &[pair.iface(0).to_string()]),
+            remove_namespace(&names[1], &[pair.iface(1).to_string()]),
+        ];
+        let status = program.try_wait().expect("wait for sleep");
+        let _ = program.kill();
+        let _ = program.wait();
+        let namespaces_left: Vec<_> = names
+            .iter()
+            .filter(|n| std::path::Path::new(&format!("/run/netns/{n}")).exists())
+            .collect();
+        let state_left: Vec<_> = state.iter().filter(|p| p.exists()).collect();
+        // Deleted already: the pair's own drop has nothing left to do.
+        pair.created = [false; 2];
+        drop(pair);
+        assert_eq!(state_before, [true; 4], "{state:?} existed");
+        assert_eq!(removed, [true; 2]);
+        assert!(status.is_some(), "the program inside was killed");
+        assert!(namespaces_left.is_empty(), "left: {namespaces_left:?}");
+        assert!(state_left.is_empty(), "left: {state_left:?}");
     }
 
     /// A namespace left by a killed run (its process gone) is removed by the next pair made

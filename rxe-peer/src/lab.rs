@@ -76,6 +76,11 @@ impl Lab {
         &self.ns
     }
 
+    /// The directory holding the guests' files (initrds, consoles); removed with the lab.
+    pub fn work_dir(&self) -> &Path {
+        &self.work
+    }
+
     pub fn mtu(&self) -> u32 {
         self.mtu
     }

@@ -314,11 +314,16 @@ fn bench_suite(root: &Path, quick: bool, no_guests: bool) -> Result<(), String> 
         cmd.arg("--no-guests");
     }
     println!("==> run: target/release/suite (progress below)");
+    // A Ctrl-C reaches the suite too, which removes its namespaces before it exits: wait for
+    // that instead of handing the terminal back while it still prints.
+    interrupt::catch_signals();
     let status = cmd
         .status()
         .map_err(|e| format!("cannot run the suite: {e}"))?;
     if status.success() {
         Ok(())
+    } else if interrupt::was_interrupted() {
+        Err("interrupted".into())
     } else {
         Err(format!("the suite failed ({status})"))
     }
@@ -376,11 +381,16 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
         ],
     )?;
     println!("==> run: target/release/datapath (about a minute)");
+    // As for the suite: the benchmark cleans up after a Ctrl-C, and is waited for.
+    interrupt::catch_signals();
     let out = Command::new(root.join("target/release/datapath"))
         .current_dir(root)
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run the benchmark: {e}"))?;
+    if !out.status.success() && interrupt::was_interrupted() {
+        return Err("interrupted".into());
+    }
     if !out.status.success() {
         return Err(format!("the benchmark failed ({})", out.status));
     }

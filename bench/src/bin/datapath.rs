@@ -108,6 +108,7 @@ fn main() {
         eprintln!("datapath bench: needs root (namespaces, XDP)");
         std::process::exit(1);
     }
+    xroce_bench::interrupt::remove_namespaces_when_interrupted("datapath bench");
     let pair = NetnsPair::new("xrbench", 9000).expect("namespaces");
     for side in 0..2 {
         let iface = pair.iface(side).to_string();

@@ -86,6 +86,7 @@ fn main() {
         eprintln!("suite: needs root (network namespaces, XDP)");
         std::process::exit(1);
     }
+    xroce_bench::interrupt::remove_namespaces_when_interrupted("suite");
     let opts = options();
     let p = Progress(Instant::now());
     let bin_dir = std::env::current_exe()
