@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use xroce_datapath::cpu_time;
+use xroce_datapath::{cpu_time, netns};
 use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab};
 
 use crate::perftest::{parse_bw, parse_lat};
@@ -72,11 +72,18 @@ pub const RAW_PAYLOAD: usize = 1024;
 
 pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, String> {
     let image = ensure_image(&default_cache_dir(), say).map_err(|e| e.to_string())?;
-    // Declared first so that it is dropped after the lab, which deletes the namespace.
-    let _tracked;
-    let lab = Lab::new("xrbench", 1500, image, bin_dir.join("xroce-guest-agent"))
-        .map_err(|e| e.to_string())?;
-    _tracked = crate::interrupt::TrackedNamespace::new(lab.netns(), lab.work_dir());
+    // Named with the benchmarks' prefix, so that an interrupted run removes it, and made
+    // only while the run is not being interrupted (as its namespace pairs are).
+    let lab = netns::unless_refused(|| {
+        Lab::new(
+            crate::interrupt::NAMESPACE_PREFIX,
+            1500,
+            image,
+            bin_dir.join("xroce-guest-agent"),
+        )
+    })
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
     let guests = (0..2u8)
         .map(|i| {
             let mut c = GuestConfig::rxe(&format!("bench{i}"), 30 + i);

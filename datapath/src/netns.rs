@@ -31,16 +31,15 @@
 //!   program from both ends if it is loaded (so no pins are left in bpffs), and deletes both
 //!   namespaces, which deletes the veth pair.
 //!
-//! - While a pair exists its namespaces are listed in a process-wide register; a program
-//!   that is interrupted (a benchmark's Ctrl-C) calls [`remove_tracked`] from its signal
-//!   thread, which kills what runs in them and deletes them, since no `Drop` will run.
-//!   Other namespaces a program makes can be listed with [`track`].
+//! - A program that is interrupted (a benchmark's Ctrl-C), where no `Drop` will run, calls
+//!   [`refuse_new_namespaces`] and [`remove_own_namespaces`] from its signal thread: its
+//!   namespaces go with everything in them.
 //!
 //! Uses `ip` from iproute2 and needs root.
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -100,11 +99,9 @@ impl NetnsPair {
             created: [false; 2],
             children: Mutex::new(Vec::new()),
         };
-        // On any error below, dropping `pair` deletes what was created. Listed before it
-        // exists, so that an interruption cannot fall between the two.
+        // On any error below, dropping `pair` deletes what was created.
         for side in 0..2 {
-            track(&pair.ns[side], &[pair.ifaces[side].as_str()]);
-            ip(&["netns", "add", &pair.ns[side]])?;
+            add_namespace(&pair.ns[side])?;
             pair.created[side] = true;
         }
         let mtu_text = mtu.to_string();
@@ -298,120 +295,182 @@ impl Drop for NetnsPair {
                     eprintln!("netns fixture: deleting namespace {}: {e}", self.ns[side]);
                 }
             }
-            untrack(&self.ns[side]);
         }
     }
 }
 
-/// Namespaces this process made and has not deleted yet, with the interfaces in them that
-/// may carry xroce's XDP program.
-static TRACKED: Mutex<Vec<(String, Vec<String>)>> = Mutex::new(Vec::new());
+/// Whether new namespaces are refused ([`refuse_new_namespaces`]). Held across `ip netns
+/// add`, so that the refusal waits for a namespace being made to exist.
+static REFUSING: Mutex<bool> = Mutex::new(false);
 
-/// Lists namespace `ns` (with the interfaces in it that may carry xroce's XDP program) for
-/// [`remove_tracked`]. [`NetnsPair`] lists its own.
-pub fn track(ns: &str, xdp_ifaces: &[&str]) {
-    let mut tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
-    tracked.retain(|(name, _)| name != ns);
-    tracked.push((
-        ns.to_string(),
-        xdp_ifaces.iter().map(|i| i.to_string()).collect(),
-    ));
+/// `ip netns add NAME`, unless an interrupted program refuses new namespaces.
+fn add_namespace(name: &str) -> io::Result<()> {
+    let refusing = REFUSING.lock().unwrap_or_else(|p| p.into_inner());
+    if *refusing {
+        return Err(io::Error::other(format!(
+            "not creating namespace {name}: the program was interrupted"
+        )));
+    }
+    ip(&["netns", "add", name])
 }
 
-/// Takes `ns` off the list (it was deleted, or is meant to outlive the process).
-pub fn untrack(ns: &str) {
-    TRACKED
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|(name, _)| name != ns);
+/// For a program that was interrupted: waits until a namespace being made (by a pair, or
+/// inside [`unless_refused`]) exists, then refuses to make more, so that
+/// [`remove_own_namespaces`] finds all of them.
+pub fn refuse_new_namespaces() {
+    *REFUSING.lock().unwrap_or_else(|p| p.into_inner()) = true;
 }
 
-/// For a program that was interrupted: SIGKILLs every other process inside the listed
-/// namespaces (the programs a benchmark started there, which run in process groups of their
-/// own, and guests), deletes the xroce devices made in them (`xroce link add`: records and
-/// device nodes) and unloads xroce's XDP program from their interfaces (so no pins stay in
-/// bpffs), and deletes them. Returns the names it deleted. Each step is bounded in time;
-/// the list stays locked, so pairs made or dropped meanwhile wait.
-pub fn remove_tracked() -> Vec<String> {
-    let tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
-    tracked
-        .iter()
-        .filter(|(ns, ifaces)| remove_namespace(ns, ifaces))
-        .map(|(ns, _)| ns.clone())
+/// Runs `make` (which creates a namespace some other way, such as the guests' lab) unless
+/// new namespaces are refused, and keeps [`refuse_new_namespaces`] waiting meanwhile.
+pub fn unless_refused<T>(make: impl FnOnce() -> T) -> io::Result<T> {
+    let refusing = REFUSING.lock().unwrap_or_else(|p| p.into_inner());
+    if *refusing {
+        return Err(io::Error::other(
+            "not creating a namespace: the program was interrupted",
+        ));
+    }
+    Ok(make())
+}
+
+/// For a program that was interrupted, when no `Drop` will run: removes every namespace
+/// named `<prefix>-<this process's id>-...` for one of `prefixes` (pairs', and others named
+/// the same way, such as the guests' lab), with what is in them: the processes (a benchmark's
+/// perftest programs, which run in process groups of their own, and guests) are SIGKILLed,
+/// the xroce devices made there (`xroce link add`) deleted with their device nodes, and
+/// xroce's XDP programs unloaded (so no pins stay in bpffs). Returns each name found, with
+/// whether deleting it failed.
+///
+/// A namespace of a process that had this id before is removed too: its process is gone
+/// (unless it ran in another PID namespace that shares /run/netns, as `remove_orphans`
+/// assumes too).
+pub fn remove_own_namespaces(prefixes: &[&str]) -> Vec<(String, Result<(), String>)> {
+    let own = format!("{}-", std::process::id());
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            prefixes.iter().any(|prefix| {
+                name.strip_prefix(prefix)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|rest| rest.starts_with(&own))
+            })
+        })
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let outcome = remove_namespace(&name);
+            (name, outcome)
+        })
         .collect()
 }
 
-/// [`remove_tracked`]'s work for one namespace; whether it was deleted.
-fn remove_namespace(ns: &str, xdp_ifaces: &[String]) -> bool {
-    let Ok(ns_file) = std::fs::metadata(format!("/run/netns/{ns}")) else {
-        return false;
-    };
-    kill_processes_in(&ns_file);
-    let (ns_name, ifaces) = (ns.to_string(), xdp_ifaces.to_vec());
+/// [`remove_own_namespaces`]'s work for one namespace: `Err` says why it was not deleted.
+fn remove_namespace(ns: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let ns_file = std::fs::File::open(format!("/run/netns/{ns}")).map_err(|e| e.to_string())?;
+    let id = ns_file.metadata().map_err(|e| e.to_string())?;
+    // The name goes first: nothing can enter by it any more (`ip netns exec` opens it), so
+    // what the kill below misses can only be a process entering at this very moment. The
+    // namespace itself lives on while `ns_file` is open.
+    let deleted = ip(&["netns", "del", ns]).map_err(|e| e.to_string());
+    kill_processes_in(id.dev(), id.ino());
     let (tx, rx) = mpsc::channel();
-    // Its own thread, because it enters the namespace; bounded, because unloading takes
-    // bpffs's lock, which the interrupted main thread may hold for a moment.
+    // Its own thread, because it enters the namespace; bounded, because deleting devices and
+    // unloading take locks (the registry's, bpffs's) that the interrupted main thread may
+    // hold for a moment.
     std::thread::spawn(move || {
-        if enter(&ns_name).is_ok() {
-            // xroce devices made there (`xroce link add`): their records and device nodes.
+        // SAFETY: `ns_file` is an open nsfs file of a network namespace; setns with
+        // CLONE_NEWNET changes only this thread's network namespace.
+        if unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) } == 0 {
             if let Ok(links) = crate::registry::links() {
                 for link in links {
                     let _ = crate::registry::delete(&link.name);
                 }
             }
-            for iface in &ifaces {
-                let _ = crate::xdp::unload(iface);
+            // The interfaces that still carry xroce's program are those with pins.
+            let pinned = std::fs::read_dir(crate::xdp::pins::netns_dir(id.ino()));
+            for iface in pinned.into_iter().flatten().flatten() {
+                let _ = crate::xdp::unload(&iface.file_name().to_string_lossy());
             }
         }
         let _ = tx.send(());
     });
     let _ = rx.recv_timeout(Duration::from_secs(5));
-    match ip(&["netns", "del", ns]) {
-        Ok(()) => true,
-        Err(e) => {
-            eprintln!("netns fixture: deleting namespace {ns}: {e}");
-            false
+    deleted
+}
+
+/// SIGKILLs every process other than this one whose network namespace is the nsfs inode
+/// `dev`/`ino`, scanning again until a scan finds none left running (at most 3 s): a program
+/// may have been entering it during the first scan.
+fn kill_processes_in(dev: u64, ino: u64) {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::process::id();
+    let in_namespace = |pid: u32| {
+        std::fs::metadata(format!("/proc/{pid}/ns/net"))
+            .is_ok_and(|net| net.dev() == dev && net.ino() == ino)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let inside: Vec<u32> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+            .filter(|&pid| pid != own && in_namespace(pid) && is_running(pid))
+            .collect();
+        if inside.is_empty() || std::time::Instant::now() >= deadline {
+            return;
         }
+        for pid in inside {
+            kill_if_inside(pid, &in_namespace);
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// SIGKILLs every process (other than this one) whose network namespace is the one
-/// `ns_file` (`/run/netns/NAME`) names, and waits up to 2 s for them to go.
-fn kill_processes_in(ns_file: &std::fs::Metadata) {
-    use std::os::unix::fs::MetadataExt;
-    let own = std::process::id();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+/// SIGKILLs `pid` through a pidfd, after checking again that the process the pidfd names is
+/// in the namespace: the process found by the scan may have exited and its id been reused.
+/// Kernels without pidfds (before 5.3) get a plain kill.
+fn kill_if_inside(pid: u32, in_namespace: &dyn Fn(u32) -> bool) {
+    let Ok(id) = libc::pid_t::try_from(pid) else {
         return;
     };
-    let mut killed = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == own {
-            continue;
-        }
-        let Ok(net) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
-            continue;
-        };
-        if net.dev() == ns_file.dev() && net.ino() == ns_file.ino() {
-            if let Ok(id) = libc::pid_t::try_from(pid) {
-                // SAFETY: kill has no memory effects; the target runs in a namespace this
-                // process made for itself.
-                unsafe {
-                    libc::kill(id, libc::SIGKILL);
-                }
-                killed.push(pid);
+    // SAFETY: pidfd_open takes a process id and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, id, 0) };
+    if fd < 0 {
+        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) && in_namespace(pid) {
+            // SAFETY: kill has no memory effects; the target was just seen in a namespace
+            // this process made.
+            unsafe {
+                libc::kill(id, libc::SIGKILL);
             }
         }
+        return;
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while std::time::Instant::now() < deadline && killed.iter().any(|pid| is_running(*pid)) {
-        std::thread::sleep(Duration::from_millis(20));
+    let Ok(fd) = i32::try_from(fd) else {
+        return;
+    };
+    // SAFETY: `fd` is the fresh pidfd just returned, owned here.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if in_namespace(pid) {
+        // SAFETY: pidfd_send_signal with a valid pidfd, a signal number, no siginfo and no
+        // flags; it touches no memory of ours.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
+        }
     }
 }
 
@@ -604,17 +663,21 @@ mod tests {
         }
     }
 
-    /// What an interrupted benchmark does to its namespaces: a program running inside in a
-    /// process group of its own is killed, the xroce device made there goes with its device
-    /// node, the XDP programs' pins go (one loaded by the device, one by itself), the
-    /// namespaces go.
+    /// What an interrupted benchmark does to its namespaces: those named with its prefix and
+    /// process id go, with a program running inside in a process group of its own (killed),
+    /// the xroce device made there and its device node, and the XDP programs' pins (one
+    /// loaded by the device, one by itself). Another process's namespace stays.
     #[test]
-    fn a_removed_namespace_takes_its_programs_devices_and_pins_with_it() {
+    fn an_interrupted_programs_namespaces_go_with_their_programs_devices_and_pins() {
         if !root_or_skip() {
             return;
         }
         use std::os::unix::fs::MetadataExt;
-        let mut pair = NetnsPair::new("xrremove", 1500).expect("pair");
+        use std::os::unix::process::ExitStatusExt;
+        let prefix = "xrremove";
+        let mut pair = NetnsPair::new(prefix, 1500).expect("pair");
+        let someone_elses = format!("{prefix}-1-{}-0", std::process::id());
+        ip(&["netns", "add", &someone_elses]).expect("another process's namespace");
         let iface = pair.iface(0).to_string();
         pair.run_in(0, move || crate::registry::add("xrremove", &iface, None))
             .expect("xroce link add");
@@ -623,19 +686,19 @@ mod tests {
             crate::xdp::load(&crate::xdp::LoadOptions::new(&iface))
         })
         .expect("load XDP");
-        let ino = |side: usize| {
-            std::fs::metadata(format!("/run/netns/{}", pair.ns_name(side)))
+        let ino = |name: &str| {
+            std::fs::metadata(format!("/run/netns/{name}"))
                 .expect("namespace file")
                 .ino()
         };
-        let (ino0, ino1) = (ino(0), ino(1));
+        let (ino0, ino1) = (ino(pair.ns_name(0)), ino(pair.ns_name(1)));
         let state = [
-            crate::xdp::pins::netns_dir(ino0),
-            crate::xdp::pins::netns_dir(ino1),
-            crate::registry::run_dir_of(ino0),
-            crate::registry::cdev_path("xrremove"),
+            (Some(ino0), crate::xdp::pins::netns_dir(ino0)),
+            (Some(ino1), crate::xdp::pins::netns_dir(ino1)),
+            (Some(ino0), crate::registry::run_dir_of(ino0)),
+            (None, crate::registry::cdev_path("xrremove")),
         ];
-        let state_before: Vec<bool> = state.iter().map(|p| p.exists()).collect();
+        let state_before: Vec<bool> = state.iter().map(|(_, p)| p.exists()).collect();
         let mut sleep = pair.command(0, "sleep");
         let mut program = sleep
             .arg("60")
@@ -651,25 +714,46 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let names = [pair.ns_name(0).to_string(), pair.ns_name(1).to_string()];
-        let removed = [
-            remove_namespace(&names[0], &[pair.iface(0).to_string()]),
-            remove_namespace(&names[1], &[pair.iface(1).to_string()]),
-        ];
+        let removed = remove_own_namespaces(&[prefix]);
         let status = program.try_wait().expect("wait for sleep");
         let _ = program.kill();
         let _ = program.wait();
-        let namespaces_left: Vec<_> = names
-            .iter()
-            .filter(|n| std::path::Path::new(&format!("/run/netns/{n}")).exists())
+        let exists = |n: &str| std::path::Path::new(&format!("/run/netns/{n}")).exists();
+        let namespaces_left: Vec<_> = names.iter().filter(|n| exists(n)).collect();
+        let someone_elses_left = exists(&someone_elses);
+        let _ = ip(&["netns", "del", &someone_elses]);
+        // Keyed by a namespace's inode, which the kernel reuses: a path that exists again
+        // because another test's new namespace got the same inode is not a leftover.
+        let live_inodes: Vec<u64> = std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::metadata(e.path()).ok().map(|m| m.ino()))
             .collect();
-        let state_left: Vec<_> = state.iter().filter(|p| p.exists()).collect();
+        let state_left: Vec<_> = state
+            .iter()
+            .filter(|(ino, p)| p.exists() && !ino.is_some_and(|i| live_inodes.contains(&i)))
+            .map(|(_, p)| p)
+            .collect();
         // Deleted already: the pair's own drop has nothing left to do.
         pair.created = [false; 2];
         drop(pair);
         assert_eq!(state_before, [true; 4], "{state:?} existed");
-        assert_eq!(removed, [true; 2]);
-        assert!(status.is_some(), "the program inside was killed");
+        assert_eq!(
+            removed,
+            names.clone().map(|n| (n, Ok(()))),
+            "the pair's namespaces were removed"
+        );
+        assert_eq!(
+            status.and_then(|s| s.signal()),
+            Some(libc::SIGKILL),
+            "the program inside was killed"
+        );
         assert!(namespaces_left.is_empty(), "left: {namespaces_left:?}");
+        assert!(
+            someone_elses_left,
+            "{someone_elses} is another process's and stays"
+        );
         assert!(state_left.is_empty(), "left: {state_left:?}");
     }
 

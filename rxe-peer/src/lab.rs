@@ -45,7 +45,7 @@ impl Lab {
         let n = LABS.fetch_add(1, Ordering::Relaxed);
         let ns = format!("{prefix}-{pid}-{n}");
         let subnet = [10, 200 + (pid % 50) as u8, (n % 250) as u8];
-        let work = std::env::temp_dir().join(format!("xroce-lab-{ns}"));
+        let work = work_dir_for(&ns);
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(&work)
             .map_err(|e| PeerError::io(format!("creating {}", work.display()), e))?;
@@ -74,11 +74,6 @@ impl Lab {
     /// The namespace's name.
     pub fn netns(&self) -> &str {
         &self.ns
-    }
-
-    /// The directory holding the guests' files (initrds, consoles); removed with the lab.
-    pub fn work_dir(&self) -> &Path {
-        &self.work
     }
 
     pub fn mtu(&self) -> u32 {
@@ -221,6 +216,12 @@ impl Lab {
     ) -> std::io::Result<std::net::TcpStream> {
         connect_in(&self.ns, addr, timeout)
     }
+}
+
+/// The directory holding the files (initrds, consoles) of the guests of lab namespace `ns`;
+/// removed with the lab.
+pub fn work_dir_for(ns: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("xroce-lab-{ns}"))
 }
 
 impl Drop for Lab {

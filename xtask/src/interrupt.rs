@@ -5,12 +5,13 @@
 //! process group, so a Ctrl-C stops them too, and the command's waits end; the command then
 //! sees the flag, removes what it made and exits with an error.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The signal that came, 0 before one did.
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(signal: libc::c_int) {
+    SIGNAL.store(signal, Ordering::SeqCst);
 }
 
 /// From now on SIGINT and SIGTERM set the flag instead of ending the process.
@@ -28,7 +29,12 @@ pub fn catch_signals() {
 
 /// Whether a signal came.
 pub fn was_interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
+    signal().is_some()
+}
+
+/// The signal that came, if one did.
+pub fn signal() -> Option<libc::c_int> {
+    Some(SIGNAL.load(Ordering::SeqCst)).filter(|&s| s != 0)
 }
 
 /// `Err("interrupted")` once a signal came.

@@ -314,12 +314,8 @@ fn bench_suite(root: &Path, quick: bool, no_guests: bool) -> Result<(), String> 
         cmd.arg("--no-guests");
     }
     println!("==> run: target/release/suite (progress below)");
-    // A Ctrl-C reaches the suite too, which removes its namespaces before it exits: wait for
-    // that instead of handing the terminal back while it still prints.
-    interrupt::catch_signals();
-    let status = cmd
-        .status()
-        .map_err(|e| format!("cannot run the suite: {e}"))?;
+    let (status, _) =
+        run_benchmark(cmd, false).map_err(|e| format!("cannot run the suite: {e}"))?;
     if status.success() {
         Ok(())
     } else if interrupt::was_interrupted() {
@@ -327,6 +323,50 @@ fn bench_suite(root: &Path, quick: bool, no_guests: bool) -> Result<(), String> 
     } else {
         Err(format!("the suite failed ({status})"))
     }
+}
+
+/// Runs a benchmark binary (its stdout captured when `capture_stdout`) and waits for it. A
+/// Ctrl-C or SIGTERM that reaches this command is passed on to it: after a terminal's Ctrl-C,
+/// which reaches both, the benchmark ignores the copy; after a signal sent to this command
+/// alone, the benchmark would otherwise go on for minutes. Either way it removes its
+/// namespaces before it exits, and this command waits for that instead of handing the
+/// terminal back while it still prints.
+fn run_benchmark(
+    mut cmd: Command,
+    capture_stdout: bool,
+) -> std::io::Result<(std::process::ExitStatus, Vec<u8>)> {
+    interrupt::catch_signals();
+    if capture_stdout {
+        cmd.stdout(std::process::Stdio::piped());
+    }
+    let mut child = cmd.spawn()?;
+    let reader = child.stdout.take().map(|mut out| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut out, &mut bytes);
+            bytes
+        })
+    });
+    let mut passed_on = false;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if let (Some(signal), false) = (interrupt::signal(), passed_on) {
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: kill has no memory effects; the target is our child, not yet reaped.
+                unsafe {
+                    libc::kill(pid, signal);
+                }
+            }
+            passed_on = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let stdout = reader
+        .map(|r| r.join().unwrap_or_default())
+        .unwrap_or_default();
+    Ok((status, stdout))
 }
 
 fn demo(root: &Path) -> Result<(), String> {
@@ -381,20 +421,17 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
         ],
     )?;
     println!("==> run: target/release/datapath (about a minute)");
-    // As for the suite: the benchmark cleans up after a Ctrl-C, and is waited for.
-    interrupt::catch_signals();
-    let out = Command::new(root.join("target/release/datapath"))
-        .current_dir(root)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot run the benchmark: {e}"))?;
-    if !out.status.success() && interrupt::was_interrupted() {
+    let mut cmd = Command::new(root.join("target/release/datapath"));
+    cmd.current_dir(root);
+    let (status, stdout) =
+        run_benchmark(cmd, true).map_err(|e| format!("cannot run the benchmark: {e}"))?;
+    if !status.success() && interrupt::was_interrupted() {
         return Err("interrupted".into());
     }
-    if !out.status.success() {
-        return Err(format!("the benchmark failed ({})", out.status));
+    if !status.success() {
+        return Err(format!("the benchmark failed ({status})"));
     }
-    let table = String::from_utf8_lossy(&out.stdout);
+    let table = String::from_utf8_lossy(&stdout);
     print!("{table}");
     if table.trim().is_empty() {
         // A partial run (`XROCE_BENCH_ONLY`, a profiling aid) prints no table: the recorded

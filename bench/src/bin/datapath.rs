@@ -82,6 +82,12 @@ const BENCH_PARTS: [&str; 6] = [
 ];
 
 fn main() {
+    run();
+    // Not `return`: a clean-up after Ctrl-C, under way on another thread, must end first.
+    xroce_bench::interrupt::exit(0);
+}
+
+fn run() {
     match std::env::args().nth(1).as_deref() {
         None => {}
         Some("-h" | "--help") => {
@@ -109,7 +115,7 @@ fn main() {
         std::process::exit(1);
     }
     xroce_bench::interrupt::remove_namespaces_when_interrupted("datapath bench");
-    let pair = NetnsPair::new("xrbench", 9000).expect("namespaces");
+    let pair = NetnsPair::new(xroce_bench::interrupt::NAMESPACE_PREFIX, 9000).expect("namespaces");
     for side in 0..2 {
         let iface = pair.iface(side).to_string();
         pair.run_in(side, move || {

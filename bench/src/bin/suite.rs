@@ -81,6 +81,12 @@ const GUESTS_LAT: &str = "Identical QEMU guests (TCG, 1 vCPU each): latency, pat
 const GUESTS_BW: &str = "Identical QEMU guests (TCG, 1 vCPU each): bandwidth, path MTU 1024";
 
 fn main() {
+    run();
+    // Not `return`: a clean-up after Ctrl-C, under way on another thread, must end first.
+    xroce_bench::interrupt::exit(0);
+}
+
+fn run() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("suite: needs root (network namespaces, XDP)");
@@ -105,7 +111,8 @@ fn main() {
 
     // ---------------------------------------------------------------- netdev MTU 9000
     p.say("namespaces at MTU 9000 with an xroce device on each end");
-    let x = XrocePair::new("xrperf", 9000, &bin_dir).unwrap_or_else(|e| fail("set-up", e));
+    let x = XrocePair::new(xroce_bench::interrupt::NAMESPACE_PREFIX, 9000, &bin_dir)
+        .unwrap_or_else(|e| fail("set-up", e));
     let _ = x
         .pair
         .exec(0, &format!("ping -c 1 -W 1 {}", x.pair.ipv4(1)));
@@ -515,7 +522,8 @@ fn main() {
 
     // ---------------------------------------------------------------- netdev MTU 1500
     p.say("namespaces at MTU 1500");
-    let x = XrocePair::new("xrperf", 1500, &bin_dir).unwrap_or_else(|e| fail("set-up", e));
+    let x = XrocePair::new(xroce_bench::interrupt::NAMESPACE_PREFIX, 1500, &bin_dir)
+        .unwrap_or_else(|e| fail("set-up", e));
     let _ = x
         .pair
         .exec(0, &format!("ping -c 1 -W 1 {}", x.pair.ipv4(1)));
@@ -1214,5 +1222,5 @@ fn capture(program: &str, args: &[&str]) -> String {
 
 fn fail(what: &str, e: impl std::fmt::Display) -> ! {
     eprintln!("suite: {what}: {e}");
-    std::process::exit(1);
+    xroce_bench::interrupt::exit(1);
 }
