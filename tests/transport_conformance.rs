@@ -45,7 +45,9 @@ use xroce_core::transport::{
     Access, AddressVector, AttrMask, Counters, CqId, Device, DeviceConfig, PathMtu, QpAttr, QpCap,
     QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, VecMemory, WcOpcode, WcStatus,
 };
-use xroce_core::wire::{HeaderKind, HeaderSet, IpAddress, Ipv4Address, Opcode, RoceFrame};
+use xroce_core::wire::{
+    emit_frame, AethSyndrome, HeaderKind, HeaderSet, IpAddress, Ipv4Address, Opcode, RoceFrame,
+};
 use xroce_tests::fixture_frames;
 use xroce_tests::sim::{bring_up, create_qp, ConnectOptions, LinkConfig, QpEnd, Sim};
 
@@ -867,6 +869,27 @@ impl Responder {
         (mr.lkey, mr.rkey)
     }
 
+    /// Posts `count` receives of `MSG` bytes each, back to back from `va`, with work request
+    /// ids 0, 1, ...
+    fn post_receives(&mut self, va: u64, lkey: u32, count: usize) {
+        for i in 0..count {
+            let sge = Sge {
+                addr: va + (i * MSG) as u64,
+                length: MSG as u32,
+                lkey,
+            };
+            self.dev
+                .post_recv(
+                    self.qpn,
+                    RecvWr {
+                        wr_id: i as u64,
+                        sg_list: vec![sge].into(),
+                    },
+                )
+                .unwrap();
+        }
+    }
+
     /// Hands each request to the device and sends whatever it then has to send, as the engine
     /// does; returns the packets sent.
     fn feed(&mut self, requests: &[Vec<u8>]) -> Vec<Vec<u8>> {
@@ -908,22 +931,7 @@ fn rc_pingpong_sends_fed_to_an_xroce_responder() {
     for (local, peer, peer_psn) in [(SERVER, CLIENT, CLIENT_PSN), (CLIENT, SERVER, SERVER_PSN)] {
         let mut r = responder(local, peer, QPN, QPN, peer_psn, Access::NONE);
         let (lkey, _) = r.register_at(0x10_0000, MSG * ROUNDS, Access::LOCAL_WRITE);
-        for i in 0..ROUNDS {
-            let sge = Sge {
-                addr: 0x10_0000 + (i * MSG) as u64,
-                length: MSG as u32,
-                lkey,
-            };
-            r.dev
-                .post_recv(
-                    r.qpn,
-                    RecvWr {
-                        wr_id: i as u64,
-                        sg_list: vec![sge].into(),
-                    },
-                )
-                .unwrap();
-        }
+        r.post_receives(0x10_0000, lkey, ROUNDS);
         let requests = select(&rxe, peer, true);
         let out = r.feed(&requests);
         let what = format!("rc_pingpong ACKs from {local:?}");
@@ -942,6 +950,74 @@ fn rc_pingpong_sends_fed_to_an_xroce_responder() {
         let landed = r.mem.area(0x10_0000).unwrap();
         assert!(landed.chunks(MSG).all(|c| c == &data[..]));
     }
+}
+
+/// A SEND with invalidate names an R_Key to invalidate, and this device offers nothing that
+/// can be invalidated (no memory windows, no fast-registered regions). rdma_rxe, for an R_Key
+/// it cannot invalidate (a plain registered region's included), fails the receive with
+/// REM_INV_REQ_ERR and moves the QP to ERROR without a NAK (class J), and still ACKs the
+/// packet (MSN not counted). The first message of the `ibv_rc_pingpong` capture, its last
+/// packet turned into SEND_LAST_WITH_INVALIDATE naming the region the message lands in,
+/// must get the same.
+#[test]
+fn a_send_with_invalidate_fails_its_receive_as_rdma_rxe_fails_it() {
+    use rc_pingpong::*;
+    let rxe = capture(FILE);
+    let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, Access::NONE);
+    let (lkey, rkey) = r.register_at(
+        0x10_0000,
+        MSG * 2,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    );
+    r.post_receives(0x10_0000, lkey, 2);
+    let mut message: Vec<Vec<u8>> = select(&rxe, CLIENT, true)[..MSG / MTU].to_vec();
+    let last = RoceFrame::parse_ip(&message[MSG / MTU - 1]).unwrap();
+    assert_eq!(last.headers.transport.bth.opcode, Opcode::RC_SEND_LAST);
+    assert!(last.headers.transport.bth.ack_req);
+    let last_psn = last.headers.transport.bth.psn;
+    let mut headers = last.headers;
+    headers.transport.bth.opcode = Opcode::RC_SEND_LAST_WITH_INVALIDATE;
+    headers.transport.invalidate_rkey = Some(rkey);
+    let mut buf = vec![0u8; 2048];
+    let n = emit_frame(&mut buf, &headers, last.payload).unwrap();
+    message[MSG / MTU - 1] = buf[..n].to_vec();
+
+    let out = r.feed(&message);
+    let answers: Vec<_> = out
+        .iter()
+        .map(|p| {
+            let t = RoceFrame::parse_ip(p).unwrap().headers.transport;
+            (t.bth.opcode, t.bth.psn, t.aeth.map(|a| (a.syndrome, a.msn)))
+        })
+        .collect();
+    assert_eq!(
+        answers,
+        [(
+            Opcode::RC_ACKNOWLEDGE,
+            last_psn,
+            Some((
+                AethSyndrome::Ack {
+                    credits: AethSyndrome::UNLIMITED_CREDITS
+                },
+                0
+            ))
+        )],
+        "one ACK for the packet, no NAK, the message not counted"
+    );
+    let mut wcs = Vec::new();
+    r.dev.poll_cq(r.cq, usize::MAX, &mut wcs).unwrap();
+    let statuses: Vec<_> = wcs.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    assert_eq!(
+        statuses,
+        [(0, WcStatus::RemInvReqErr), (1, WcStatus::WrFlushErr)],
+        "the receive failed, the next one was flushed"
+    );
+    assert_eq!(r.dev.query_qp(r.qpn).unwrap().state, QpState::Error);
+    let counters = r.dev.counters();
+    assert_eq!(
+        (counters.invalidate_errors, counters.error_naks_sent),
+        (1, 0)
+    );
 }
 
 #[test]

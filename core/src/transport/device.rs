@@ -105,6 +105,8 @@ pub struct Counters {
     pub ud_too_long: u64,
     pub uc_messages_dropped: u64,
     pub cq_overflows: u64,
+    /// SENDs with invalidate, failed because nothing here can be invalidated (class J).
+    pub invalidate_errors: u64,
     /// Work completions stored in CQs (the engine watches it to tell whether a batch of
     /// frames gave the application something to do).
     pub completions: u64,
@@ -112,7 +114,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 28] {
+    pub fn fields(&self) -> [(&'static str, u64); 29] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -141,6 +143,7 @@ impl Counters {
             ("ud_too_long", self.ud_too_long),
             ("uc_messages_dropped", self.uc_messages_dropped),
             ("cq_overflows", self.cq_overflows),
+            ("invalidate_errors", self.invalidate_errors),
             ("completions", self.completions),
         ]
     }

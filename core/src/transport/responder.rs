@@ -326,6 +326,9 @@ impl Qp {
                 }
             }
         }
+        if info.with_invalidate() {
+            return self.class_j(sh, p, t.bth.ack_req);
+        }
         match op {
             Operation::Send | Operation::RdmaWrite => {
                 if let Err(f) = self.exec_send_write(sh, host, frame, info) {
@@ -739,6 +742,24 @@ impl Qp {
         self.fail_recv_in_progress(sh, f.status());
         self.resp.cur = None;
         self.enter_error_owing(sh, Some(p));
+    }
+
+    /// The last packet of a SEND with invalidate. Its R_Key would name a memory window or a
+    /// fast-registered region, neither of which this device offers, so the invalidation always
+    /// fails. rdma_rxe fails such a SEND as class J (`RESPST_ERR_INVALIDATE_RKEY`): the receive
+    /// completes with REM_INV_REQ_ERR and the QP moves to ERROR without a NAK. Executing it as
+    /// a plain SEND would tell the application nothing while its peer counts on the R_Key no
+    /// longer working. As rdma_rxe, it still ACKs the packet when asked to (its MSN not
+    /// counted), so the requester completes the SEND.
+    fn class_j(&mut self, sh: &mut Shared, p: u32, ack_req: bool) {
+        sh.counters.invalidate_errors += 1;
+        self.fail_recv_in_progress(sh, WcStatus::RemInvReqErr);
+        self.resp.cur = None;
+        if ack_req {
+            self.resp.ack(p);
+        }
+        // Owed up to and including `p`: that ACK, and what came before it.
+        self.enter_error_owing(sh, Some(psn::add(p, 1)));
     }
 
     fn fail_recv_in_progress(&mut self, sh: &mut Shared, status: WcStatus) {
