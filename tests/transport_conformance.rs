@@ -46,7 +46,8 @@ use xroce_core::transport::{
     QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, VecMemory, WcOpcode, WcStatus,
 };
 use xroce_core::wire::{
-    emit_frame, AethSyndrome, HeaderKind, HeaderSet, IpAddress, Ipv4Address, Opcode, RoceFrame,
+    emit_frame, AethSyndrome, HeaderKind, HeaderSet, IpAddress, Ipv4Address, NakCode, Opcode,
+    RoceFrame,
 };
 use xroce_tests::fixture_frames;
 use xroce_tests::sim::{bring_up, create_qp, ConnectOptions, LinkConfig, QpEnd, Sim};
@@ -956,68 +957,72 @@ fn rc_pingpong_sends_fed_to_an_xroce_responder() {
 /// can be invalidated (no memory windows, no fast-registered regions). rdma_rxe, for an R_Key
 /// it cannot invalidate (a plain registered region's included), fails the receive with
 /// REM_INV_REQ_ERR and moves the QP to ERROR without a NAK (class J), and still ACKs the
-/// packet (MSN not counted). The first message of the `ibv_rc_pingpong` capture, its last
-/// packet turned into SEND_LAST_WITH_INVALIDATE naming the region the message lands in,
-/// must get the same.
+/// packet (MSN not counted). It checks the packet's length and places its payload first, so
+/// a last packet of the wrong length is a class C error, NAKed as an invalid request. The
+/// first message of the `ibv_rc_pingpong` capture, its last packet turned into
+/// SEND_LAST_WITH_INVALIDATE naming the region the message lands in, must get the same.
 #[test]
 fn a_send_with_invalidate_fails_its_receive_as_rdma_rxe_fails_it() {
     use rc_pingpong::*;
     let rxe = capture(FILE);
-    let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, Access::NONE);
-    let (lkey, rkey) = r.register_at(
-        0x10_0000,
-        MSG * 2,
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-    );
-    r.post_receives(0x10_0000, lkey, 2);
-    let mut message: Vec<Vec<u8>> = select(&rxe, CLIENT, true)[..MSG / MTU].to_vec();
+    let message: Vec<Vec<u8>> = select(&rxe, CLIENT, true)[..MSG / MTU].to_vec();
     let last = RoceFrame::parse_ip(&message[MSG / MTU - 1]).unwrap();
     assert_eq!(last.headers.transport.bth.opcode, Opcode::RC_SEND_LAST);
     assert!(last.headers.transport.bth.ack_req);
     let last_psn = last.headers.transport.bth.psn;
-    let mut headers = last.headers;
-    headers.transport.bth.opcode = Opcode::RC_SEND_LAST_WITH_INVALIDATE;
-    headers.transport.invalidate_rkey = Some(rkey);
-    let mut buf = vec![0u8; 2048];
-    let n = emit_frame(&mut buf, &headers, last.payload).unwrap();
-    message[MSG / MTU - 1] = buf[..n].to_vec();
+    let ack = AethSyndrome::Ack {
+        credits: AethSyndrome::UNLIMITED_CREDITS,
+    };
+    let nak = AethSyndrome::Nak(NakCode::InvalidRequest);
+    // (last packet's payload, the answer's syndrome, invalidate errors, error NAKs)
+    for (payload, syndrome, invalidate_errors, error_naks) in
+        [(last.payload, ack, 1, 0), (&[][..], nak, 0, 1)]
+    {
+        let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, Access::NONE);
+        let (lkey, rkey) = r.register_at(
+            0x10_0000,
+            MSG * 2,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        );
+        r.post_receives(0x10_0000, lkey, 2);
+        let mut headers = last.headers;
+        headers.transport.bth.opcode = Opcode::RC_SEND_LAST_WITH_INVALIDATE;
+        headers.transport.invalidate_rkey = Some(rkey);
+        let mut buf = vec![0u8; 2048];
+        let n = emit_frame(&mut buf, &headers, payload).unwrap();
+        let mut requests = message.clone();
+        requests[MSG / MTU - 1] = buf[..n].to_vec();
 
-    let out = r.feed(&message);
-    let answers: Vec<_> = out
-        .iter()
-        .map(|p| {
-            let t = RoceFrame::parse_ip(p).unwrap().headers.transport;
-            (t.bth.opcode, t.bth.psn, t.aeth.map(|a| (a.syndrome, a.msn)))
-        })
-        .collect();
-    assert_eq!(
-        answers,
-        [(
-            Opcode::RC_ACKNOWLEDGE,
-            last_psn,
-            Some((
-                AethSyndrome::Ack {
-                    credits: AethSyndrome::UNLIMITED_CREDITS
-                },
-                0
-            ))
-        )],
-        "one ACK for the packet, no NAK, the message not counted"
-    );
-    let mut wcs = Vec::new();
-    r.dev.poll_cq(r.cq, usize::MAX, &mut wcs).unwrap();
-    let statuses: Vec<_> = wcs.iter().map(|wc| (wc.wr_id, wc.status)).collect();
-    assert_eq!(
-        statuses,
-        [(0, WcStatus::RemInvReqErr), (1, WcStatus::WrFlushErr)],
-        "the receive failed, the next one was flushed"
-    );
-    assert_eq!(r.dev.query_qp(r.qpn).unwrap().state, QpState::Error);
-    let counters = r.dev.counters();
-    assert_eq!(
-        (counters.invalidate_errors, counters.error_naks_sent),
-        (1, 0)
-    );
+        let out = r.feed(&requests);
+        let answers: Vec<_> = out
+            .iter()
+            .map(|p| {
+                let t = RoceFrame::parse_ip(p).unwrap().headers.transport;
+                (t.bth.opcode, t.bth.psn, t.aeth.map(|a| (a.syndrome, a.msn)))
+            })
+            .collect();
+        let what = format!("last packet of {} bytes", payload.len());
+        assert_eq!(
+            answers,
+            [(Opcode::RC_ACKNOWLEDGE, last_psn, Some((syndrome, 0)))],
+            "{what}: one answer for the packet, the message not counted"
+        );
+        let mut wcs = Vec::new();
+        r.dev.poll_cq(r.cq, usize::MAX, &mut wcs).unwrap();
+        let statuses: Vec<_> = wcs.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+        assert_eq!(
+            statuses,
+            [(0, WcStatus::RemInvReqErr), (1, WcStatus::WrFlushErr)],
+            "{what}: the receive failed, the next one was flushed"
+        );
+        assert_eq!(r.dev.query_qp(r.qpn).unwrap().state, QpState::Error);
+        let counters = r.dev.counters();
+        assert_eq!(
+            (counters.invalidate_errors, counters.error_naks_sent),
+            (invalidate_errors, error_naks),
+            "{what}"
+        );
+    }
 }
 
 #[test]

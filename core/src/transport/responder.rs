@@ -206,6 +206,15 @@ impl Responder {
     }
 }
 
+/// What executing a SEND/WRITE packet came to, when nothing was wrong with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Executed {
+    Done,
+    /// The last packet of a SEND with invalidate: placed, but the R_Key cannot be
+    /// invalidated here (see `Qp::class_j`).
+    InvalidateFailed,
+}
+
 /// Why a SEND/WRITE packet could not be executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -326,13 +335,12 @@ impl Qp {
                 }
             }
         }
-        if info.with_invalidate() {
-            return self.class_j(sh, p, t.bth.ack_req);
-        }
         match op {
             Operation::Send | Operation::RdmaWrite => {
-                if let Err(f) = self.exec_send_write(sh, host, frame, info) {
-                    return self.class_c(sh, p, f);
+                match self.exec_send_write(sh, host, frame, info) {
+                    Ok(Executed::Done) => {}
+                    Ok(Executed::InvalidateFailed) => return self.class_j(sh, p, t.bth.ack_req),
+                    Err(f) => return self.class_c(sh, p, f),
                 }
                 if self.attr.state == QpState::Error {
                     // The receive completion overran the CQ and the QP went to ERROR: like
@@ -586,7 +594,7 @@ impl Qp {
         host: &mut dyn HostMemory,
         frame: &RoceFrame<'_>,
         info: &OpcodeInfo,
-    ) -> Result<(), Fault> {
+    ) -> Result<Executed, Fault> {
         let t = &frame.headers.transport;
         let pos = info.position;
         let n = frame.payload.len();
@@ -617,6 +625,11 @@ impl Qp {
                 r.offset += n as u64;
                 if pos.ends_message() {
                     self.resp.cur = None;
+                    if info.with_invalidate() {
+                        // Placed and checked like any SEND (a length or placement fault is
+                        // class C, as in rdma_rxe); only then the invalidation fails.
+                        return Ok(Executed::InvalidateFailed);
+                    }
                     self.resp.msn = psn::add(self.resp.msn, 1);
                     let byte_len = r.offset as u32;
                     self.complete_recv(sh, WcOpcode::Recv, byte_len, frame);
@@ -694,7 +707,7 @@ impl Qp {
             }
             _ => return Err(Fault::Invalid),
         }
-        Ok(())
+        Ok(Executed::Done)
     }
 
     /// Completes the receive WQE in progress successfully.
@@ -744,17 +757,29 @@ impl Qp {
         self.enter_error_owing(sh, Some(p));
     }
 
-    /// The last packet of a SEND with invalidate. Its R_Key would name a memory window or a
-    /// fast-registered region, neither of which this device offers, so the invalidation always
-    /// fails. rdma_rxe fails such a SEND as class J (`RESPST_ERR_INVALIDATE_RKEY`): the receive
-    /// completes with REM_INV_REQ_ERR and the QP moves to ERROR without a NAK. Executing it as
-    /// a plain SEND would tell the application nothing while its peer counts on the R_Key no
-    /// longer working. As rdma_rxe, it still ACKs the packet when asked to (its MSN not
-    /// counted), so the requester completes the SEND.
+    /// The last packet of a SEND with invalidate, placed. Its R_Key would name a memory
+    /// window or a fast-registered region, neither of which this device offers, so the
+    /// invalidation always fails. rdma_rxe fails such a SEND as class J
+    /// (`RESPST_ERR_INVALIDATE_RKEY`): the receive completes with REM_INV_REQ_ERR and the QP
+    /// moves to ERROR without a NAK. Executing it as a plain SEND would tell the application
+    /// nothing while its peer counts on the R_Key no longer working. As rdma_rxe, it still
+    /// ACKs the packet when asked to (its MSN not counted), so the requester completes the
+    /// SEND; and as after any receive completion the CQ has no room for, a full CQ means
+    /// ERROR with no ACK.
     fn class_j(&mut self, sh: &mut Shared, p: u32, ack_req: bool) {
         sh.counters.invalidate_errors += 1;
-        self.fail_recv_in_progress(sh, WcStatus::RemInvReqErr);
         self.resp.cur = None;
+        if let Some(r) = self.resp.recv.take() {
+            let wc = self.failed_recv_wc(r.wqe.wr_id, WcStatus::RemInvReqErr);
+            if !sh.complete(self.recv_cq, wc) {
+                sh.events
+                    .push_back(Event::Async(AsyncEvent::QpFatal(self.qpn)));
+                self.enter_error(sh);
+                return;
+            }
+        }
+        // Taken, as far as the peer is told: a destroyed QP that lingers answers its resend.
+        self.resp.psn = psn::add(p, 1);
         if ack_req {
             self.resp.ack(p);
         }
@@ -764,18 +789,22 @@ impl Qp {
 
     fn fail_recv_in_progress(&mut self, sh: &mut Shared, status: WcStatus) {
         if let Some(r) = self.resp.recv.take() {
-            let wc = WorkCompletion {
-                wr_id: r.wqe.wr_id,
-                status,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm: 0,
-                qp_num: self.qpn,
-                src_qp: self.attr.dest_qpn,
-                flags: WcFlags::default(),
-                solicited: false,
-            };
+            let wc = self.failed_recv_wc(r.wqe.wr_id, status);
             sh.complete_quiet(self.recv_cq, wc);
+        }
+    }
+
+    fn failed_recv_wc(&self, wr_id: u64, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: 0,
+            qp_num: self.qpn,
+            src_qp: self.attr.dest_qpn,
+            flags: WcFlags::default(),
+            solicited: false,
         }
     }
 
@@ -835,7 +864,8 @@ impl Qp {
             }
         }
         match self.exec_send_write(sh, host, frame, info) {
-            Ok(()) => self.resp.psn = psn::add(p, 1),
+            // UC has no SEND with invalidate (the opcodes are RC's).
+            Ok(_) => self.resp.psn = psn::add(p, 1),
             Err(Fault::Malformed) => {
                 self.fail_recv_in_progress(sh, WcStatus::LocQpOpErr);
                 self.enter_error(sh);
