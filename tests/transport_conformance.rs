@@ -42,8 +42,9 @@
 
 use xroce_core::icrc;
 use xroce_core::transport::{
-    Access, AddressVector, AttrMask, Counters, CqId, Device, DeviceConfig, PathMtu, QpAttr, QpCap,
-    QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, VecMemory, WcOpcode, WcStatus,
+    Access, AddressVector, AsyncEvent, AttrMask, Counters, CqId, Device, DeviceConfig, Event,
+    PathMtu, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, VecMemory,
+    WcOpcode, WcStatus,
 };
 use xroce_core::wire::{
     emit_frame, AethSyndrome, HeaderKind, HeaderSet, IpAddress, Ipv4Address, NakCode, Opcode,
@@ -58,6 +59,8 @@ const CLIENT: [u8; 4] = [10, 77, 0, 12];
 const SERVER: [u8; 4] = [10, 77, 0, 11];
 const MTU: usize = 1024;
 const MSG: usize = 4096;
+/// A responder's CQ size with room for every completion a capture makes.
+const ROOMY_CQ: u32 = 1024;
 
 mod rc_pingpong {
     pub const FILE: &str = "rc_pingpong.pcap";
@@ -762,6 +765,8 @@ struct Responder {
     peer: [u8; 4],
 }
 
+/// An xroce device with one RC QP `qpn` in RTS, connected to `dest_qpn` at `peer`, expecting
+/// `rq_psn`, its completion queue holding `cqe` completions.
 fn responder(
     local: [u8; 4],
     peer: [u8; 4],
@@ -769,6 +774,7 @@ fn responder(
     dest_qpn: u32,
     rq_psn: u32,
     access: Access,
+    cqe: u32,
 ) -> Responder {
     let mut dev = Device::new(DeviceConfig {
         gids: vec![Some(ip(local))],
@@ -778,7 +784,7 @@ fn responder(
         first_qpn: xroce_core::transport::device::limits::FIRST_QPN,
     });
     let pd = dev.alloc_pd();
-    let cq = dev.create_cq(1024).unwrap();
+    let cq = dev.create_cq(cqe).unwrap();
     let init = QpInit {
         ty: QpType::Rc,
         pd,
@@ -930,7 +936,7 @@ fn rc_pingpong_sends_fed_to_an_xroce_responder() {
     let rxe = capture(FILE);
     // Both directions: xroce as the server (answering the client) and as the client.
     for (local, peer, peer_psn) in [(SERVER, CLIENT, CLIENT_PSN), (CLIENT, SERVER, SERVER_PSN)] {
-        let mut r = responder(local, peer, QPN, QPN, peer_psn, Access::NONE);
+        let mut r = responder(local, peer, QPN, QPN, peer_psn, Access::NONE, ROOMY_CQ);
         let (lkey, _) = r.register_at(0x10_0000, MSG * ROUNDS, Access::LOCAL_WRITE);
         r.post_receives(0x10_0000, lkey, ROUNDS);
         let requests = select(&rxe, peer, true);
@@ -978,7 +984,7 @@ fn a_send_with_invalidate_fails_its_receive_as_rdma_rxe_fails_it() {
     for (payload, syndrome, invalidate_errors, error_naks) in
         [(last.payload, ack, 1, 0), (&[][..], nak, 0, 1)]
     {
-        let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, Access::NONE);
+        let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, Access::NONE, ROOMY_CQ);
         let (lkey, rkey) = r.register_at(
             0x10_0000,
             MSG * 2,
@@ -1025,12 +1031,65 @@ fn a_send_with_invalidate_fails_its_receive_as_rdma_rxe_fails_it() {
     }
 }
 
+/// The failed receive of a SEND with invalidate is a completion like any other: when the CQ
+/// has no room for it, the QP goes to ERROR with CQ-error and QP-fatal events and the packet is not
+/// acknowledged, as after any receive completion the CQ could not take (rdma_rxe's
+/// `RESPST_ERR_CQ_OVERFLOW`), so the sender does not count it delivered.
+#[test]
+fn a_send_with_invalidate_whose_failure_finds_the_cq_full_is_not_acknowledged() {
+    use rc_pingpong::*;
+    let rxe = capture(FILE);
+    // A CQ with room for the first message's completion only.
+    let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, Access::NONE, 1);
+    let (lkey, rkey) = r.register_at(0x10_0000, MSG * 2, Access::LOCAL_WRITE);
+    r.post_receives(0x10_0000, lkey, 2);
+    let mut requests: Vec<Vec<u8>> = select(&rxe, CLIENT, true)[..2 * MSG / MTU].to_vec();
+    let last = RoceFrame::parse_ip(&requests[2 * MSG / MTU - 1]).unwrap();
+    assert_eq!(last.headers.transport.bth.opcode, Opcode::RC_SEND_LAST);
+    let mut headers = last.headers;
+    headers.transport.bth.opcode = Opcode::RC_SEND_LAST_WITH_INVALIDATE;
+    headers.transport.invalidate_rkey = Some(rkey);
+    let mut buf = vec![0u8; 2048];
+    let n = emit_frame(&mut buf, &headers, last.payload).unwrap();
+    requests[2 * MSG / MTU - 1] = buf[..n].to_vec();
+    let first_last_psn = RoceFrame::parse_ip(&requests[MSG / MTU - 1])
+        .unwrap()
+        .headers
+        .transport
+        .bth
+        .psn;
+
+    let out = r.feed(&requests);
+    let acked: Vec<u32> = out
+        .iter()
+        .map(|p| RoceFrame::parse_ip(p).unwrap().headers.transport.bth.psn)
+        .collect();
+    assert_eq!(
+        acked,
+        [first_last_psn],
+        "only the first message is acknowledged"
+    );
+    assert_eq!(r.dev.query_qp(r.qpn).unwrap().state, QpState::Error);
+    let events: Vec<Event> = std::iter::from_fn(|| r.dev.poll_event()).collect();
+    assert_eq!(
+        events,
+        [
+            Event::Async(AsyncEvent::CqError(r.cq)),
+            Event::Async(AsyncEvent::QpFatal(r.qpn))
+        ]
+    );
+    let mut wcs = Vec::new();
+    r.dev.poll_cq(r.cq, usize::MAX, &mut wcs).unwrap();
+    let statuses: Vec<_> = wcs.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    assert_eq!(statuses, [(0, WcStatus::Success)]);
+}
+
 #[test]
 fn ib_write_bw_writes_fed_to_an_xroce_responder() {
     use ib_write_bw::*;
     let rxe = capture(FILE);
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, access);
+    let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, access, ROOMY_CQ);
     let (_, rkey) = r.register_at(VA, MSG, access);
     // The captured R_Key (0x758) is replaced by xroce's; ICRC recomputed.
     let requests: Vec<_> = select(&rxe, CLIENT, true)
@@ -1048,7 +1107,7 @@ fn ib_read_bw_reads_fed_to_an_xroce_responder() {
     use ib_read_bw::*;
     let rxe = capture(FILE);
     let access = Access::LOCAL_WRITE | Access::REMOTE_READ;
-    let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, access);
+    let mut r = responder(SERVER, CLIENT, QPN, QPN, CLIENT_PSN, access, ROOMY_CQ);
     let (_, rkey) = r.register_at(VA, MSG, access);
     // The bytes rxe's server returned, at the same VA.
     r.mem
