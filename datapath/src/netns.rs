@@ -379,7 +379,7 @@ fn remove_namespace(ns: &str) -> Result<(), String> {
     // what the kill below misses can only be a process entering at this very moment. The
     // namespace itself lives on while `ns_file` is open.
     let deleted = ip(&["netns", "del", ns]).map_err(|e| e.to_string());
-    kill_processes_in(id.dev(), id.ino());
+    kill_processes_in(id.ino());
     let (tx, rx) = mpsc::channel();
     // Its own thread, because it enters the namespace; bounded, because deleting devices and
     // unloading take locks (the registry's, bpffs's) that the interrupted main thread may
@@ -405,31 +405,41 @@ fn remove_namespace(ns: &str) -> Result<(), String> {
     deleted
 }
 
-/// SIGKILLs every process other than this one whose network namespace is the nsfs inode
-/// `dev`/`ino`, scanning again until a scan finds none left running (at most 3 s): a program
-/// may have been entering it during the first scan.
-fn kill_processes_in(dev: u64, ino: u64) {
-    use std::os::unix::fs::MetadataExt;
-    let own = std::process::id();
-    let in_namespace = |pid: u32| {
-        std::fs::metadata(format!("/proc/{pid}/ns/net"))
-            .is_ok_and(|net| net.dev() == dev && net.ino() == ino)
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return;
-        };
-        let inside: Vec<u32> = entries
+/// Whether process `pid` is in the network namespace with nsfs inode `ino`.
+pub(crate) fn in_netns(pid: u32, ino: u64) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/ns/net"))
+        .is_ok_and(|link| link.as_os_str().to_str() == Some(&format!("net:[{ino}]")))
+}
+
+/// The processes in the network namespace with nsfs inode `ino`; `None` when /proc cannot be
+/// read.
+pub(crate) fn processes_in_netns(ino: u64) -> Option<Vec<u32>> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    Some(
+        entries
             .flatten()
             .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
-            .filter(|&pid| pid != own && in_namespace(pid) && is_running(pid))
-            .collect();
+            .filter(|&pid| in_netns(pid, ino))
+            .collect(),
+    )
+}
+
+/// SIGKILLs every process other than this one in the network namespace with nsfs inode `ino`,
+/// scanning again until a scan finds none left running (at most 3 s): a program may have been
+/// entering it during the first scan.
+fn kill_processes_in(ino: u64) {
+    let own = std::process::id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let Some(mut inside) = processes_in_netns(ino) else {
+            return;
+        };
+        inside.retain(|&pid| pid != own && is_running(pid));
         if inside.is_empty() || std::time::Instant::now() >= deadline {
             return;
         }
         for pid in inside {
-            kill_if_inside(pid, &in_namespace);
+            kill_if_inside(pid, ino);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -438,14 +448,14 @@ fn kill_processes_in(dev: u64, ino: u64) {
 /// SIGKILLs `pid` through a pidfd, after checking again that the process the pidfd names is
 /// in the namespace: the process found by the scan may have exited and its id been reused.
 /// Kernels without pidfds (before 5.3) get a plain kill.
-fn kill_if_inside(pid: u32, in_namespace: &dyn Fn(u32) -> bool) {
+fn kill_if_inside(pid: u32, ino: u64) {
     let Ok(id) = libc::pid_t::try_from(pid) else {
         return;
     };
     // SAFETY: pidfd_open takes a process id and flags and returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, id, 0) };
     if fd < 0 {
-        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) && in_namespace(pid) {
+        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) && in_netns(pid, ino) {
             // SAFETY: kill has no memory effects; the target was just seen in a namespace
             // this process made.
             unsafe {
@@ -459,7 +469,7 @@ fn kill_if_inside(pid: u32, in_namespace: &dyn Fn(u32) -> bool) {
     };
     // SAFETY: `fd` is the fresh pidfd just returned, owned here.
     let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if in_namespace(pid) {
+    if in_netns(pid, ino) {
         // SAFETY: pidfd_send_signal with a valid pidfd, a signal number, no siginfo and no
         // flags; it touches no memory of ours.
         unsafe {

@@ -771,11 +771,9 @@ impl Qp {
         self.resp.cur = None;
         if let Some(r) = self.resp.recv.take() {
             let wc = self.failed_recv_wc(r.wqe.wr_id, WcStatus::RemInvReqErr);
-            if !sh.complete(self.recv_cq, wc) {
-                sh.events
-                    .push_back(Event::Async(AsyncEvent::QpFatal(self.qpn)));
-                self.enter_error(sh);
-                return;
+            self.post_recv_completion(sh, wc);
+            if self.attr.state == QpState::Error {
+                return; // the CQ had no room: no ACK, as for a SEND
             }
         }
         // Taken, as far as the peer is told: a destroyed QP that lingers answers its resend.
@@ -864,8 +862,9 @@ impl Qp {
             }
         }
         match self.exec_send_write(sh, host, frame, info) {
-            // UC has no SEND with invalidate (the opcodes are RC's).
-            Ok(_) => self.resp.psn = psn::add(p, 1),
+            // The expected PSN moved on above. UC has no SEND with invalidate (the opcodes
+            // are RC's).
+            Ok(_) => {}
             Err(Fault::Malformed) => {
                 self.fail_recv_in_progress(sh, WcStatus::LocQpOpErr);
                 self.enter_error(sh);
