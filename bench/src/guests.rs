@@ -75,6 +75,8 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     // Named with the benchmarks' prefix, so that an interrupted run removes it, and made
     // only while the run is not being interrupted (as its namespace pairs are).
     let lab = netns::unless_refused(|| {
+        // What a benchmark killed outright left (its guests may still be running).
+        netns::remove_orphaned_namespaces(crate::interrupt::NAMESPACE_PREFIX);
         Lab::new(
             crate::interrupt::NAMESPACE_PREFIX,
             1500,

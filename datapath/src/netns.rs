@@ -83,7 +83,7 @@ impl NetnsPair {
     }
 
     fn create(prefix: &str, mtu: u32, ipv6: bool, queues: u32) -> io::Result<NetnsPair> {
-        remove_orphans(prefix);
+        remove_orphaned_namespaces(prefix);
         let pid = std::process::id();
         let n = PAIRS.fetch_add(1, Ordering::Relaxed);
         let x = 100 + (pid % 100) as u8;
@@ -342,7 +342,7 @@ pub fn unless_refused<T>(make: impl FnOnce() -> T) -> io::Result<T> {
 /// whether deleting it failed.
 ///
 /// A namespace of a process that had this id before is removed too: its process is gone
-/// (unless it ran in another PID namespace that shares /run/netns, as `remove_orphans`
+/// (unless it ran in another PID namespace that shares /run/netns, as `remove_orphaned_namespaces`
 /// assumes too).
 pub fn remove_own_namespaces(prefixes: &[&str]) -> Vec<(String, Result<(), String>)> {
     let own = format!("{}-", std::process::id());
@@ -494,41 +494,48 @@ fn is_running(pid: u32) -> bool {
     })
 }
 
-/// Deletes namespaces named `<prefix>-<pid>-<n>-<side>` whose process is gone: a run killed
-/// (Ctrl-C, a timeout) never reached its pairs' `Drop`. Namespaces of living processes, and
-/// names of any other shape, are left alone.
-fn remove_orphans(prefix: &str) {
+/// Removes the namespaces named `<prefix>-<pid>-...` whose process is gone, with what is in
+/// them (as [`remove_own_namespaces`] does for a program's own): a run killed outright
+/// (SIGKILL, a timeout) reached neither its `Drop`s nor its signal handler, and may have left
+/// guests or xroce programs running inside, xroce devices and XDP pins. Namespaces of living
+/// processes, and names of any other shape, are left alone. Returns the names removed.
+///
+/// [`NetnsPair`] calls this for its prefix; harnesses that name other namespaces the same way
+/// (the guests' labs, the interop tests' xroce side) call it for theirs.
+pub fn remove_orphaned_namespaces(prefix: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/run/netns") else {
-        return;
+        return Vec::new();
     };
+    let mut removed = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = orphan_pid(prefix, &name) else {
             continue;
         };
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if is_running(pid) {
             continue;
         }
-        match ip(&["netns", "del", &name]) {
-            Ok(()) => eprintln!("netns fixture: removed {name}, left by process {pid} (gone)"),
-            // Another process making a pair at the same moment may have removed it first.
+        match remove_namespace(&name) {
+            Ok(()) => {
+                eprintln!("netns: removed {name}, left by process {pid} (gone)");
+                removed.push(name);
+            }
+            // Another process cleaning up at the same moment may have removed it first.
             Err(_) if !entry.path().exists() => {}
-            Err(e) => eprintln!("netns fixture: removing {name} (left by process {pid}): {e}"),
+            Err(e) => eprintln!("netns: removing {name} (left by process {pid}): {e}"),
         }
     }
+    removed
 }
 
-/// The process id in a fixture namespace's name `<prefix>-<pid>-<n>-<0|1>`, if it is one.
+/// The process id in a name `<prefix>-<pid>-<rest>` (`rest` not empty), if it has that shape.
 fn orphan_pid(prefix: &str, name: &str) -> Option<u32> {
     let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
-    let mut parts = rest.split('-');
-    let pid = parts.next()?.parse::<u32>().ok()?;
-    parts.next()?.parse::<u32>().ok()?;
-    let side = parts.next()?;
-    if parts.next().is_some() || !(side == "0" || side == "1") {
+    let (pid, tail) = rest.split_once('-')?;
+    if tail.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    Some(pid)
+    pid.parse::<u32>().ok()
 }
 
 /// Moves the calling thread into the named network namespace (`/run/netns/NAME`).
@@ -657,17 +664,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_fixture_names_give_a_process_id() {
+    fn only_names_of_the_prefixs_shape_give_a_process_id() {
         assert_eq!(orphan_pid("xrbench", "xrbench-4242-0-1"), Some(4242));
         assert_eq!(orphan_pid("xrbench", "xrbench-4242-17-0"), Some(4242));
+        assert_eq!(orphan_pid("xrbench", "xrbench-4242-0"), Some(4242));
+        assert_eq!(orphan_pid("xri1500", "xri1500-4242-x3"), Some(4242));
         for other in [
-            "xrbench-4242-0-2",
-            "xrbench-4242-0",
-            "xrbench-4242-0-1-x",
+            "xrbench-4242",
+            "xrbench-4242-",
             "xrbenchx-4242-0-1",
             "other-4242-0-1",
             "xrbench-abc-0-1",
+            "xrbench-+42-0",
             "xrbench--0-1",
+            "xrbench",
         ] {
             assert_eq!(orphan_pid("xrbench", other), None, "{other}");
         }
@@ -767,8 +777,9 @@ mod tests {
         assert!(state_left.is_empty(), "left: {state_left:?}");
     }
 
-    /// A namespace left by a killed run (its process gone) is removed by the next pair made
-    /// with the same prefix; one of a living process is not.
+    /// Namespaces left by a killed run (its process gone) are removed by the next pair made
+    /// with the same prefix, a pair's and a lab's alike, and a program still running inside
+    /// one is killed; a living process's namespace is not touched.
     #[test]
     fn a_killed_runs_namespaces_are_removed_by_the_next_pair() {
         if !root_or_skip() {
@@ -778,17 +789,50 @@ mod tests {
         let dead = (1_000_000..4_000_000u32)
             .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
             .expect("an unused process id");
-        let orphan = format!("{prefix}-{dead}-0-0");
+        let orphan_pair = format!("{prefix}-{dead}-0-0");
+        let orphan_lab = format!("{prefix}-{dead}-7");
         let alive = format!("{prefix}-{}-999-0", std::process::id());
-        ip(&["netns", "add", &orphan]).expect("orphan namespace");
-        ip(&["netns", "add", &alive]).expect("living namespace");
+        for ns in [&orphan_pair, &orphan_lab, &alive] {
+            ip(&["netns", "add", ns]).expect("namespace");
+        }
+        // What a killed run's guest would be: a process left running in the lab's namespace.
+        let mut left_running = Command::new("ip")
+            .args(["netns", "exec", &orphan_lab, "sleep", "60"])
+            .spawn()
+            .expect("sleep in the orphan namespace");
+        let in_it = |pid: u32| {
+            std::fs::metadata(format!("/run/netns/{orphan_lab}"))
+                .is_ok_and(|m| in_netns(pid, std::os::unix::fs::MetadataExt::ino(&m)))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !in_it(left_running.id()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let pair = NetnsPair::new(prefix, 1500).expect("pair");
         let exists = |n: &str| std::path::Path::new(&format!("/run/netns/{n}")).exists();
-        let (orphan_left, alive_left) = (exists(&orphan), exists(&alive));
+        let left = [&orphan_pair, &orphan_lab, &alive].map(|ns| exists(ns));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let killed = loop {
+            match left_running.try_wait() {
+                Ok(Some(status)) => {
+                    break std::os::unix::process::ExitStatusExt::signal(&status)
+                        == Some(libc::SIGKILL)
+                }
+                _ if std::time::Instant::now() >= deadline => break false,
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let _ = left_running.kill();
+        let _ = left_running.wait();
         drop(pair);
-        let _ = ip(&["netns", "del", &alive]);
-        let _ = ip(&["netns", "del", &orphan]);
-        assert!(!orphan_left, "{orphan} was removed");
-        assert!(alive_left, "{alive} belongs to this process and stays");
+        for ns in [&alive, &orphan_pair, &orphan_lab] {
+            let _ = ip(&["netns", "del", ns]);
+        }
+        assert_eq!(
+            left,
+            [false, false, true],
+            "orphans removed, the living one kept"
+        );
+        assert!(killed, "the program left in the lab's namespace was killed");
     }
 }

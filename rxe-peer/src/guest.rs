@@ -13,6 +13,8 @@ use crate::lab::Lab;
 use crate::protocol::{Reply, Request, AGENT_PORT};
 use crate::{PeerError, Result};
 
+/// The name of qemu's QMP socket in a guest's directory.
+const QMP_SOCKET: &str = "qmp.sock";
 /// How long a guest may take to boot under TCG (measured: 9-13 s; more on a loaded machine).
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a KVM boot may take before KVM is declared unusable here.
@@ -138,6 +140,58 @@ impl Guest {
     /// The serial console so far.
     pub fn console_log(&self) -> String {
         fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    /// How many times the guest kernel has reported its network device's transmit queue
+    /// stuck (`NETDEV WATCHDOG: ... transmit queue 0 timed out`, every 5 s while it lasts).
+    ///
+    /// QEMU 7.2's virtio-net under TCG was seen to stop taking the guest's frames for good,
+    /// about once in 50 `ib_read_bw` runs in which the guest sends at full speed, while frames
+    /// to the guest kept arriving: a fault of the emulator, whoever the peer is.
+    pub fn transmit_stalls(&self) -> usize {
+        self.console_log()
+            .matches("transmit queue 0 timed out")
+            .count()
+    }
+
+    /// Takes the guest's link down and up again through qemu's monitor (QMP), after which
+    /// qemu's virtio-net has dropped what the stuck transmit queue held and listens to the
+    /// guest's notifications again; see [`Guest::transmit_stalls`].
+    pub fn bounce_link(&self) -> Result<()> {
+        let path = self.console.with_file_name(QMP_SOCKET);
+        let stream = std::os::unix::net::UnixStream::connect(&path)
+            .map_err(|e| PeerError::io(format!("connecting to {}", path.display()), e))?;
+        let qmp_error = |e: std::io::Error| PeerError::io(format!("QMP at {}", path.display()), e);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(qmp_error)?;
+        let mut writer = stream.try_clone().map_err(qmp_error)?;
+        let mut reader = std::io::BufReader::new(stream);
+        // One reply per command; events ({"event": ...}) may come in between.
+        let mut reply = |command: &str| -> Result<()> {
+            if !command.is_empty() {
+                writer
+                    .write_all(format!("{command}\n").as_bytes())
+                    .map_err(qmp_error)?;
+            }
+            loop {
+                let mut line = String::new();
+                if std::io::BufRead::read_line(&mut reader, &mut line).map_err(qmp_error)? == 0 {
+                    return Err(PeerError::Agent("QMP: qemu closed the monitor".into()));
+                }
+                if line.contains("\"error\"") {
+                    return Err(PeerError::Agent(format!("QMP {command}: {}", line.trim())));
+                }
+                if line.contains("\"return\"") || line.contains("\"QMP\"") {
+                    return Ok(());
+                }
+            }
+        };
+        reply("")?; // the greeting
+        reply(r#"{"execute":"qmp_capabilities"}"#)?;
+        reply(r#"{"execute":"set_link","arguments":{"name":"n0","up":false}}"#)?;
+        std::thread::sleep(Duration::from_millis(200));
+        reply(r#"{"execute":"set_link","arguments":{"name":"n0","up":true}}"#)
     }
 
     /// rdma_rxe's counters (`/sys/class/infiniband/rxe0/ports/1/hw_counters/*`).
@@ -325,6 +379,13 @@ fn start(
         .arg("-initrd")
         .arg(initrd)
         .args(["-append", &append])
+        // The QMP socket lets the harness reach qemu itself, e.g. to take the guest's link
+        // down and up again (see `Guest::bounce_link`).
+        .arg("-qmp")
+        .arg(format!(
+            "unix:{},server=on,wait=off",
+            dir.join(QMP_SOCKET).display()
+        ))
         .arg("-netdev")
         .arg(format!("tap,id=n0,ifname={tap},script=no,downscript=no"))
         .arg("-device")

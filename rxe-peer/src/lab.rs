@@ -40,7 +40,14 @@ pub struct Lab {
 impl Lab {
     /// Creates namespace `<prefix>-<pid>-<n>` with bridge `br0` (MTU `mtu`, address
     /// `10.A.B.254/24`). `agent` is the guest agent binary ([`find_agent`]).
+    ///
+    /// The files of labs with the same prefix whose process is gone and whose namespace no
+    /// longer exists (a run killed outright) are removed first. Their namespaces, and the
+    /// guests still running in them, are the caller's to reclaim beforehand
+    /// (`xroce_datapath::netns::remove_orphaned_namespaces`); a lab left running on purpose
+    /// ([`Lab::keep_running`]) keeps its namespace, and so its files.
     pub fn new(prefix: &str, mtu: u32, image: Image, agent: PathBuf) -> Result<Lab> {
+        remove_orphaned_work_dirs(&std::env::temp_dir(), Path::new("/run/netns"), prefix);
         let pid = std::process::id();
         let n = LABS.fetch_add(1, Ordering::Relaxed);
         let ns = format!("{prefix}-{pid}-{n}");
@@ -222,6 +229,37 @@ impl Lab {
 /// removed with the lab.
 pub fn work_dir_for(ns: &str) -> PathBuf {
     std::env::temp_dir().join(format!("xroce-lab-{ns}"))
+}
+
+/// Removes, from `dir`, the work directories (`xroce-lab-<prefix>-<pid>-<n>`) of labs whose
+/// process is gone and whose namespace (a name in `netns_dir`) no longer exists. Returns the
+/// names removed.
+fn remove_orphaned_work_dirs(dir: &Path, netns_dir: &Path, prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(ns) = name.strip_prefix("xroce-lab-") else {
+            continue;
+        };
+        let Some(pid) = ns
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|rest| rest.split_once('-'))
+            .filter(|(pid, n)| !n.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let process_gone = !Path::new(&format!("/proc/{pid}")).exists();
+        let netns_gone = !netns_dir.join(ns).exists();
+        if process_gone && netns_gone && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
 }
 
 impl Drop for Lab {
@@ -442,5 +480,38 @@ mod tests {
         assert_eq!(back, Some(lab));
         assert!(bad.is_err());
         assert_eq!(RunningLab::load(&path).unwrap(), None);
+    }
+
+    /// A killed run's lab files go once its namespace has; a living process's, files whose
+    /// namespace is still there (a lab kept running) and other names stay.
+    #[test]
+    fn only_orphaned_labs_files_are_removed() {
+        let dir = std::env::temp_dir().join(format!("xroce-lab-dirs-{}", std::process::id()));
+        let netns_dir = dir.join("netns");
+        let dead = (1_000_000..4_000_000u32)
+            .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+            .expect("an unused process id");
+        let own = std::process::id();
+        std::fs::create_dir_all(&netns_dir).unwrap();
+        std::fs::write(netns_dir.join(format!("xrwd-{dead}-5")), "").unwrap();
+        let names = [
+            format!("xroce-lab-xrwd-{dead}-0"),
+            format!("xroce-lab-xrwd-{dead}-12"),
+            format!("xroce-lab-xrwd-{dead}-5"),
+            format!("xroce-lab-xrwd-{own}-0"),
+            format!("xroce-lab-xrwdx-{dead}-0"),
+            format!("xroce-lab-xrwd-{dead}"),
+            format!("xroce-lab-other-{dead}-0"),
+        ];
+        for name in &names {
+            std::fs::create_dir_all(dir.join(name).join("guest")).unwrap();
+            std::fs::write(dir.join(name).join("guest/console.log"), "x").unwrap();
+        }
+        let mut removed = remove_orphaned_work_dirs(&dir, &netns_dir, "xrwd");
+        removed.sort();
+        let left: Vec<bool> = names.iter().map(|n| dir.join(n).exists()).collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(removed, [names[0].clone(), names[1].clone()]);
+        assert_eq!(left, [false, false, true, true, true, true, true]);
     }
 }

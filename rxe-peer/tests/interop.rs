@@ -9,7 +9,7 @@
 //! provider library); fails without root unless `XROCE_SKIP_ROOT_TESTS=1`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output as ProcOutput};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,6 +36,9 @@ static NS: AtomicU32 = AtomicU32::new(0);
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn lab(prefix: &str, mtu: u32) -> Lab {
+    // What a run killed outright left with this prefix: its lab (guests still running) and
+    // its xroce namespace.
+    netns::remove_orphaned_namespaces(prefix);
     let image = ensure_image(&default_cache_dir(), &mut |m| eprintln!("{m}")).expect("image");
     Lab::new(prefix, mtu, image, find_agent().expect("agent")).expect("lab")
 }
@@ -203,8 +206,9 @@ impl Rig {
     fn create(prefix: &str, mtu: u32, capture: bool) -> Rig {
         let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let lab = lab(prefix, mtu);
+        // Named like the lab, so that a later run reclaims it if this one is killed.
         let xroce_ns = format!(
-            "{prefix}x-{}-{}",
+            "{prefix}-{}-x{}",
             std::process::id(),
             NS.fetch_add(1, Ordering::Relaxed)
         );
@@ -274,6 +278,61 @@ impl Rig {
         }
     }
 
+    /// Gets the guest talking again after its transmit queue got stuck in qemu (see
+    /// [`Rig::run`]): bounces its link, waits (at most 60 s) until its agent answers, and
+    /// kills what is left of `program` there.
+    fn recover_from_transmit_stall(&self, program: &str) {
+        self.guest
+            .bounce_link()
+            .unwrap_or_else(|e| panic!("bouncing the guest's link: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.guest.run("true", Duration::from_secs(5)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the guest did not answer within 60 s of its link coming back{}",
+                self.guest_report()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        // By the kernel's name for it (at most 15 bytes); the guest has no pkill.
+        let name = program.split_whitespace().next().unwrap_or(program);
+        let comm = &name[..name.len().min(15)];
+        let _ = self.guest.run(
+            &format!(
+                "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = {comm} ] && \
+                 kill -9 ${{p#/proc/}}; done; true"
+            ),
+            Duration::from_secs(10),
+        );
+    }
+
+    /// Whether the guest's qemu still runs, and the end of its serial console, for a failure
+    /// report in which the guest stopped answering (a guest kernel that panics ends qemu, as
+    /// it boots with `panic=-1` and `-no-reboot`).
+    fn guest_report(&self) -> String {
+        let qemu = match self.guest.pid() {
+            Some(pid) if Path::new(&format!("/proc/{pid}")).exists() => {
+                let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rsplit_once(')')
+                            .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+                    })
+                    .unwrap_or_default();
+                format!("qemu (pid {pid}) state {state}")
+            }
+            Some(pid) => format!("qemu (pid {pid}) has ended"),
+            None => "qemu not tracked".to_string(),
+        };
+        let console = self.guest.console_log();
+        let lines: Vec<&str> = console.lines().collect();
+        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+        format!(
+            "\n--- guest {}: {qemu}; console's last lines:\n{tail}",
+            self.guest.name()
+        )
+    }
+
     /// rdma_rxe's side of a client that is still running `CLIENT_GRACE` after the xroce
     /// server ended: its QPs (state and PSNs), its counters and the guest kernel's last
     /// messages, looked at while it still waits, for the failure report. Empty when the client
@@ -317,13 +376,16 @@ impl Rig {
             let client = client.wait();
             let (client, server) = match (client, server) {
                 (Ok(c), Ok(s)) => (c, s),
-                (c, s) => panic!(
-                    "{program} with xroce as server:\n--- xroce server: {}\n--- guest client: \
-                     {}\n--- rdma_rxe counters since the guest booted: {}{rxe_while_hung}",
-                    s.map_or_else(|e| e.to_string(), |s| text(&s)),
-                    c.map_or_else(|e| e.to_string(), |c| c.text()),
-                    self.rxe_counters_now(),
-                ),
+                (c, s) => {
+                    return Err(format!(
+                        "{program} with xroce as server:\n--- xroce server: {}\n--- guest client: \
+                     {}\n--- rdma_rxe counters since the guest booted: {}{rxe_while_hung}{}",
+                        s.map_or_else(|e| e.to_string(), |s| text(&s)),
+                        c.map_or_else(|e| e.to_string(), |c| c.text()),
+                        self.rxe_counters_now(),
+                        self.guest_report(),
+                    ))
+                }
             };
             (
                 (server.status.success(), text(&server)),
@@ -335,13 +397,16 @@ impl Rig {
             let client = run_xroce(self.on_xroce(&format!("{program} {}", self.guest.ipv4())));
             let (client, server) = match (client, server.wait()) {
                 (Ok(c), Ok(s)) => (c, s),
-                (c, s) => panic!(
-                    "{program} with xroce as client:\n--- guest server: {}\n--- xroce client: \
-                     {}\n--- rdma_rxe counters since the guest booted: {}",
-                    s.map_or_else(|e| e.to_string(), |s| s.text()),
-                    c.map_or_else(|e| e.to_string(), |c| text(&c)),
-                    self.rxe_counters_now(),
-                ),
+                (c, s) => {
+                    return Err(format!(
+                        "{program} with xroce as client:\n--- guest server: {}\n--- xroce client: \
+                     {}\n--- rdma_rxe counters since the guest booted: {}{}",
+                        s.map_or_else(|e| e.to_string(), |s| s.text()),
+                        c.map_or_else(|e| e.to_string(), |c| text(&c)),
+                        self.rxe_counters_now(),
+                        self.guest_report(),
+                    ))
+                }
             };
             (
                 (server.success(), server.text()),
@@ -378,23 +443,35 @@ impl Rig {
 
     /// Runs `program` with xroce as server or client and collects both sides' counters.
     ///
-    /// A run that perftest itself refused to report on, because its calibration of the CPU
-    /// clock failed (on a busy host the guest's emulated clock can make its samples disagree:
-    /// "Correlation coefficient r^2: 0.29 < 0.9 / Can't produce a report"), is run once more:
-    /// that verdict is about perftest's timer, not about the transfer.
+    /// Two failures that are not about the transfer get the run repeated, once each:
+    /// - perftest refusing to report because its calibration of the CPU clock failed (on a
+    ///   busy host the guest's emulated clock can make its samples disagree: "Correlation
+    ///   coefficient r^2: 0.29 < 0.9 / Can't produce a report");
+    /// - the guest's network device stuck in qemu ([`Guest::transmit_stalls`] grew): the
+    ///   guest's link is taken down and up again through qemu's monitor, and what is left of
+    ///   the program in the guest killed, before the run is repeated.
     fn run(&self, program: &str, xroce_serves: bool) -> Run {
-        let mut retried = false;
+        let (mut calibration_retried, mut stall_retried) = (false, false);
         let (before, client) = loop {
             let _ = std::fs::remove_file(&self.stats);
             if let Some(capture) = &self.capture {
                 let _ = std::fs::remove_file(capture);
             }
             let before = self.guest.rxe_counters().expect("rxe counters");
+            let stalls = self.guest.transmit_stalls();
             match self.server_client(program, xroce_serves) {
                 Ok(client) => break (before, client),
-                Err(failure) if perftest_calibration_failed(&failure) && !retried => {
+                Err(failure) if perftest_calibration_failed(&failure) && !calibration_retried => {
                     eprintln!("perftest could not calibrate its clock; running again:\n{failure}");
-                    retried = true;
+                    calibration_retried = true;
+                }
+                Err(failure) if self.guest.transmit_stalls() > stalls && !stall_retried => {
+                    eprintln!(
+                        "qemu stopped taking the guest's frames (its transmit queue timed out); \
+                         taking the guest's link down and up, then running again:\n{failure}"
+                    );
+                    self.recover_from_transmit_stall(program);
+                    stall_retried = true;
                 }
                 Err(failure) => panic!("{failure}"),
             }

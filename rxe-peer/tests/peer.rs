@@ -5,8 +5,25 @@
 
 use std::time::{Duration, Instant};
 
-use xroce_datapath::netns::root_or_skip;
-use xroce_rxe_peer::{default_cache_dir, ensure_image, find_agent, GuestConfig, Lab};
+use xroce_datapath::netns::{remove_orphaned_namespaces, root_or_skip};
+use xroce_rxe_peer::{
+    default_cache_dir, ensure_image, find_agent, Guest, GuestConfig, Lab, Output,
+};
+
+/// `ibv_rc_pingpong` with `iterations` between the first guest (server) and the second;
+/// returns the client's output and the server's.
+fn ping_pong(guests: &[Guest], iterations: u32) -> (Output, Output) {
+    let command = format!("ibv_rc_pingpong -d rxe0 -g 1 -n {iterations}");
+    let server = guests[0].spawn(&command, Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(1));
+    let client = guests[1]
+        .run(
+            &format!("{command} {}", guests[0].ipv4()),
+            Duration::from_secs(120),
+        )
+        .expect("client");
+    (client, server.wait().expect("server"))
+}
 
 #[test]
 fn two_rxe_guests_ping_pong() {
@@ -15,6 +32,7 @@ fn two_rxe_guests_ping_pong() {
     }
     let image = ensure_image(&default_cache_dir(), &mut |m| eprintln!("{m}")).expect("image");
     let agent = find_agent().expect("agent");
+    remove_orphaned_namespaces("xrpeer");
     let lab = Lab::new("xrpeer", 1500, image, agent).expect("lab");
     let t = Instant::now();
     let mut guests = lab
@@ -38,18 +56,7 @@ fn two_rxe_guests_ping_pong() {
         dev.text()
     );
 
-    let server = guests[0].spawn(
-        "ibv_rc_pingpong -d rxe0 -g 1 -n 100",
-        Duration::from_secs(120),
-    );
-    std::thread::sleep(Duration::from_secs(1));
-    let client = guests[1]
-        .run(
-            &format!("ibv_rc_pingpong -d rxe0 -g 1 -n 100 {}", guests[0].ipv4()),
-            Duration::from_secs(120),
-        )
-        .expect("client");
-    let server = server.wait().expect("server");
+    let (client, server) = ping_pong(&guests, 100);
     assert!(client.success(), "client: {}", client.text());
     assert!(server.success(), "server: {}", server.text());
     assert!(client.text().contains("100 iters"), "{}", client.text());
@@ -59,6 +66,42 @@ fn two_rxe_guests_ping_pong() {
         counters.get("sent_pkts").copied().unwrap_or(0) >= 100
             && counters.get("rcvd_pkts").copied().unwrap_or(0) >= 100,
         "{counters:?}"
+    );
+
+    // The harness's remedy for a guest whose network device got stuck in qemu: the link
+    // goes down and up through qemu's monitor (the guest sees its carrier change twice), and
+    // afterwards the guests exchange RDMA traffic again.
+    let carrier_changes = |g: &Guest| {
+        g.run(
+            "cat /sys/class/net/eth0/carrier_changes",
+            Duration::from_secs(20),
+        )
+        .expect("carrier changes")
+        .stdout
+        .trim()
+        .parse::<u64>()
+        .expect("a count")
+    };
+    let changes_before = carrier_changes(&guests[0]);
+    guests[0].bounce_link().expect("bounce the link");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while guests[0].run("true", Duration::from_secs(5)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the guest answers after its link came back"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        carrier_changes(&guests[0]) >= changes_before + 2,
+        "the guest saw its link go down and up"
+    );
+    let (client, server) = ping_pong(&guests, 10);
+    assert!(
+        client.success() && server.success(),
+        "after the bounce: client: {}\nserver: {}",
+        client.text(),
+        server.text()
     );
 
     // Timeouts are real: a command running past its bound is stopped.
