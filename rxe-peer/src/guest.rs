@@ -73,6 +73,8 @@ pub struct Guest {
     ns: String,
     child: Option<Child>,
     console: PathBuf,
+    /// The guest's files (console, initrd, qemu's monitor socket).
+    dir: PathBuf,
     accel: &'static str,
 }
 
@@ -145,9 +147,9 @@ impl Guest {
     /// How many times the guest kernel has reported its network device's transmit queue
     /// stuck (`NETDEV WATCHDOG: ... transmit queue 0 timed out`, every 5 s while it lasts).
     ///
-    /// QEMU 7.2's virtio-net under TCG was seen to stop taking the guest's frames for good,
-    /// about once in 50 `ib_read_bw` runs in which the guest sends at full speed, while frames
-    /// to the guest kept arriving: a fault of the emulator, whoever the peer is.
+    /// QEMU 7.2's virtio-net under TCG was seen to stop taking the guest's frames for good
+    /// (twice in about 345 `ib_read_bw` runs in which the guest sent at full speed), while
+    /// frames to the guest kept arriving: a fault of the emulator, whoever the peer is.
     pub fn transmit_stalls(&self) -> usize {
         self.console_log()
             .matches("transmit queue 0 timed out")
@@ -158,9 +160,17 @@ impl Guest {
     /// qemu's virtio-net has dropped what the stuck transmit queue held and listens to the
     /// guest's notifications again; see [`Guest::transmit_stalls`].
     pub fn bounce_link(&self) -> Result<()> {
-        let path = self.console.with_file_name(QMP_SOCKET);
-        let stream = std::os::unix::net::UnixStream::connect(&path)
-            .map_err(|e| PeerError::io(format!("connecting to {}", path.display()), e))?;
+        let path = self.dir.join(QMP_SOCKET);
+        let stream = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+            PeerError::io(
+                format!(
+                    "connecting to qemu's monitor at {} (none when the path is longer than \
+                     107 bytes)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
         let qmp_error = |e: std::io::Error| PeerError::io(format!("QMP at {}", path.display()), e);
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
@@ -234,6 +244,7 @@ impl Guest {
             ns: ns.to_string(),
             child: None,
             console: PathBuf::new(),
+            dir: crate::lab::work_dir_for(ns).join(name),
             accel: "unknown",
         }
     }
@@ -379,19 +390,21 @@ fn start(
         .arg("-initrd")
         .arg(initrd)
         .args(["-append", &append])
-        // The QMP socket lets the harness reach qemu itself, e.g. to take the guest's link
-        // down and up again (see `Guest::bounce_link`).
-        .arg("-qmp")
-        .arg(format!(
-            "unix:{},server=on,wait=off",
-            dir.join(QMP_SOCKET).display()
-        ))
         .arg("-netdev")
         .arg(format!("tap,id=n0,ifname={tap},script=no,downscript=no"))
         .arg("-device")
         .arg(format!("virtio-net-pci,netdev=n0,mac={mac}"))
         .stdin(Stdio::null())
         .stdout(Stdio::null());
+    // The QMP socket lets the harness reach qemu itself, e.g. to take the guest's link down
+    // and up again (`Guest::bounce_link`). A socket's path has room for 107 bytes; under a
+    // temporary directory too long for that the guest goes without one (qemu would refuse
+    // to start).
+    let qmp = dir.join(QMP_SOCKET);
+    if qmp.as_os_str().len() < 108 {
+        cmd.arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()));
+    }
     // qemu's own messages go to a file, not a pipe: a guest left running (`cargo xtask
     // rxe-peer up`) outlives this process, and a write to a closed pipe would kill it.
     let qemu_log = dir.join(format!("qemu-{accel}.log"));
@@ -452,6 +465,7 @@ fn start(
         ns: lab.netns().to_string(),
         child: Some(child),
         console,
+        dir: dir.to_path_buf(),
         accel,
     })
 }

@@ -190,6 +190,8 @@ struct Rig {
     guest: Guest,
     // Dropped last: kills the guest and deletes the bridge namespace.
     lab: Lab,
+    /// The guest's transmit stalls ([`Guest::transmit_stalls`]) already recovered from.
+    stalls_recovered: std::cell::Cell<usize>,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
@@ -232,6 +234,7 @@ impl Rig {
             stats,
             guest,
             lab,
+            stalls_recovered: std::cell::Cell::new(0),
             _serial: serial,
         };
         let out = rig.xroce_cmd(&["link", "add", "xr0", "netdev", "xr0"]);
@@ -296,7 +299,13 @@ impl Rig {
         }
         // By the kernel's name for it (at most 15 bytes); the guest has no pkill.
         let name = program.split_whitespace().next().unwrap_or(program);
-        let comm = &name[..name.len().min(15)];
+        let comm = name
+            .char_indices()
+            .map(|(i, c)| i + c.len_utf8())
+            .take_while(|&end| end <= 15)
+            .last()
+            .map_or("", |end| &name[..end]);
+        self.stalls_recovered.set(self.guest.transmit_stalls());
         let _ = self.guest.run(
             &format!(
                 "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = {comm} ] && \
@@ -417,10 +426,11 @@ impl Rig {
             Ok(client.1)
         } else {
             Err(format!(
-                "{program} with xroce as {}:\n--- server:\n{}\n--- client:\n{}",
+                "{program} with xroce as {}:\n--- server:\n{}\n--- client:\n{}{}",
                 if xroce_serves { "server" } else { "client" },
                 server.1,
-                client.1
+                client.1,
+                self.guest_report()
             ))
         }
     }
@@ -456,6 +466,13 @@ impl Rig {
             let _ = std::fs::remove_file(&self.stats);
             if let Some(capture) = &self.capture {
                 let _ = std::fs::remove_file(capture);
+            }
+            let stalls = self.guest.transmit_stalls();
+            if stalls > self.stalls_recovered.get() && !stall_retried {
+                // It stalled after the last run ended (or before this one got going).
+                eprintln!("qemu stopped taking the guest's frames since the last run; recovering");
+                self.recover_from_transmit_stall(program);
+                stall_retried = true;
             }
             let before = self.guest.rxe_counters().expect("rxe counters");
             let stalls = self.guest.transmit_stalls();
