@@ -461,6 +461,17 @@ impl Rig {
     ///   guest's link is taken down and up again through qemu's monitor, and what is left of
     ///   the program in the guest killed, before the run is repeated.
     fn run(&self, program: &str, xroce_serves: bool) -> Run {
+        self.run_with(program, xroce_serves, &mut || {})
+    }
+
+    /// [`Rig::run`], calling `before_each_attempt` just before the programs start, for set-up
+    /// that a repeated run needs afresh (the loss test's drop budget).
+    fn run_with(
+        &self,
+        program: &str,
+        xroce_serves: bool,
+        before_each_attempt: &mut dyn FnMut(),
+    ) -> Run {
         let (mut calibration_retried, mut stall_retried) = (false, false);
         let (before, client) = loop {
             let _ = std::fs::remove_file(&self.stats);
@@ -476,6 +487,7 @@ impl Rig {
             }
             let before = self.guest.rxe_counters().expect("rxe counters");
             let stalls = self.guest.transmit_stalls();
+            before_each_attempt();
             match self.server_client(program, xroce_serves) {
                 Ok(client) => break (before, client),
                 Err(failure) if perftest_calibration_failed(&failure) && !calibration_retried => {
@@ -726,10 +738,15 @@ fn transfers_survive_one_percent_loss_on_the_path() {
         ("ib_write_bw -n 1000", None),
     ] {
         for xroce_serves in [true, false] {
-            rig.set_drop(&ports, 100);
-            let dropped_before = rig.dropped_on_path(&ports);
-            let watch = budget.map(|b| rig.stop_dropping_after(&ports, b));
-            let run = rig.run(program, xroce_serves);
+            // Armed again for each attempt: a run repeated after a guest's transmit stall
+            // (see `Rig::run`) must lose frames too, and count only its own.
+            let (mut dropped_before, mut watch) = (0, None);
+            let run = rig.run_with(program, xroce_serves, &mut || {
+                drop(watch.take());
+                rig.set_drop(&ports, 100);
+                dropped_before = rig.dropped_on_path(&ports);
+                watch = budget.map(|b| rig.stop_dropping_after(&ports, b));
+            });
             drop(watch);
             let dropped = rig.dropped_on_path(&ports) - dropped_before;
             let what = run.describe();
