@@ -231,6 +231,11 @@ impl Guest {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether this guest's qemu still runs (an exited, unreaped qemu does not).
+    pub fn qemu_alive(&self) -> bool {
+        self.pid().is_some_and(|pid| is_our_qemu(pid, &self.name))
+    }
+
     /// Detaches from qemu: it keeps running after this `Guest` is dropped.
     pub fn detach(&mut self) -> Option<u32> {
         self.child.take().map(|c| c.id())

@@ -9,7 +9,7 @@
 //! provider library); fails without root unless `XROCE_SKIP_ROOT_TESTS=1`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output as ProcOutput};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -299,12 +299,7 @@ impl Rig {
         }
         // By the kernel's name for it (at most 15 bytes); the guest has no pkill.
         let name = program.split_whitespace().next().unwrap_or(program);
-        let comm = name
-            .char_indices()
-            .map(|(i, c)| i + c.len_utf8())
-            .take_while(|&end| end <= 15)
-            .last()
-            .map_or("", |end| &name[..end]);
+        let comm: String = name.chars().take(15).collect();
         self.stalls_recovered.set(self.guest.transmit_stalls());
         let _ = self.guest.run(
             &format!(
@@ -320,16 +315,7 @@ impl Rig {
     /// it boots with `panic=-1` and `-no-reboot`).
     fn guest_report(&self) -> String {
         let qemu = match self.guest.pid() {
-            Some(pid) if Path::new(&format!("/proc/{pid}")).exists() => {
-                let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|s| {
-                        s.rsplit_once(')')
-                            .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
-                    })
-                    .unwrap_or_default();
-                format!("qemu (pid {pid}) state {state}")
-            }
+            Some(pid) if self.guest.qemu_alive() => format!("qemu (pid {pid}) runs"),
             Some(pid) => format!("qemu (pid {pid}) has ended"),
             None => "qemu not tracked".to_string(),
         };
@@ -486,7 +472,6 @@ impl Rig {
                 stall_retried = true;
             }
             let before = self.guest.rxe_counters().expect("rxe counters");
-            let stalls = self.guest.transmit_stalls();
             before_each_attempt();
             match self.server_client(program, xroce_serves) {
                 Ok(client) => break (before, client),
@@ -494,7 +479,11 @@ impl Rig {
                     eprintln!("perftest could not calibrate its clock; running again:\n{failure}");
                     calibration_retried = true;
                 }
-                Err(failure) if self.guest.transmit_stalls() > stalls && !stall_retried => {
+                // Unless already retried, the attempt began with every stall recovered from.
+                Err(failure)
+                    if self.guest.transmit_stalls() > self.stalls_recovered.get()
+                        && !stall_retried =>
+                {
                     eprintln!(
                         "qemu stopped taking the guest's frames (its transmit queue timed out); \
                          taking the guest's link down and up, then running again:\n{failure}"
