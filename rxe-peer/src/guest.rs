@@ -17,6 +17,8 @@ use crate::{PeerError, Result};
 const QMP_SOCKET: &str = "qmp.sock";
 /// How long a guest may take to boot under TCG (measured: 9-13 s; more on a loaded machine).
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a guest whose transmit queue was stuck may take to answer once its link is back.
+const STALL_RECOVERY: Duration = Duration::from_secs(60);
 /// How long a KVM boot may take before KVM is declared unusable here.
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(25);
 
@@ -202,6 +204,61 @@ impl Guest {
         reply(r#"{"execute":"set_link","arguments":{"name":"n0","up":false}}"#)?;
         std::thread::sleep(Duration::from_millis(200));
         reply(r#"{"execute":"set_link","arguments":{"name":"n0","up":true}}"#)
+    }
+
+    /// Gets the guest talking again after its transmit queue got stuck in qemu (see
+    /// [`Guest::transmit_stalls`]): bounces its link and waits (at most 60 s) until its agent
+    /// answers. What was running there when it stalled still runs; see
+    /// [`Guest::kill_programs`].
+    pub fn recover_from_transmit_stall(&self) -> Result<()> {
+        self.bounce_link()?;
+        let deadline = Instant::now() + STALL_RECOVERY;
+        while self.run("true", Duration::from_secs(5)).is_err() {
+            if Instant::now() >= deadline {
+                return Err(PeerError::Agent(format!(
+                    "the guest did not answer within {} s of its link coming back{}",
+                    STALL_RECOVERY.as_secs(),
+                    self.report()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Ok(())
+    }
+
+    /// Kills (SIGKILL) every process in the guest whose executable is named one of
+    /// `programs` (the guest has no `pkill`).
+    pub fn kill_programs(&self, programs: &[&str]) -> Result<()> {
+        for program in programs {
+            // The kernel's name for a process is at most 15 bytes of its executable's.
+            let comm: String = program.chars().take(15).collect();
+            self.run(
+                &format!(
+                    "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = '{comm}' ] && \
+                     kill -9 ${{p#/proc/}}; done; true"
+                ),
+                Duration::from_secs(10),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether the guest's qemu still runs, and the end of its serial console: for a failure
+    /// report in which the guest stopped answering (a guest kernel that panics ends qemu, as
+    /// it boots with `panic=-1` and `-no-reboot`).
+    pub fn report(&self) -> String {
+        let qemu = match self.pid() {
+            Some(pid) if self.qemu_alive() => format!("qemu (pid {pid}) runs"),
+            Some(pid) => format!("qemu (pid {pid}) has ended"),
+            None => "qemu not tracked".to_string(),
+        };
+        let console = self.console_log();
+        let lines: Vec<&str> = console.lines().collect();
+        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+        format!(
+            "\n--- guest {}: {qemu}; console's last lines:\n{tail}",
+            self.name
+        )
     }
 
     /// rdma_rxe's counters (`/sys/class/infiniband/rxe0/ports/1/hw_counters/*`).

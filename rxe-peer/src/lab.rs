@@ -83,6 +83,13 @@ impl Lab {
         &self.ns
     }
 
+    /// The directory of this lab's files (the guests' consoles and archives), removed with
+    /// the lab, or by a later lab of the same prefix if this one's process was killed. Files
+    /// a test puts there share that fate.
+    pub fn work_dir(&self) -> &Path {
+        &self.work
+    }
+
     pub fn mtu(&self) -> u32 {
         self.mtu
     }

@@ -223,8 +223,10 @@ impl Rig {
         let guest = lab
             .boot(GuestConfig::rxe("rxe", 10))
             .expect("boot rxe guest");
-        let stats = std::env::temp_dir().join(format!("{xroce_ns}.stats"));
-        let capture = capture.then(|| std::env::temp_dir().join(format!("{xroce_ns}.pcap")));
+        // In the lab's directory, which a later run removes if this one is killed.
+        let files = lab.work_dir();
+        let stats = files.join(format!("{xroce_ns}.stats"));
+        let capture = capture.then(|| files.join(format!("{xroce_ns}.pcap")));
         let rig = Rig {
             capture,
             xroce_ns,
@@ -282,50 +284,14 @@ impl Rig {
     }
 
     /// Gets the guest talking again after its transmit queue got stuck in qemu (see
-    /// [`Rig::run`]): bounces its link, waits (at most 60 s) until its agent answers, and
-    /// kills what is left of `program` there.
+    /// [`Rig::run`] and [`Guest::recover_from_transmit_stall`]).
     fn recover_from_transmit_stall(&self, program: &str) {
-        self.guest
-            .bounce_link()
-            .unwrap_or_else(|e| panic!("bouncing the guest's link: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.guest.run("true", Duration::from_secs(5)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the guest did not answer within 60 s of its link coming back{}",
-                self.guest_report()
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        // By the kernel's name for it (at most 15 bytes); the guest has no pkill.
         let name = program.split_whitespace().next().unwrap_or(program);
-        let comm: String = name.chars().take(15).collect();
+        self.guest
+            .recover_from_transmit_stall()
+            .unwrap_or_else(|e| panic!("recovering from the guest's transmit stall: {e}"));
         self.stalls_recovered.set(self.guest.transmit_stalls());
-        let _ = self.guest.run(
-            &format!(
-                "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = {comm} ] && \
-                 kill -9 ${{p#/proc/}}; done; true"
-            ),
-            Duration::from_secs(10),
-        );
-    }
-
-    /// Whether the guest's qemu still runs, and the end of its serial console, for a failure
-    /// report in which the guest stopped answering (a guest kernel that panics ends qemu, as
-    /// it boots with `panic=-1` and `-no-reboot`).
-    fn guest_report(&self) -> String {
-        let qemu = match self.guest.pid() {
-            Some(pid) if self.guest.qemu_alive() => format!("qemu (pid {pid}) runs"),
-            Some(pid) => format!("qemu (pid {pid}) has ended"),
-            None => "qemu not tracked".to_string(),
-        };
-        let console = self.guest.console_log();
-        let lines: Vec<&str> = console.lines().collect();
-        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-        format!(
-            "\n--- guest {}: {qemu}; console's last lines:\n{tail}",
-            self.guest.name()
-        )
+        let _ = self.guest.kill_programs(&[name]);
     }
 
     /// rdma_rxe's side of a client that is still running `CLIENT_GRACE` after the xroce
@@ -378,7 +344,7 @@ impl Rig {
                         s.map_or_else(|e| e.to_string(), |s| text(&s)),
                         c.map_or_else(|e| e.to_string(), |c| c.text()),
                         self.rxe_counters_now(),
-                        self.guest_report(),
+                        self.guest.report(),
                     ))
                 }
             };
@@ -399,7 +365,7 @@ impl Rig {
                         s.map_or_else(|e| e.to_string(), |s| s.text()),
                         c.map_or_else(|e| e.to_string(), |c| text(&c)),
                         self.rxe_counters_now(),
-                        self.guest_report(),
+                        self.guest.report(),
                     ))
                 }
             };
@@ -416,7 +382,7 @@ impl Rig {
                 if xroce_serves { "server" } else { "client" },
                 server.1,
                 client.1,
-                self.guest_report()
+                self.guest.report()
             ))
         }
     }

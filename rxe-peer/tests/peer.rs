@@ -83,15 +83,9 @@ fn two_rxe_guests_ping_pong() {
         .expect("a count")
     };
     let changes_before = carrier_changes(&guests[0]);
-    guests[0].bounce_link().expect("bounce the link");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while guests[0].run("true", Duration::from_secs(5)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the guest answers after its link came back"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    guests[0]
+        .recover_from_transmit_stall()
+        .expect("bounce the link and wait for the agent");
     assert!(
         carrier_changes(&guests[0]) >= changes_before + 2,
         "the guest saw its link go down and up"
@@ -102,6 +96,29 @@ fn two_rxe_guests_ping_pong() {
         "after the bounce: client: {}\nserver: {}",
         client.text(),
         server.text()
+    );
+
+    // What a stalled run leaves behind is killed by its executable's name: a server that
+    // waits for a client that never comes ends at once.
+    let waiting = guests[0].spawn(
+        "ibv_rc_pingpong -d rxe0 -g 1 -n 10",
+        Duration::from_secs(60),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!waiting.is_finished(), "the server waits for its client");
+    guests[0]
+        .kill_programs(&["sleep", "ibv_rc_pingpong"])
+        .expect("kill the server");
+    let waited = waiting.wait().expect("the killed server's result");
+    assert!(
+        !waited.success() && waited.status != xroce_rxe_peer::protocol::TIMED_OUT,
+        "the server was killed, not timed out: {}",
+        waited.text()
+    );
+    let report = guests[0].report();
+    assert!(
+        report.contains("runs") && report.lines().count() > 3,
+        "the report says qemu runs and shows the console: {report}"
     );
 
     // Timeouts are real: a command running past its bound is stopped.
