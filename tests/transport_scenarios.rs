@@ -3549,3 +3549,120 @@ fn an_owed_read_response_that_fails_is_nacked_in_psn_order() {
         [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
     );
 }
+
+// ----- Path MTU above what the port carries -----
+
+/// Node `i`'s port as rdma_rxe sets it up on a 1500-byte netdev (active MTU 1024), behind a
+/// link that drops IP packets longer than 1500 bytes; returns how many it dropped.
+fn behind_a_1500_byte_link(sim: &mut Sim, nodes: &[usize]) -> Rc<Cell<u32>> {
+    for &i in nodes {
+        sim.nodes[i].dev.set_port_mtu(PathMtu::for_netdev_mtu(1500));
+    }
+    let too_long = Rc::new(Cell::new(0));
+    let count = too_long.clone();
+    sim.drop_filter = Some(Box::new(move |_, packet| {
+        let drop = packet.len() > 1500;
+        count.set(count.get() + u32::from(drop));
+        drop
+    }));
+    too_long
+}
+
+/// A program that asks for path MTU 4096 on both ends of a 1500-byte link (`ibv_rc_pingpong
+/// -m 4096`): the QPs segment at the port's 1024, so SEND, WRITE and READ of several packets
+/// arrive whole and no packet is too long for the link. (At 4096 every full packet was dropped
+/// on the way and resent until the retries ran out: forever with `retry_cnt` 7, as rdma_rxe
+/// does.) The QPs still report the path MTU asked for.
+#[test]
+fn a_path_mtu_above_the_ports_is_lowered_to_what_the_link_carries() {
+    let mut sim = Sim::new(63, 2, LinkConfig::default());
+    let too_long = behind_a_1500_byte_link(&mut sim, &[0, 1]);
+    let o = ConnectOptions {
+        path_mtu: PathMtu::Mtu4096,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    const LEN: usize = 10_000;
+    let src = sim.nodes[0].alloc(2 * LEN, RW);
+    let dst = sim.nodes[1].alloc(3 * LEN, RW);
+    let (sent, remote) = (pattern(LEN, 21), pattern(LEN, 22));
+    sim.nodes[0].bytes_mut(&src)[..LEN].copy_from_slice(&sent);
+    sim.nodes[1].bytes_mut(&dst)[2 * LEN..].copy_from_slice(&remote);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(10, &dst, 0, LEN as u32))
+        .unwrap();
+    let len = LEN as u32;
+    for wr in [
+        SendWr::new(1, SendOp::Send, vec![sge(&src, 0, len)]),
+        SendWr::new(2, write_op(&dst, LEN as u64), vec![sge(&src, 0, len)]),
+        SendWr::new(
+            3,
+            read_op(&dst, 2 * LEN as u64),
+            vec![sge(&src, LEN as u64, len)],
+        ),
+    ] {
+        sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    }
+    let done = wait_cq(&mut sim, 0, a.send_cq, 3);
+    assert_eq!(
+        ids_and_status(&done),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    let received = wait_cq(&mut sim, 1, b.recv_cq, 1);
+    assert_eq!(
+        (received[0].status, received[0].byte_len),
+        (WcStatus::Success, len)
+    );
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..LEN], &sent[..], "the SEND");
+    assert_eq!(
+        &sim.nodes[1].bytes(&dst)[LEN..2 * LEN],
+        &sent[..],
+        "the WRITE"
+    );
+    assert_eq!(&sim.nodes[0].bytes(&src)[LEN..], &remote[..], "the READ");
+    assert_eq!(too_long.get(), 0, "packets too long for the link were sent");
+    assert_eq!(counters(&sim, 0).retransmissions, 0);
+    for end in [a, b] {
+        let attr = sim.nodes[end.node].dev.query_qp(end.qpn).unwrap();
+        assert_eq!(attr.path_mtu, PathMtu::Mtu4096);
+    }
+}
+
+/// A peer that segments at a path MTU above this port's (rdma_rxe, told 2048 on a 1500-byte
+/// netdev) can still send a message that fits the link in one packet: 1400 bytes in an ONLY
+/// packet, more than this port's 1024, is taken, not NAKed as too long.
+#[test]
+fn a_peer_above_the_ports_mtu_may_send_a_short_message_in_one_packet() {
+    let mut sim = Sim::new(64, 2, LinkConfig::default());
+    // Only the receiving end sits on the 1500-byte netdev; the sender keeps its 4096.
+    let too_long = behind_a_1500_byte_link(&mut sim, &[1]);
+    let o = ConnectOptions {
+        path_mtu: PathMtu::Mtu2048,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    let data = pattern(1400, 23);
+    sim.nodes[0].bytes_mut(&src)[..1400].copy_from_slice(&data);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(10, &dst, 0, 4096))
+        .unwrap();
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 1400)]),
+        )
+        .unwrap();
+    let done = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&done), [(1, WcStatus::Success)]);
+    let received = wait_cq(&mut sim, 1, b.recv_cq, 1);
+    assert_eq!(received[0].byte_len, 1400);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..1400], &data[..]);
+    assert_eq!(too_long.get(), 0);
+    assert_eq!(counters(&sim, 1).error_naks_sent, 0);
+}

@@ -281,13 +281,22 @@ impl Qp {
         }
     }
 
-    /// Path MTU in bytes for segmentation and length checks: the QP's for RC/UC, the port's
-    /// for UD.
+    /// Path MTU in bytes for segmentation and the length of full packets: the port's for UD;
+    /// for RC/UC the QP's, but no more than the port's active MTU. A larger one (a program
+    /// asking for 4096 on a 1500-byte netdev) would build packets the link drops, and the QP
+    /// would resend them until its retries ran out, forever with `retry_cnt` 7; rdma_rxe does
+    /// exactly that. Both xroce ends of such a connection lower it alike, so their segments
+    /// agree; see [`Qp::path_mtu_asked`] for what a peer may still send.
     pub(crate) fn mtu(&self, sh: &Shared) -> usize {
         match self.ty {
             QpType::Ud => sh.port_mtu.bytes(),
-            _ => self.attr.path_mtu.bytes(),
+            _ => self.attr.path_mtu.bytes().min(sh.port_mtu.bytes()),
         }
+    }
+
+    /// The path MTU the program set (`IBV_QP_PATH_MTU`), in bytes, whatever the port carries.
+    pub(crate) fn path_mtu_asked(&self) -> usize {
+        self.attr.path_mtu.bytes()
     }
 
     /// Applies `ibv_modify_qp`. Validation happens before anything changes, so a refused
