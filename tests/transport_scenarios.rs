@@ -3629,6 +3629,9 @@ fn a_path_mtu_above_the_ports_is_lowered_to_what_the_link_carries() {
     for end in [a, b] {
         let attr = sim.nodes[end.node].dev.query_qp(end.qpn).unwrap();
         assert_eq!(attr.path_mtu, PathMtu::Mtu4096);
+        // The state dump says which MTU the QP segments at, and that it was lowered.
+        let report = sim.nodes[end.node].dev.state_report(sim.now);
+        assert!(report.contains("mtu 1024 (asked 4096)"), "{report}");
     }
 }
 
