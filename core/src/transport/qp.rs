@@ -214,9 +214,6 @@ pub struct Qp {
     pub(crate) request_turn: bool,
     /// The IP and UDP headers of the last packet's path (see [`Qp::path_headers`]).
     pub(crate) path: Option<PathHeaders>,
-    /// What RC and UC segment at (see [`Qp::mtu`]): the path MTU, lowered to the port's
-    /// active MTU when it is set.
-    pub(crate) segment_mtu: PathMtu,
 }
 
 /// The TTL/hop limit xroce sends: rdma_rxe sends the route's default (64) whatever the AV asks.
@@ -259,7 +256,6 @@ impl Qp {
             path: None,
             queued: false,
             request_turn: true,
-            segment_mtu: QpAttr::default().path_mtu,
         }
     }
 
@@ -285,24 +281,13 @@ impl Qp {
         }
     }
 
-    /// Path MTU in bytes for segmentation and the length of full packets: the port's for UD;
-    /// for RC/UC the QP's, but no more than the port's active MTU when the path MTU was set.
-    /// A larger one (a program asking for 4096 on a 1500-byte netdev) would build packets the
-    /// link drops, and the QP would resend them until its retries ran out, forever with
-    /// `retry_cnt` 7; rdma_rxe does exactly that. Both xroce ends of such a connection lower
-    /// it alike, so their segments agree; see [`Qp::path_mtu_asked`] for what a peer may
-    /// still send. Fixed when set, so that a later change of the netdev's MTU cannot change
-    /// the segments of a message under way.
+    /// Path MTU in bytes for segmentation and length checks: the QP's for RC/UC, the port's
+    /// for UD.
     pub(crate) fn mtu(&self, sh: &Shared) -> usize {
         match self.ty {
             QpType::Ud => sh.port_mtu.bytes(),
-            _ => self.segment_mtu.bytes(),
+            _ => self.attr.path_mtu.bytes(),
         }
-    }
-
-    /// The path MTU the program set (`IBV_QP_PATH_MTU`), in bytes, whatever the port carries.
-    pub(crate) fn path_mtu_asked(&self) -> usize {
-        self.attr.path_mtu.bytes()
     }
 
     /// Applies `ibv_modify_qp`. Validation happens before anything changes, so a refused
@@ -336,7 +321,6 @@ impl Qp {
         let m = |b: AttrMask| mask.contains(b);
         if m(AttrMask::PATH_MTU) {
             self.attr.path_mtu = attr.path_mtu;
-            self.segment_mtu = attr.path_mtu.min(sh.port_mtu);
         }
         if m(AttrMask::QKEY) {
             self.attr.qkey = attr.qkey;
@@ -482,7 +466,6 @@ impl Qp {
             ..QpAttr::default()
         };
         self.attr = keep;
-        self.segment_mtu = self.attr.path_mtu;
         self.sq.clear();
         self.rq.clear();
         self.req = Requester::default();

@@ -7,7 +7,6 @@ use std::fmt::Write;
 use super::qp::Qp;
 use super::verbs::SendOp;
 use super::Nanos;
-use super::QpType;
 
 /// How a deadline relates to `now`, in milliseconds (negative: overdue).
 fn deadline(d: Option<Nanos>, now: Nanos) -> String {
@@ -44,15 +43,7 @@ impl Qp {
             self.ty,
             self.attr.state,
             self.attr.dest_qpn,
-            if self.ty != QpType::Ud && self.segment_mtu != self.attr.path_mtu {
-                format!(
-                    "{} (asked {})",
-                    self.segment_mtu.bytes(),
-                    self.attr.path_mtu.bytes()
-                )
-            } else {
-                self.attr.path_mtu.bytes().to_string()
-            },
+            self.attr.path_mtu.bytes(),
             self.sq.len(),
             self.req.wqe_index,
             self.req.offset,

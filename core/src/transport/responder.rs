@@ -599,13 +599,10 @@ impl Qp {
         let pos = info.position;
         let n = frame.payload.len();
         let mtu = self.mtu(sh);
-        // A peer segmenting at the path MTU asked for, above what this port carries, can still
-        // send a message that fits the link in one packet, or end one with a short packet.
-        let largest = self.path_mtu_asked();
         let len_ok = match pos {
-            Position::Only => n <= largest,
+            Position::Only => n <= mtu,
             Position::First | Position::Middle => n == mtu,
-            Position::Last => (1..=largest).contains(&n),
+            Position::Last => (1..=mtu).contains(&n),
         };
         if !len_ok {
             return Err(Fault::Invalid);
