@@ -168,7 +168,8 @@ fn measure_stack_recovering(
         ));
         guest
             .recover_from_transmit_stall()
-            .map_err(|e| with_reports(format!("{failure}\nthen: {e}")))?;
+            // Its error carries the guest's report already.
+            .map_err(|e| format!("{failure}\nthen: {e}"))?;
     }
     for guest in g {
         guest
@@ -200,8 +201,11 @@ fn measure_stack(
     xroce_link(g, "add xr0 netdev eth0")?;
     say(&format!("round {round}/{ROUNDS}: xroce <-> xroce"));
     let n = measure(g, "/opt/xroce/xroce exec -- ", "xr0");
-    xroce_link(g, "del xr0")?;
-    n
+    let removed = xroce_link(g, "del xr0");
+    // A failed run's own error says more than the removal's that followed it.
+    let n = n?;
+    removed?;
+    Ok(n)
 }
 
 /// Turns of the raw ping-pong, as many as `ib_send_lat` makes in [`measure`].

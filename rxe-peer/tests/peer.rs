@@ -107,7 +107,7 @@ fn two_rxe_guests_ping_pong() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(!waiting.is_finished(), "the server waits for its client");
     guests[0]
-        .kill_programs(&["sleep", "ibv_rc_pingpong"])
+        .kill_programs(&["ib_write_bw", "ibv_rc_pingpong"])
         .expect("kill the server");
     let waited = waiting.wait().expect("the killed server's result");
     assert!(
@@ -117,7 +117,7 @@ fn two_rxe_guests_ping_pong() {
     );
     let report = guests[0].report();
     assert!(
-        report.contains("runs") && report.lines().count() > 3,
+        report.contains(") runs; console's last lines:") && report.lines().count() > 3,
         "the report says qemu runs and shows the console: {report}"
     );
 

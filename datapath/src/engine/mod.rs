@@ -154,6 +154,10 @@ pub struct EngineCounters {
     pub tx_no_neighbour: AtomicU64,
     /// Packets dropped because the route to the destination leaves by another interface.
     pub tx_wrong_interface: AtomicU64,
+    /// Packets longer than the interface's MTU: a QP's path MTU is above the port's active
+    /// MTU. They are sent, as rdma_rxe sends them, and the kernel or the link drops them;
+    /// the first is reported on stderr (see `progress::report_too_long`).
+    pub tx_too_long: AtomicU64,
     /// Times the kernel refused frames because the interface was down (each spell counted
     /// once; the frames wait for it to come back).
     pub link_downs: AtomicU64,
@@ -520,6 +524,7 @@ impl Engine {
                 "tx_wrong_interface",
                 c.tx_wrong_interface.load(Ordering::Relaxed),
             ),
+            ("tx_too_long", c.tx_too_long.load(Ordering::Relaxed)),
             ("link_downs", c.link_downs.load(Ordering::Relaxed)),
             ("rx_dropped_ring_full", drops.ring_full),
             ("rx_dropped_other", drops.other),

@@ -4,7 +4,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use xroce_core::transport::{Event, TX_TURN_PACKETS};
+use xroce_core::transport::{Event, PathMtu, Transmit, TX_TURN_PACKETS};
 use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetRepr, IpAddress};
 
 use super::addressing::{AddressWatcher, Applied, Neighbours, NextHop};
@@ -319,6 +319,30 @@ fn is_link_change(noticed: &Noticed) -> bool {
     )
 }
 
+/// Counts a packet longer than the interface's MTU and, for the engine's first, says on
+/// stderr why it will not arrive and what to change. Such packets come from a QP whose path
+/// MTU is above the port's active MTU (`ibv_rc_pingpong -m 4096` on a 1500-byte netdev). They
+/// still go out, as rdma_rxe sends them: the path MTU the two ends agreed on decides how
+/// messages are cut, and a message short enough for one packet that fits still arrives (a
+/// lower MTU here would split it where the peer expects one packet). A longer one is resent
+/// until its retries run out, forever with `retry_cnt` 7.
+fn report_too_long(shared: &Shared, tx: &Transmit, mtu: u32, port_mtu: PathMtu) {
+    if shared.counters.tx_too_long.fetch_add(1, Ordering::Relaxed) == 0 {
+        eprintln!(
+            "xroce: netdev {}: QP {:#x} sends a {}-byte packet, longer than the interface's \
+             MTU ({mtu}); the link will drop it and the QP resend it. Its path MTU is above the \
+             port's active MTU ({}): ask for a path MTU of at most {} (e.g. `-m {}`), or raise \
+             the interface's MTU. (Said once; the state dump counts such packets.)",
+            shared.config.iface,
+            tx.qpn,
+            tx.len,
+            port_mtu.bytes(),
+            port_mtu.bytes(),
+            port_mtu.bytes(),
+        );
+    }
+}
+
 /// The port cannot work any more (its interface was removed, or the kernel refuses its frames
 /// for good): says so on stderr, fails the device (every QP to the error state, its work
 /// flushed, `IBV_EVENT_DEVICE_FATAL`: see `Device::fail`), so that applications waiting for
@@ -413,6 +437,9 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
         let room = io.port.send_with(&mut |buf| {
             let tx = dev.poll_transmit(now, mem, buf.get_mut(ETH_HEADER..)?)?;
             produced = true;
+            if tx.len > neighbours.mtu() as usize {
+                report_too_long(shared, &tx, neighbours.mtu(), dev.port_mtu());
+            }
             let frame_len = ETH_HEADER + tx.len;
             built_bytes += frame_len;
             let route = routes.route(tx.dst, |dst| {

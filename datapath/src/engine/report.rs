@@ -83,8 +83,8 @@ impl Engine {
         let _ = writeln!(
             out,
             "frames: rx {} (not RoCE {}, by the progress thread {}) tx {} in {} batches, \
-             loopback {}, no neighbour {}, wrong interface {}; wake-ups {} (by frames {}), \
-             waits for the rest of a message {}",
+             loopback {}, no neighbour {}, wrong interface {}, longer than the MTU {}; \
+             wake-ups {} (by frames {}), waits for the rest of a message {}",
             c.rx_frames.load(Ordering::Relaxed),
             c.rx_not_roce.load(Ordering::Relaxed),
             c.rx_frames_by_thread.load(Ordering::Relaxed),
@@ -93,6 +93,7 @@ impl Engine {
             c.tx_loopback.load(Ordering::Relaxed),
             c.tx_no_neighbour.load(Ordering::Relaxed),
             c.tx_wrong_interface.load(Ordering::Relaxed),
+            c.tx_too_long.load(Ordering::Relaxed),
             c.wakeups.load(Ordering::Relaxed),
             c.frame_wakeups.load(Ordering::Relaxed),
             c.mid_message_waits.load(Ordering::Relaxed),
