@@ -328,17 +328,13 @@ fn is_link_change(noticed: &Noticed) -> bool {
 /// until its retries run out, forever with `retry_cnt` 7.
 fn report_too_long(shared: &Shared, tx: &Transmit, mtu: u32, port_mtu: PathMtu) {
     if shared.counters.tx_too_long.fetch_add(1, Ordering::Relaxed) == 0 {
+        let (iface, qpn, len, active) = (&shared.config.iface, tx.qpn, tx.len, port_mtu.bytes());
         eprintln!(
-            "xroce: netdev {}: QP {:#x} sends a {}-byte packet, longer than the interface's \
-             MTU ({mtu}); the link will drop it and the QP resend it. Its path MTU is above the \
-             port's active MTU ({}): ask for a path MTU of at most {} (e.g. `-m {}`), or raise \
-             the interface's MTU. (Said once; the state dump counts such packets.)",
-            shared.config.iface,
-            tx.qpn,
-            tx.len,
-            port_mtu.bytes(),
-            port_mtu.bytes(),
-            port_mtu.bytes(),
+            "xroce: netdev {iface}: QP {qpn:#x} sends a {len}-byte packet, longer than the \
+             interface's MTU ({mtu}); the link will drop it and the QP resend it. Its path MTU \
+             is above the port's active MTU ({active}): ask for a path MTU of at most {active} \
+             (e.g. `-m {active}`), or raise the interface's MTU. (Said once; the state dump \
+             counts such packets.)"
         );
     }
 }
