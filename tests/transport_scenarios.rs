@@ -3267,6 +3267,7 @@ fn a_read_response_too_big_for_the_transmit_buffer_is_naked_not_stuck() {
     );
     assert!(node.dev.poll_transmit(now, &node.mem, &mut small).is_none());
     assert_eq!(node.dev.query_qp(b.qpn).unwrap().state, QpState::Error);
+    assert_eq!(node.dev.counters().tx_too_big_for_buffer, 1);
 
     // The requester learns it as a remote operational error.
     let node = &mut sim.nodes[0];
@@ -3547,5 +3548,54 @@ fn an_owed_read_response_that_fails_is_nacked_in_psn_order() {
     assert_eq!(
         ids_and_status(&done),
         [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+    );
+}
+
+/// A request packet that cannot fit the requester's transmit buffer (a path MTU above what the
+/// port's frames carry: 4096 on a kernel without AF_XDP multi-buffer) fails its work request
+/// at once with a local QP operation error and is counted, instead of being left unsent; a
+/// message that fits one buffer went out before it, and the device says how many did not fit.
+#[test]
+fn a_request_too_big_for_the_transmit_buffer_fails_its_work_request_and_is_counted() {
+    let mut sim = Sim::new(72, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        path_mtu: PathMtu::Mtu4096,
+        ..ConnectOptions::default()
+    };
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let a_buf = sim.nodes[0].alloc(8192, RW);
+    let b_buf = sim.nodes[1].alloc(8192, RW);
+    let write = |offset| SendOp::RdmaWrite {
+        remote_addr: b_buf.va + offset,
+        rkey: b_buf.rkey,
+    };
+    let wr = SendWr::new(1, write(0), vec![sge(&a_buf, 0, 1500)]);
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    let wr = SendWr::new(2, write(0), vec![sge(&a_buf, 0, 4096)]);
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+
+    // Room for the headers and 2048 bytes of payload, not 4096.
+    let now = sim.now;
+    let mut small = vec![0u8; 2200];
+    let node = &mut sim.nodes[0];
+    let t = node
+        .dev
+        .poll_transmit(now, &node.mem, &mut small)
+        .expect("the 1500-byte WRITE fits");
+    assert_eq!(t.len, 1500 + 20 + 8 + 12 + 16 + 4);
+    let first = small[..t.len].to_vec();
+    assert!(node.dev.poll_transmit(now, &node.mem, &mut small).is_none());
+    assert_eq!(node.dev.counters().tx_too_big_for_buffer, 1);
+
+    // The first WRITE is acknowledged, and completes; the second fails after it.
+    let node = &mut sim.nodes[1];
+    node.dev.handle_packet(now, &first, &mut node.mem);
+    assert!(sim.run_idle(1_000_000_000));
+    let wc = sim.nodes[0].poll(a.send_cq);
+    let got: Vec<_> = wc.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::LocQpOpErr)]);
+    assert_eq!(
+        sim.nodes[0].dev.query_qp(a.qpn).unwrap().state,
+        QpState::Error
     );
 }

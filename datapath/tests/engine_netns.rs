@@ -1491,6 +1491,91 @@ fn packets_longer_than_the_interfaces_mtu_are_counted() {
     );
 }
 
+/// Sockets without multi-buffer, as on kernels before 6.6 (Debian 12's own 6.1), forced here
+/// on a 9000-byte veth: the port's active MTU is 2048, and a QP at that path MTU moves a
+/// 64 KiB WRITE and READ intact. A QP asking for 4096 still sends a message that fits one
+/// frame; one that makes a packet larger than a frame fails its work request at once with a
+/// local QP operation error, counted, where it used to be left unsent.
+#[test]
+fn sockets_without_multi_buffer_cap_the_port_and_fail_what_no_frame_holds() {
+    if !root_or_skip() {
+        return;
+    }
+    const LONG: usize = 64 * 1024;
+    const FITS: usize = 3000;
+    let setup = Setup::new(9000);
+    let results = setup.on_both_sides_configured(
+        |_, config| config.single_buffer = true,
+        move |me: Side<Endpoint>| {
+            let (side, pd, engine) = (me.index, me.pd, &me.engine);
+            let port_mtu = engine.with_device(|d| d.port_mtu());
+            // [0, LONG): side 0's WRITE lands here on side 1, and side 1's memory that side 0
+            // READs back; [LONG, 2 LONG): what the QP at 4096 writes.
+            let mut buf = Buffer::new(engine, pd, 3 * LONG);
+            let small = create_qp(engine, pd, QpType::Rc);
+            let big = create_qp(engine, pd, QpType::Rc);
+            to_init(engine, &small);
+            to_init(engine, &big);
+            let psn = 0xc00 + side as u32;
+            let peer_small = connect_at(&me, &small, &buf, 0, psn, PathMtu::Mtu2048);
+            let peer_big = connect_at(&me, &big, &buf, LONG, psn, PathMtu::Mtu4096);
+            let mut outcome = (port_mtu, Vec::new(), Vec::new(), 0, Vec::new());
+            if side == 0 {
+                buf.write(0, &pattern(11, LONG));
+                buf.write(LONG, &pattern(12, FITS));
+                let op = SendOp::RdmaWrite {
+                    remote_addr: peer_small.va,
+                    rkey: peer_small.rkey,
+                };
+                let wr = SendWr::new(1, op, vec![buf.sge(0, LONG)]);
+                engine.post_send(small.qpn, wr).expect("post_send");
+                expect_completions(engine, small.send_cq, 1, "the 64 KiB WRITE at 2048");
+                let op = SendOp::RdmaRead {
+                    remote_addr: peer_small.va,
+                    rkey: peer_small.rkey,
+                };
+                let wr = SendWr::new(2, op, vec![buf.sge(2 * LONG, LONG)]);
+                engine.post_send(small.qpn, wr).expect("post_send");
+                expect_completions(engine, small.send_cq, 1, "the 64 KiB READ at 2048");
+                outcome.1 = buf.read(2 * LONG, LONG);
+
+                let write = |id: u64, len: usize| {
+                    let op = SendOp::RdmaWrite {
+                        remote_addr: peer_big.va,
+                        rkey: peer_big.rkey,
+                    };
+                    let wr = SendWr::new(id, op, vec![buf.sge(LONG, len)]);
+                    engine.post_send(big.qpn, wr).expect("post_send");
+                };
+                write(3, FITS);
+                write(4, 2 * FITS);
+                let wcs = poll_completions(engine, big.send_cq, 2, "the WRITEs at 4096");
+                outcome.2 = wcs.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+                outcome.3 = engine.with_device(|d| d.counters().tx_too_big_for_buffer);
+            }
+            // Side 1 looks at its memory once side 0 has its completions.
+            me.connected.wait();
+            if side == 1 {
+                outcome.4 = buf.read(LONG, FITS);
+            }
+            outcome
+        },
+    );
+    let [(mtu0, read_back, statuses, too_big, _), (mtu1, _, _, _, landed)] = results;
+    assert_eq!((mtu0, mtu1), (PathMtu::Mtu2048, PathMtu::Mtu2048));
+    assert!(
+        read_back == pattern(11, LONG),
+        "the 64 KiB WRITE and READ at path MTU 2048 came back changed"
+    );
+    assert_eq!(
+        statuses,
+        [(3, WcStatus::Success), (4, WcStatus::LocQpOpErr)],
+        "at 4096: the WRITE that fits a frame, then the one that does not"
+    );
+    assert_eq!(too_big, 1, "the packet no frame holds was not counted");
+    assert!(landed == pattern(12, FITS), "the WRITE that fits a frame");
+}
+
 /// A QP talking to a QP of the same engine never touches the wire; and an idle engine with
 /// connected QPs sleeps.
 #[test]

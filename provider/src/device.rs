@@ -275,7 +275,10 @@ pub fn port_attr(nd: &xroce_datapath::netlink::Interface) -> ibv_port_attr {
             IBV_PORT_DOWN
         },
         max_mtu: PathMtu::Mtu4096 as u32,
-        active_mtu: xroce_datapath::afxdp::port_path_mtu(nd.mtu) as u32,
+        active_mtu: xroce_datapath::afxdp::port_path_mtu(
+            nd.mtu,
+            xroce_datapath::afxdp::kernel_supports_multi_buffer(),
+        ) as u32,
         gid_tbl_len: registry::GID_TABLE_LEN as c_int,
         port_cap_flags: 1 << 16, // IBV_PORT_CM_SUP, as rxe
         max_msg_sz: 1 << 31,

@@ -103,6 +103,10 @@ pub struct Counters {
     pub qkey_violations: u64,
     pub ud_no_receive: u64,
     pub ud_too_long: u64,
+    /// Packets that did not fit the transmit buffer the port gave (a path MTU above what its
+    /// frames carry: 4096 where AF_XDP has no multi-buffer). The request failed its work
+    /// request with a local QP operation error; a READ response, the READ with a NAK.
+    pub tx_too_big_for_buffer: u64,
     pub uc_messages_dropped: u64,
     pub cq_overflows: u64,
     /// SENDs with invalidate, failed because nothing here can be invalidated (class J).
@@ -114,7 +118,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 29] {
+    pub fn fields(&self) -> [(&'static str, u64); 30] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -141,6 +145,7 @@ impl Counters {
             ("qkey_violations", self.qkey_violations),
             ("ud_no_receive", self.ud_no_receive),
             ("ud_too_long", self.ud_too_long),
+            ("tx_too_big_for_buffer", self.tx_too_big_for_buffer),
             ("uc_messages_dropped", self.uc_messages_dropped),
             ("cq_overflows", self.cq_overflows),
             ("invalidate_errors", self.invalidate_errors),
@@ -294,6 +299,12 @@ impl Device {
 
     pub fn counters(&self) -> Counters {
         self.sh.counters
+    }
+
+    /// [`Counters::tx_too_big_for_buffer`], without copying the rest (the engine checks it
+    /// every round).
+    pub fn tx_too_big_for_buffer(&self) -> u64 {
+        self.sh.counters.tx_too_big_for_buffer
     }
 
     /// What every QP and CQ is doing at `now`, a line each (see `Qp::report_line`), with the

@@ -340,6 +340,12 @@ impl Qp {
         let Some((mut writer, src, dst)) =
             self.start_packet(sh, &av, buf, &t, payload_len as usize)
         else {
+            // No path (no source address), or the path is there and the packet does not fit
+            // the transmit buffer: a path MTU above what the port's frames carry, which will
+            // not change while the QP lives.
+            if self.path_headers(sh, &av).is_some() {
+                sh.counters.tx_too_big_for_buffer += 1;
+            }
             self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
             return None;
         };

@@ -1013,6 +1013,7 @@ impl Qp {
                 // The path is there, so the response does not fit the transmit buffer (a path
                 // MTU above what the port's frames carry) and never will: left at the head of
                 // the queue it would hold up every later response of this QP.
+                sh.counters.tx_too_big_for_buffer += 1;
                 self.resp.out.pop_front();
                 self.class_c(sh, r.psn, Fault::Malformed);
                 return self.next_response(sh, host, buf);

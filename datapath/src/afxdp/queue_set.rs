@@ -21,6 +21,7 @@ pub const RECEIVE_ONLY: XskConfig = XskConfig {
     ring_size: 256,
     mode: super::BindMode::Auto,
     receive_only: true,
+    single_buffer: false,
 };
 
 /// A sending and receiving socket plus receive-only sockets on the interface's other queues.

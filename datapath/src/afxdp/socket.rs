@@ -53,11 +53,11 @@ pub fn kernel_supports_multi_buffer() -> bool {
 }
 
 /// The active path MTU of a port on a netdev with `netdev_mtu`: rdma_rxe's rule
-/// ([`PathMtu::for_netdev_mtu`]), capped at 2048 where the kernel cannot carry frames larger
-/// than one UMEM frame (no multi-buffer: a 4096-byte payload makes a 4154-byte frame).
-pub fn port_path_mtu(netdev_mtu: u32) -> PathMtu {
+/// ([`PathMtu::for_netdev_mtu`]), capped at 2048 where the sockets cannot carry frames larger
+/// than one UMEM frame (no `multi_buffer`: a 4096-byte payload makes a 4154-byte frame).
+pub fn port_path_mtu(netdev_mtu: u32, multi_buffer: bool) -> PathMtu {
     let mtu = PathMtu::for_netdev_mtu(netdev_mtu as usize);
-    if mtu == PathMtu::Mtu4096 && !kernel_supports_multi_buffer() {
+    if mtu == PathMtu::Mtu4096 && !multi_buffer {
         PathMtu::Mtu2048
     } else {
         mtu
@@ -86,6 +86,16 @@ pub struct XskConfig {
     /// Every frame backs the fill ring (up to its size) and none transmits: for a socket that
     /// only receives.
     pub receive_only: bool,
+    /// Binds without multi-buffer even where the kernel has it, as on kernels before 6.6:
+    /// frames then fit one UMEM frame. Tests use it to run that path on a newer kernel.
+    pub single_buffer: bool,
+}
+
+impl XskConfig {
+    /// Whether the socket is to carry frames larger than one UMEM frame (`XDP_USE_SG`).
+    pub fn multi_buffer(&self) -> bool {
+        !self.single_buffer && kernel_supports_multi_buffer()
+    }
 }
 
 impl Default for XskConfig {
@@ -96,6 +106,7 @@ impl Default for XskConfig {
             ring_size: 2048,
             mode: BindMode::Auto,
             receive_only: false,
+            single_buffer: false,
         }
     }
 }
@@ -254,6 +265,8 @@ pub struct XskSocket {
     /// Reassembly buffer for multi-descriptor frames.
     scratch: Vec<u8>,
     zero_copy: bool,
+    /// Bound with `XDP_USE_SG` (see [`XskConfig::multi_buffer`]).
+    multi_buffer: bool,
     ifindex: u32,
     queue: u32,
 }
@@ -402,6 +415,7 @@ impl XskSocket {
             free_tx: Vec::new(),
             scratch: Vec::with_capacity(16 * 1024),
             zero_copy: false,
+            multi_buffer: config.multi_buffer(),
             ifindex,
             queue: config.queue,
         };
@@ -419,7 +433,7 @@ impl XskSocket {
             sxdp_family: libc::AF_XDP as u16,
             sxdp_flags: copy_flag
                 | libc::XDP_USE_NEED_WAKEUP
-                | if kernel_supports_multi_buffer() {
+                | if sock.multi_buffer {
                     libc::XDP_USE_SG
                 } else {
                     0
@@ -571,7 +585,7 @@ impl XskSocket {
 
     /// Largest frame one transmit slot holds: two UMEM frames with multi-buffer, one without.
     pub fn max_tx_frame(&self) -> usize {
-        if kernel_supports_multi_buffer() {
+        if self.multi_buffer {
             TX_SLOT
         } else {
             FRAME_SIZE as usize
@@ -864,14 +878,12 @@ mod tests {
 
     #[test]
     fn path_mtu_follows_rxe_and_fits_the_socket() {
-        assert_eq!(port_path_mtu(1500), PathMtu::Mtu1024);
-        let big = port_path_mtu(9000);
-        if kernel_supports_multi_buffer() {
-            assert_eq!(big, PathMtu::Mtu4096);
-        } else {
-            assert_eq!(big, PathMtu::Mtu2048);
-            // The largest frame then fits one UMEM frame.
-            assert!(big.bytes() + 14 + 40 + 8 + 12 + 16 + 4 <= FRAME_SIZE as usize);
-        }
+        assert_eq!(port_path_mtu(1500, true), PathMtu::Mtu1024);
+        assert_eq!(port_path_mtu(1500, false), PathMtu::Mtu1024);
+        assert_eq!(port_path_mtu(9000, true), PathMtu::Mtu4096);
+        let single = port_path_mtu(9000, false);
+        assert_eq!(single, PathMtu::Mtu2048);
+        // The largest frame then fits one UMEM frame.
+        assert!(single.bytes() + 14 + 40 + 8 + 12 + 16 + 4 <= FRAME_SIZE as usize);
     }
 }

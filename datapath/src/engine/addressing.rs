@@ -66,6 +66,8 @@ pub struct Neighbours {
     /// Counts the kernel's changes applied to the cache, so that a resolution that raced one
     /// is not stored over it (see [`Self::learn`]).
     changes: u64,
+    /// The engine's sockets carry frames larger than one UMEM frame (see [`Self::open`]).
+    multi_buffer: bool,
 }
 
 /// A resolution the caller waits for without holding the engine lock.
@@ -108,10 +110,13 @@ impl Probe {
 }
 
 impl Neighbours {
-    pub fn open(iface: &str) -> Result<Self, AddressingError> {
+    /// `multi_buffer`: whether the engine's sockets carry frames larger than one UMEM frame,
+    /// which decides the port's active MTU when the interface's MTU changes.
+    pub fn open(iface: &str, multi_buffer: bool) -> Result<Self, AddressingError> {
         let mut netlink = Netlink::open()?;
         Ok(Self {
             iface: netlink.interface_by_name(iface)?,
+            multi_buffer,
             cache: HashMap::default(),
             netlink,
             changes: 0,
@@ -301,7 +306,7 @@ impl Neighbours {
             Err(_) => return Applied::Done,
         };
         if iface.mtu != self.iface.mtu {
-            dev.set_port_mtu(crate::afxdp::port_path_mtu(iface.mtu));
+            dev.set_port_mtu(crate::afxdp::port_path_mtu(iface.mtu, self.multi_buffer));
         }
         let mac_changed = iface.mac != self.iface.mac;
         self.iface = iface;
@@ -346,7 +351,7 @@ mod tests {
     /// which every network namespace has; the cache is what is checked.)
     #[test]
     fn cached_next_hops_follow_their_gateway_and_route_changes() {
-        let mut n = Neighbours::open("lo").expect("loopback interface");
+        let mut n = Neighbours::open("lo", true).expect("loopback interface");
         let lo = n.ifindex();
         let mut dev = Device::new(DeviceConfig {
             gids: Vec::new(),

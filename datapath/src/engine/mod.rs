@@ -65,6 +65,11 @@ pub struct EngineConfig {
     /// flows over its queues, so a QP's frames may arrive on any. `queue` is the one the engine
     /// sends on.
     pub all_rx_queues: bool,
+    /// Binds the sockets without multi-buffer even where the kernel has it, as on kernels
+    /// before 6.6: the port's active MTU is then at most 2048, and a QP asking for 4096 makes
+    /// packets no transmit frame holds (see `Counters::tx_too_big_for_buffer`). Tests use it
+    /// to run that path on a newer kernel.
+    pub single_buffer: bool,
 }
 
 /// A callback for [`Event`]s (see [`EngineConfig::on_event`]).
@@ -89,7 +94,13 @@ impl EngineConfig {
             capture: None,
             watch_xdp_pins: true,
             all_rx_queues: true,
+            single_buffer: false,
         }
+    }
+
+    /// Whether the engine's sockets carry frames larger than one UMEM frame.
+    pub fn multi_buffer(&self) -> bool {
+        !self.single_buffer && crate::afxdp::kernel_supports_multi_buffer()
     }
 }
 
@@ -338,7 +349,7 @@ impl Engine {
     /// program's socket map, builds the GID table from the interface's addresses, and starts the
     /// progress thread. The XDP program must be loaded (`cargo xtask xdp load --iface IF`).
     pub fn start(config: EngineConfig) -> Result<Engine, EngineError> {
-        let mut neighbours = Neighbours::open(&config.iface)?;
+        let mut neighbours = Neighbours::open(&config.iface, config.multi_buffer())?;
         // Before the socket: a capture that cannot be made stops the start, and nothing of
         // the engine has to be undone.
         let capture = match &config.capture {
@@ -401,7 +412,7 @@ impl Engine {
         getrandom(&mut qpn_seed);
         let dev = Device::new(DeviceConfig {
             gids: gids.into_iter().map(|g| Some(core_address(g))).collect(),
-            port_mtu: crate::afxdp::port_path_mtu(mtu),
+            port_mtu: crate::afxdp::port_path_mtu(mtu, config.multi_buffer()),
             key_seed,
             first_qpn: random_first_qpn(u32::from_le_bytes(qpn_seed)),
         });
@@ -1063,6 +1074,7 @@ fn open_sockets(
             let xsk = XskConfig {
                 queue,
                 mode: config.bind_mode,
+                single_buffer: config.single_buffer,
                 ..XskConfig::default()
             };
             let sock = XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)).map_err(
@@ -1076,6 +1088,7 @@ fn open_sockets(
             let xsk = XskConfig {
                 queue,
                 mode: config.bind_mode,
+                single_buffer: config.single_buffer,
                 ..RECEIVE_ONLY
             };
             match XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)) {

@@ -105,6 +105,8 @@ pub(crate) struct PortState {
     /// frames queued for it wait (see [`send`]).
     pub(crate) link_down: bool,
     pub(crate) failed: bool,
+    /// The transport has met a packet too big for a transmit frame, and stderr was told.
+    too_big_reported: bool,
     /// Where every frame sent and received is written, when asked for.
     pub(crate) capture: Option<Capture>,
     pub(crate) steering: SteeringWatch,
@@ -183,6 +185,7 @@ impl PortState {
             tx_full: false,
             link_down: false,
             failed: false,
+            too_big_reported: false,
             capture,
             steering,
         }
@@ -339,6 +342,22 @@ fn report_too_long(shared: &Shared, tx: &Transmit, mtu: u32, port_mtu: PathMtu) 
     }
 }
 
+/// Says on stderr, once, why a work request failed with a local QP operation error (or a
+/// READ was NAKed): its packet did not fit a transmit frame. Only a QP whose path MTU is 4096
+/// on sockets without multi-buffer (kernels before 6.6) makes such packets; the port's active
+/// MTU there is 2048.
+fn report_too_big(shared: &Shared, port_mtu: PathMtu) {
+    let (iface, active) = (&shared.config.iface, port_mtu.bytes());
+    eprintln!(
+        "xroce: netdev {iface}: a packet did not fit a transmit frame, so its work request \
+         failed (local QP operation error) or, for a READ response, the READ was refused: a \
+         QP's path MTU is above what this kernel's AF_XDP sockets carry (frames of more than \
+         one page need multi-buffer, Linux 6.6). Ask for a path MTU of at most {active} \
+         (e.g. `-m {active}`). (Said once; the state dump counts such packets: \
+         tx_too_big_for_buffer.)"
+    );
+}
+
 /// The port cannot work any more (its interface was removed, or the kernel refuses its frames
 /// for good): says so on stderr, fails the device (every QP to the error state, its work
 /// flushed, `IBV_EVENT_DEVICE_FATAL`: see `Device::fail`), so that applications waiting for
@@ -480,6 +499,11 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
         }
         built += 1;
         work = true;
+    }
+
+    if !io.too_big_reported && dev.tx_too_big_for_buffer() > 0 {
+        io.too_big_reported = true;
+        report_too_big(shared, dev.port_mtu());
     }
 
     // Events from timers (and from loopback packets).
