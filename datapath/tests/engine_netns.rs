@@ -1491,6 +1491,52 @@ fn packets_longer_than_the_interfaces_mtu_are_counted() {
     );
 }
 
+/// A program whose threads sit in different network namespaces: the QPs are connected (the
+/// transition to RTR resolves the peer's MAC) by threads that have moved into the *other*
+/// side's namespace, where the peer's address is one of their own. The engine still looks the
+/// peer up in its own namespace, where it started, and the WRITEs that follow arrive whole.
+#[test]
+fn a_thread_in_another_namespace_connects_through_the_engines_namespace() {
+    if !root_or_skip() {
+        return;
+    }
+    const MSG: usize = 8192;
+    let setup = Setup::new(1500);
+    let names = [0, 1].map(|side| setup.pair.ns_name(side).to_string());
+    let results = setup.on_both_sides(move |me: Side<Endpoint>| {
+        let (side, pd, engine) = (me.index, me.pd, &me.engine);
+        let mut buf = Buffer::new(engine, pd, 2 * MSG);
+        let qp = create_qp(engine, pd, QpType::Rc);
+        to_init(engine, &qp);
+        let psn = 0xd00 + side as u32;
+        let peer = me.swap(Endpoint {
+            qpn: qp.qpn,
+            psn,
+            ip: me.ip,
+            va: buf.addr(MSG),
+            rkey: buf.mr.rkey,
+        });
+        let elsewhere = &names[1 - side];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                xroce_datapath::netns::enter(elsewhere).expect("enter the other namespace");
+                bring_up(engine, &qp, me.ip, &peer, psn, PathMtu::Mtu1024);
+            })
+            .join()
+            .expect("connected from the other namespace");
+        });
+        me.connected.wait();
+        buf.write(0, &pattern(20 + side as u64, MSG));
+        post_writes(engine, &qp, &buf, &peer, 1, MSG);
+        expect_completions(engine, qp.send_cq, 1, "the WRITE");
+        // Both WRITEs are done once both sides pass here.
+        me.connected.wait();
+        buf.read(MSG, MSG)
+    });
+    assert!(results[1] == pattern(20, MSG), "side 0's WRITE");
+    assert!(results[0] == pattern(21, MSG), "side 1's WRITE");
+}
+
 /// Sockets without multi-buffer, as on kernels before 6.6 (Debian 12's own 6.1), forced here
 /// on a 9000-byte veth: the port's active MTU is 2048, and a QP at that path MTU moves a
 /// 64 KiB WRITE and READ intact. A QP asking for 4096 still sends a message that fits one

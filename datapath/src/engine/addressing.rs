@@ -27,6 +27,12 @@ pub enum AddressingError {
         iface: String,
         ifindex: u32,
     },
+    #[error("cannot look up {dst} in the engine's network namespace: {source}")]
+    HomeNamespace {
+        dst: IpAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Where a packet to some destination goes next.

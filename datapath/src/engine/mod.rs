@@ -10,6 +10,7 @@
 
 mod addressing;
 mod capture;
+mod home_netns;
 mod memory;
 mod nap_alarm;
 mod progress;
@@ -220,6 +221,8 @@ pub(crate) struct Shared {
     /// CLOCK_MONOTONIC when the engine started: engine time counts from here.
     pub(crate) epoch_ns: u64,
     pub(crate) config: EngineConfig,
+    /// The network namespace the engine started in, where its look-ups are made.
+    pub(crate) home: Option<home_netns::HomeNetns>,
 }
 
 /// What the lock protects.
@@ -455,6 +458,7 @@ impl Engine {
             nap_alarm,
             progress_tid: AtomicI32::new(0),
             epoch_ns: monotonic_ns(),
+            home: home_netns::HomeNetns::current(),
             config,
         });
         let thread_shared = shared.clone();
@@ -720,7 +724,14 @@ impl Engine {
             return Ok(()); // loopback: no wire, no neighbour
         }
         let probe = self.lock().neighbours.prepare(av.dgid);
-        let found = probe.wait(timeout).map_err(VerbError::Addressing)?;
+        let found = home_netns::run_at_home(self.shared.home.as_ref(), || probe.wait(timeout))
+            .map_err(|source| {
+                VerbError::Addressing(AddressingError::HomeNamespace {
+                    dst: crate::netlink::std_address(av.dgid),
+                    source,
+                })
+            })?
+            .map_err(VerbError::Addressing)?;
         self.lock().neighbours.learn(av.dgid, found);
         Ok(())
     }

@@ -127,6 +127,8 @@ pub(crate) struct SteeringWatch {
     program: u32,
     checked_at: u64,
     timeouts: u64,
+    /// Where to look: the engine's namespace, whichever thread runs the round.
+    home: Option<super::home_netns::HomeNetns>,
 }
 
 impl SteeringWatch {
@@ -136,6 +138,7 @@ impl SteeringWatch {
             program: crate::xdp::attached_program_id(iface).unwrap_or(0),
             checked_at: 0,
             timeouts: 0,
+            home: super::home_netns::HomeNetns::current(),
         }
     }
 
@@ -157,8 +160,14 @@ impl SteeringWatch {
     /// The program attached now is not the one this engine's socket was registered with.
     /// Unreadable (the interface gone, say): not this watch's to say.
     fn program_changed(&self) -> bool {
-        self.program != 0
-            && matches!(crate::xdp::attached_program_id(&self.iface), Ok(id) if id != self.program)
+        if self.program == 0 {
+            return false;
+        }
+        let iface = &self.iface;
+        let attached = super::home_netns::run_at_home(self.home.as_ref(), || {
+            crate::xdp::attached_program_id(iface)
+        });
+        matches!(attached, Ok(Ok(id)) if id != self.program)
     }
 }
 
