@@ -113,12 +113,21 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     // guest-stream registers its socket in the XDP program's map, which `link add` loads.
     xroce_link(&g, "add xr0 netdev eth0")?;
     say("raw AF_XDP stream between the guests (what their path carries at all)");
-    let raw_stream_mb_s = raw_stream(&g);
+    let raw_stream_mb_s = recovering(&g, &RAW_PROGRAMS, say, &mut |_| raw_stream(&g), &|| {});
     say("raw AF_XDP ping-pong between the guests (the floor of their round trip)");
-    let raw_one_way_us = raw_pingpong(&g, 1).and_then(|one_frame| {
+    let mut pingpong_recovering = |frames| {
+        recovering(
+            &g,
+            &RAW_PROGRAMS,
+            say,
+            &mut |_| raw_pingpong(&g, frames),
+            &|| {},
+        )
+    };
+    let raw_one_way_us = pingpong_recovering(1).and_then(|one_frame| {
         Ok(RawOneWay {
             one_frame,
-            two_frames: raw_pingpong(&g, 2)?,
+            two_frames: pingpong_recovering(2)?,
         })
     });
     xroce_link(&g, "del xr0")?;
@@ -133,22 +142,53 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
 
 /// The perftest programs [`measure`] runs in the guests.
 const PROGRAMS: [&str; 2] = ["ib_send_lat", "ib_write_bw"];
+/// The program the raw baselines run in the guests.
+const RAW_PROGRAMS: [&str; 1] = ["guest-stream"];
 
-/// [`measure_stack`], run a second time if it failed because qemu stopped taking a guest's
-/// frames ([`Guest::transmit_stalls`], seen twice in about 345 runs of `ib_read_bw` at full
-/// speed): the stalled guest's link is taken down and up again and what is left of the
-/// programs in both guests killed first. A failure without a stall, or a second one, is
-/// returned with both guests' consoles.
+/// [`measure_stack`], run a second time if it failed because a guest's link stalled (see
+/// [`recovering`]); a failed xroce run's devices are removed before the second.
 fn measure_stack_recovering(
     g: &[Guest],
     xroce: bool,
     round: usize,
     say: &mut dyn FnMut(&str),
 ) -> Result<GuestNumbers, String> {
+    let remove_devices = || {
+        if xroce {
+            // The failed run may have left the xroce devices behind.
+            for guest in g {
+                let _ = guest.run("/opt/xroce/xroce link del xr0", RUN_TIMEOUT);
+            }
+        }
+    };
+    recovering(
+        g,
+        &PROGRAMS,
+        say,
+        &mut |say| measure_stack(g, xroce, round, say),
+        &remove_devices,
+    )
+}
+
+/// Where progress lines go.
+type Say<'a> = &'a mut dyn FnMut(&str);
+
+/// `run`, run a second time if it failed because qemu stopped taking a guest's frames
+/// ([`Guest::transmit_stalls`], seen twice in about 345 runs of `ib_read_bw` at full speed):
+/// the stalled guest's link is taken down and up again, what is left of `programs` in both
+/// guests killed, and `tidy` called first. A failure without a stall, or a second one, is
+/// returned with both guests' consoles.
+fn recovering<T>(
+    g: &[Guest],
+    programs: &[&str],
+    say: &mut dyn FnMut(&str),
+    run: &mut dyn FnMut(Say<'_>) -> Result<T, String>,
+    tidy: &dyn Fn(),
+) -> Result<T, String> {
     let stalls: Vec<usize> = g.iter().map(Guest::transmit_stalls).collect();
     let with_reports = |e: String| -> String { g.iter().fold(e, |e, guest| e + &guest.report()) };
-    let failure = match measure_stack(g, xroce, round, say) {
-        Ok(numbers) => return Ok(numbers),
+    let failure = match run(say) {
+        Ok(value) => return Ok(value),
         Err(failure) => failure,
     };
     let stalled: Vec<&Guest> = g
@@ -163,7 +203,7 @@ fn measure_stack_recovering(
     for guest in &stalled {
         say(&format!(
             "qemu stopped taking guest {}'s frames (its transmit queue timed out); taking its \
-             link down and up, then running the round's stack again",
+             link down and up, then running it again",
             guest.name()
         ));
         guest
@@ -173,17 +213,11 @@ fn measure_stack_recovering(
     }
     for guest in g {
         guest
-            .kill_programs(&PROGRAMS)
+            .kill_programs(programs)
             .map_err(|e| with_reports(format!("{failure}\nthen: {e}")))?;
     }
-    if xroce {
-        // The failed run may have left the xroce devices behind.
-        for guest in g {
-            let _ = guest.run("/opt/xroce/xroce link del xr0", RUN_TIMEOUT);
-        }
-    }
-    measure_stack(g, xroce, round, say)
-        .map_err(|e| with_reports(format!("{e}\n(a second run, after: {failure})")))
+    tidy();
+    run(say).map_err(|e| with_reports(format!("{e}\n(a second run, after: {failure})")))
 }
 
 /// One stack's numbers in one round: xroce's (its XDP program attached only for its own runs,
