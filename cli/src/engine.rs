@@ -58,30 +58,29 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
         tv_sec: 1,
         tv_nsec: 0,
     };
-    let sig = loop {
+    let (why, status) = loop {
         // SAFETY: waits for one of the blocked signals in `signals`, at most `second`; a null
         // siginfo pointer is allowed.
         let sig = unsafe { libc::sigtimedwait(&signals, std::ptr::null_mut(), &second) };
         if sig > 0 {
-            break sig;
+            break (format!("signal {sig}"), ExitCode::SUCCESS);
         }
         if engine.failure().is_some() {
-            drop(engine);
-            return ExitCode::FAILURE;
+            break ("the device failed".to_string(), ExitCode::FAILURE);
         }
     };
     let c = engine.counters();
     let dev = engine.with_device(|d| d.counters());
     let _ = writeln!(
         stdout,
-        "xroce engine stopping (signal {sig}): {} frames in, {} out, {} looped back; transport {:?}",
+        "xroce engine stopping ({why}): {} frames in, {} out, {} looped back; transport {:?}",
         c.rx_frames.load(Ordering::Relaxed),
         c.tx_frames.load(Ordering::Relaxed),
         c.tx_loopback.load(Ordering::Relaxed),
         dev
     );
     drop(engine);
-    ExitCode::SUCCESS
+    status
 }
 
 fn stop_signals() -> libc::sigset_t {

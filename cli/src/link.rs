@@ -4,7 +4,7 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use xroce_core::transport::PathMtu;
+use xroce_datapath::afxdp::{kernel_supports_multi_buffer, port_path_mtu};
 use xroce_datapath::engine;
 use xroce_datapath::netlink::{self, Interface};
 use xroce_datapath::registry::{self, gid_ipv6, Link, RegistryError, GID_TABLE_LEN};
@@ -111,7 +111,7 @@ fn show_link(link: &Link, out: &mut dyn Write) -> io::Result<()> {
         link.netdev,
         if iface.up { "ACTIVE" } else { "DOWN" },
         iface.mtu,
-        PathMtu::for_netdev_mtu(iface.mtu as usize).bytes()
+        port_path_mtu(iface.mtu, kernel_supports_multi_buffer()).bytes()
     )?;
     match netlink::gid_table(&iface) {
         Ok(gids) => {

@@ -139,7 +139,8 @@ enum LinkCommand {
     ///
     /// One line per device: name, interface, state (ACTIVE when the interface is up with
     /// carrier, DOWN otherwise), interface MTU and the RoCE path MTU derived from it as
-    /// rdma_rxe does; then its GIDs by index, and whether the XDP program is attached and an
+    /// rdma_rxe does (the port's active MTU, which `ibv_devinfo` shows too; at most 2048 on
+    /// kernels before 6.6, whose AF_XDP has no multi-buffer); then its GIDs by index, and whether the XDP program is attached and an
     /// engine's AF_XDP socket is bound to queue 0. Prints nothing when there are none.
     ///
     /// Example: `xroce link show` or `xroce link show xroce0`
@@ -166,9 +167,13 @@ enum PcapCommand {
     /// several files).
     ///
     /// Exit status: 0 when every RoCEv2 packet verifies, 1 when any does not (they are listed),
-    /// 2 when a file cannot be read as a capture.
+    /// 2 when a file cannot be read as a capture, 3 when the files hold no RoCEv2 packet at all
+    /// (nothing was verified).
     ///
-    /// Capture RoCEv2 with its ICRC intact, e.g. `tcpdump -i eth0 -s 0 -w out.pcap udp port 4791`.
+    /// xroce's own frames: `XROCE_PCAP=out.pcap xroce exec -- PROGRAM` (tcpdump on the
+    /// interface an xroce device runs on does not see them: the XDP program takes them first).
+    /// Anything else's, with the ICRC intact: e.g. `tcpdump -i eth0 -s 0 -w out.pcap udp port
+    /// 4791` on an interface without xroce (rdma_rxe's, or the peer's side of the link).
     Check {
         /// Print only failing packets and the summary.
         #[arg(short, long)]

@@ -13,6 +13,8 @@ pub const EXIT_OK: i32 = 0;
 pub const EXIT_BAD: i32 = 1;
 /// Exit status: at least one file could not be read as a capture.
 pub const EXIT_UNREADABLE: i32 = 2;
+/// Exit status: the files held no RoCEv2 packet, so nothing was verified.
+pub const EXIT_NO_ROCE: i32 = 3;
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -186,6 +188,15 @@ pub fn run(files: &[PathBuf], opts: &Options, out: &mut dyn Write, err: &mut dyn
         EXIT_UNREADABLE
     } else if total.bad > 0 {
         EXIT_BAD
+    } else if total.ok == 0 {
+        let _ = writeln!(
+            err,
+            "xroce pcap check: no RoCEv2 packet (UDP port 4791) in the capture, so nothing was \
+             verified. tcpdump on the interface an xroce device runs on does not see xroce's \
+             frames (the XDP program takes them first): capture them with \
+             `XROCE_PCAP=FILE xroce exec -- PROGRAM`, or on the peer's side of the link."
+        );
+        EXIT_NO_ROCE
     } else {
         EXIT_OK
     }

@@ -161,7 +161,8 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
 }
 
 /// An engine whose interface is removed says so and exits with a failure, instead of
-/// waiting for a signal with a device that cannot work.
+/// waiting for a signal with a device that cannot work; it prints its counters first, as it
+/// does when stopped.
 #[test]
 fn an_engine_whose_interface_is_removed_exits_with_the_reason() {
     if !root_or_skip() {
@@ -176,7 +177,7 @@ fn an_engine_whose_interface_is_removed_exits_with_the_reason() {
     let mut engine = pair
         .command(0, XROCE)
         .args(["engine", "--iface", &iface])
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start xroce engine");
@@ -212,8 +213,15 @@ fn an_engine_whose_interface_is_removed_exits_with_the_reason() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut engine.stderr.take().expect("stderr"), &mut stderr)
         .expect("read stderr");
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut engine.stdout.take().expect("stdout"), &mut stdout)
+        .expect("read stdout");
     assert!(!status.success(), "{status:?}");
     assert!(stderr.contains("interface was removed"), "{stderr}");
+    assert!(
+        stdout.contains("stopping (the device failed)") && stdout.contains("frames in"),
+        "{stdout}"
+    );
 }
 
 /// Runs `xroce engine --iface IFACE` in namespace 0 to completion (bounded) and returns its

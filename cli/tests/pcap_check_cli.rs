@@ -114,6 +114,33 @@ fn non_roce_packets_are_counted_not_errors() {
     );
 }
 
+/// A capture without RoCEv2 (tcpdump on the interface xroce runs on sees none of its frames)
+/// verifies nothing, and says so with its own exit status instead of passing.
+#[test]
+fn a_capture_without_roce_packets_is_not_a_pass() {
+    let frames = fixture_frames("ud_pingpong.pcap");
+    let mut arp = vec![0xffu8; 6];
+    arp.extend([2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.extend([0u8; 46]);
+    let mut other_udp = frames[0].clone();
+    other_udp[36..38].copy_from_slice(&53u16.to_be_bytes());
+    let p = tmp("no-roce.pcap", &pcap_bytes(&[&arp, &other_udp]));
+    let o = xroce(&["pcap", "check", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    assert_eq!(
+        summary_line(&o),
+        "2 packets, 0 ICRC ok, 0 bad, 2 not RoCEv2"
+    );
+    let why = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        why.contains("nothing was verified") && why.contains("XROCE_PCAP"),
+        "{why}"
+    );
+    let empty = tmp("empty.pcap", &pcap_bytes(&[]));
+    let o = xroce(&["pcap", "check", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+}
+
 #[test]
 fn pcapng_files_are_read_with_their_timestamp_resolution() {
     let frames = fixture_frames("rc_pingpong.pcap");

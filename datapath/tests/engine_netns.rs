@@ -623,10 +623,18 @@ fn rc_write_read_send_atomics_mtu_1500() {
     }
 }
 
+/// Path MTU 4096 on a 9000-byte veth: frames of two UMEM frames each (multi-buffer). A kernel
+/// without AF_XDP multi-buffer (before 6.6) carries at most 2048 (see the README's known
+/// limits); there the same transfers run at that.
 #[test]
 fn rc_write_read_send_atomics_mtu_9000_multi_buffer() {
     if root_or_skip() {
-        rc_suite(9000, PathMtu::Mtu4096, 0);
+        if xroce_datapath::afxdp::kernel_supports_multi_buffer() {
+            rc_suite(9000, PathMtu::Mtu4096, 0);
+        } else {
+            eprintln!("no AF_XDP multi-buffer in this kernel: path MTU 2048 instead of 4096");
+            rc_suite(9000, PathMtu::Mtu2048, 0);
+        }
     }
 }
 
@@ -1432,13 +1440,15 @@ fn simultaneous_sends_do_not_stall_on_each_others_held_acks() {
 /// 1500-byte veth: a message that fits the link in one packet still arrives (1200 bytes, more
 /// than the port's 1024), as with rdma_rxe; a longer one makes a packet the veth drops, which
 /// the engine counts (and reports once on stderr) so that the hang that follows has a reason.
+/// (3000 bytes: one packet that fits a UMEM frame, so the test holds on kernels without
+/// multi-buffer too.)
 #[test]
 fn packets_longer_than_the_interfaces_mtu_are_counted() {
     if !root_or_skip() {
         return;
     }
     const FITS: usize = 1200;
-    const TOO_LONG: usize = 4096;
+    const TOO_LONG: usize = 3000;
     let setup = Setup::new(1500);
     let results = setup.on_both_sides(move |me: Side<Endpoint>| {
         let (side, pd, engine) = (me.index, me.pd, &me.engine);
@@ -1482,7 +1492,7 @@ fn packets_longer_than_the_interfaces_mtu_are_counted() {
         before, 0,
         "a packet that fits the link was counted as too long"
     );
-    assert!(after > 0, "the 4096-byte packet was not counted");
+    assert!(after > 0, "the {TOO_LONG}-byte packet was not counted");
     let sent = pattern(7, TOO_LONG);
     assert_eq!(&landed[..FITS], &sent[..FITS], "the WRITE that fits");
     assert!(

@@ -1,4 +1,4 @@
-//! `libxroce-rdmav34.so`: the libibverbs provider that makes xroce an RDMA device.
+//! `libxroce_provider.so`: the libibverbs provider that makes xroce an RDMA device.
 //!
 //! libibverbs (rdma-core's PRIVATE_34 provider ABI, as Debian 12 ships it) finds the device
 //! through the sysfs tree `xroce link add` generates, matches this provider by the device's

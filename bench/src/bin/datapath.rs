@@ -33,7 +33,7 @@ use xroce_bench::paired::{self, Paired};
 use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
 use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
 use xroce_core::transport::verbs::{RecvWr, SendOp, SendWr, SgList, Sge, WcStatus};
-use xroce_core::transport::{AddressVector, AttrMask, CqId, PathMtu, QpState, QpType};
+use xroce_core::transport::{AddressVector, AttrMask, CqId, QpState, QpType};
 use xroce_core::wire::IpAddress;
 use xroce_datapath::engine::{Engine, EngineConfig};
 use xroce_datapath::netns::NetnsPair;
@@ -514,7 +514,8 @@ fn connect(side: &Side, me: Ipv4Addr, peer: Peer) {
         .expect("own GID") as u8;
     let mut a = QpAttr {
         state: QpState::Rtr,
-        path_mtu: PathMtu::Mtu4096,
+        // 4096, or 2048 on a kernel without AF_XDP multi-buffer.
+        path_mtu: side.engine.with_device(|d| d.port_mtu()),
         dest_qpn: peer.qpn,
         rq_psn: 0,
         max_dest_rd_atomic: 16,

@@ -28,8 +28,9 @@ pub fn kernel_supports_multi_buffer() -> bool {
         // SAFETY: plain socket(2); closed below.
         let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
-            // No AF_XDP here at all (or no permission): opening the real socket will say why.
-            return true;
+            // No AF_XDP here, or no permission (a user's `ibv_devinfo`): the kernel's version
+            // says it then, and opening a real socket will say why it cannot.
+            return kernel_release_at_least(6, 6);
         }
         // SAFETY: `fd` is the socket just created and owned here.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -50,6 +51,22 @@ pub fn kernel_supports_multi_buffer() -> bool {
         };
         !(rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL))
     })
+}
+
+/// Whether the running kernel's release is `major.minor` or later (from
+/// `/proc/sys/kernel/osrelease`; true when that cannot be read).
+fn kernel_release_at_least(major: u32, minor: u32) -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or(true, |release| release_at_least(&release, major, minor))
+}
+
+/// Whether kernel release text (`6.1.0-26-amd64`) names `major.minor` or later.
+fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
 }
 
 /// The active path MTU of a port on a netdev with `netdev_mtu`: rdma_rxe's rule
@@ -792,14 +809,14 @@ mod tests {
         assert_eq!(split_umem(4096, true), (4096, Vec::new()));
     }
 
-    /// `(major, minor)` of the running kernel.
-    fn kernel_version() -> (u32, u32) {
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-        let mut parts = release
-            .trim()
-            .split(|c: char| !c.is_ascii_digit())
-            .map(|p| p.parse::<u32>().unwrap_or(0));
-        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    #[test]
+    fn kernel_releases_compare_by_major_then_minor() {
+        assert!(!release_at_least("6.1.0-26-amd64\n", 6, 6));
+        assert!(release_at_least("6.6.0", 6, 6));
+        assert!(release_at_least("6.18.44-fc-v669", 6, 6));
+        assert!(release_at_least("7.0-rc1", 6, 6));
+        assert!(!release_at_least("5.19.17", 6, 6));
+        assert!(!release_at_least("", 6, 6));
     }
 
     #[test]
@@ -810,7 +827,10 @@ mod tests {
             return;
         }
         // XDP_USE_SG for AF_XDP sockets arrived in Linux 6.6.
-        assert_eq!(kernel_supports_multi_buffer(), kernel_version() >= (6, 6));
+        assert_eq!(
+            kernel_supports_multi_buffer(),
+            kernel_release_at_least(6, 6)
+        );
     }
 
     /// A frame the kernel split over two receive frames, as copy mode lays it out: the first

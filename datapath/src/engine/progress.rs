@@ -345,8 +345,10 @@ fn report_too_long(shared: &Shared, tx: &Transmit, mtu: u32, port_mtu: PathMtu) 
             "xroce: netdev {iface}: QP {qpn:#x} sends a {len}-byte packet, longer than the \
              interface's MTU ({mtu}); the link will drop it and the QP resend it. Its path MTU \
              is above the port's active MTU ({active}): ask for a path MTU of at most {active} \
-             (e.g. `-m {active}`), or raise the interface's MTU. (Said once; the state dump \
-             counts such packets.)"
+             (e.g. `-m {active}`), or raise the interface's MTU (`xroce link del`, then the \
+             new MTU, then `xroce link add`: the XDP program loaded for a small MTU can keep \
+             the interface from taking a large one). (Said once; the state dump counts such \
+             packets.)"
         );
     }
 }

@@ -90,6 +90,27 @@ pub enum XdpError {
         source: io::Error,
     },
 
+    /// The driver refused the program without saying why (`EINVAL`): most often a driver that
+    /// takes XDP only at MTUs whose frames fit its receive buffers.
+    #[error(
+        "the driver of {iface} refused {mode} XDP with the {build} build at MTU {mtu} \
+         ({source}); drivers refuse XDP at MTUs their receive buffers do not take (the kernel \
+         log may say why: `dmesg | tail`). Try `--mode generic` (slower, works with any \
+         driver), or a lower MTU"
+    )]
+    DriverRefused {
+        /// The interface.
+        iface: String,
+        /// The requested mode.
+        mode: XdpMode,
+        /// The build that was being attached.
+        build: ProgramBuild,
+        /// The interface's MTU.
+        mtu: u32,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+
     /// The BPF filesystem cannot be found, mounted or used.
     #[error(
         "cannot use the BPF filesystem at /sys/fs/bpf: {detail}. Mount it as root with \

@@ -586,6 +586,15 @@ fn attach_error(
             build,
             source: err,
         },
+        // A driver's own checks (an MTU its receive buffers do not take, say) come back as
+        // EINVAL, and a bpf_link carries no extended ACK to say which.
+        Some(libc::EINVAL) if mode != XdpMode::Generic => XdpError::DriverRefused {
+            iface: iface.to_string(),
+            mode,
+            build,
+            mtu: link.mtu,
+            source: err,
+        },
         _ => XdpError::kernel(
             iface,
             format!("attaching the {build} XDP program in {mode} mode"),
@@ -1336,6 +1345,43 @@ fn require_capabilities(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a driver's bare EINVAL becomes: in native mode a refusal that names the MTU and
+    /// the way out; in generic mode (no driver involved) the kernel's words as they are.
+    #[test]
+    fn a_drivers_einval_names_the_mtu_and_generic_mode() {
+        let link = rtnl::Link {
+            ifindex: 3,
+            name: "eth0".into(),
+            mtu: 9000,
+            ..rtnl::Link::default()
+        };
+        let einval = || io::Error::from_raw_os_error(libc::EINVAL);
+        let native = attach_error(
+            "eth0",
+            XdpMode::Native,
+            &link,
+            ProgramBuild::Frags,
+            einval(),
+        );
+        assert!(
+            matches!(native, XdpError::DriverRefused { mtu: 9000, .. }),
+            "{native:?}"
+        );
+        let words = native.to_string();
+        assert!(
+            words.contains("MTU 9000") && words.contains("--mode generic"),
+            "{words}"
+        );
+        let generic = attach_error(
+            "eth0",
+            XdpMode::Generic,
+            &link,
+            ProgramBuild::Frags,
+            einval(),
+        );
+        assert!(matches!(generic, XdpError::Kernel { .. }), "{generic:?}");
+    }
 
     #[test]
     fn build_follows_the_mtu() {
