@@ -24,8 +24,9 @@ use xroce_core::wire::{
 };
 use xroce_datapath::afxdp::{XskConfig, XskSocket};
 use xroce_datapath::engine::{Engine, EngineConfig};
+use xroce_datapath::netlink::std_address;
 use xroce_datapath::netns::NetnsPair;
-use xroce_datapath::xdp;
+use xroce_datapath::{registry, xdp};
 
 const MIB: usize = 1 << 20;
 /// Longest any single wait for a completion may take before the test fails.
@@ -1733,9 +1734,51 @@ fn gid_table_follows_address_changes() {
     let setup = Setup::new(1500);
     let iface = setup.pair.iface(0).to_string();
     let ns = setup.pair.ns_name(0).to_string();
+    // A device's directory as the generated sysfs tree has it, for the engine's GID files.
+    let ibdev = std::env::temp_dir().join(format!("xroce-gids-{}", std::process::id()));
+    let port = ibdev.join("ports/1");
+    for dir in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+        std::fs::create_dir_all(port.join(dir)).expect("mkdir");
+    }
+    // What libibverbs reads for index `i`: the GID, its type, its netdev.
+    let files = move |i: usize| {
+        let read = |rel: String| std::fs::read_to_string(port.join(rel)).expect("GID file");
+        (
+            read(format!("gids/{i}")),
+            read(format!("gid_attrs/types/{i}")),
+            read(format!("gid_attrs/ndevs/{i}")),
+        )
+    };
+    let expected = |gid: Option<IpAddress>, iface: &str| match gid {
+        Some(g) => (
+            format!(
+                "{}\n",
+                registry::format_gid(registry::gid_ipv6(std_address(g)).octets())
+            ),
+            "RoCE v2\n".to_string(),
+            format!("{iface}\n"),
+        ),
+        None => (
+            format!("{}\n", registry::format_gid([0; 16])),
+            "IB/RoCE v1\n".to_string(),
+            "\n".to_string(),
+        ),
+    };
+    let mirror = ibdev.clone();
     setup.pair.run_in(0, move || {
-        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let config = EngineConfig {
+            gid_mirror: Some(mirror),
+            ..EngineConfig::new(&iface)
+        };
+        let engine = Engine::start(config).expect("engine");
         let before = engine.gids();
+        for (i, gid) in before.iter().enumerate() {
+            assert_eq!(
+                files(i),
+                expected(*gid, &iface),
+                "GID file {i} at the start"
+            );
+        }
         assert!(
             matches!(before[0], Some(IpAddress::V6(a)) if a.0[0] == 0xfe && a.0[1] == 0x80),
             "GID 0 is the link-local default: {before:?}"
@@ -1774,6 +1817,14 @@ fn gid_table_follows_address_changes() {
                 assert_eq!(after[i], *g, "GID {i} moved");
             }
         }
+        // The device's GID files say what the engine's table says.
+        for (i, gid) in after.iter().enumerate() {
+            assert_eq!(
+                files(i),
+                expected(*gid, &iface),
+                "GID file {i} after the add"
+            );
+        }
         let out = std::process::Command::new("ip")
             .args(["-n", &ns, "addr", "del", "fd00:4:4::9/64", "dev", &iface])
             .output()
@@ -1787,7 +1838,17 @@ fn gid_table_follows_address_changes() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Its slot is empty in the files too, and the others stay where they were.
+        for (i, gid) in engine.gids().iter().enumerate() {
+            assert_eq!(
+                files(i),
+                expected(*gid, &iface),
+                "GID file {i} after the delete"
+            );
+        }
+        assert_eq!(files(index as usize), expected(None, &iface));
     });
+    let _ = std::fs::remove_dir_all(&ibdev);
 }
 
 /// The progress thread never blocks on the engine lock: its holder is an application inside

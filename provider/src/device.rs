@@ -25,6 +25,8 @@ pub struct XroceDevice {
     pub vdev: verbs_device,
     pub name: String,
     pub netdev: String,
+    /// The device's directory in the generated sysfs tree (libibverbs' `ibdev_path`).
+    pub ibdev_dir: PathBuf,
 }
 
 /// An open context: `struct verbs_context` (allocated by libibverbs, sized by us), then ours.
@@ -38,6 +40,8 @@ pub struct XroceContext {
 pub struct ContextState {
     pub name: String,
     pub netdev: String,
+    /// See [`XroceDevice::ibdev_dir`]; its engine keeps the GID files there equal to its table.
+    pub ibdev_dir: PathBuf,
     /// Started on first use (a PD, CQ, ...), so `ibv_devinfo` never binds the netdev's queue.
     pub engine: Mutex<Option<Arc<EngineRef>>>,
     /// Write end of the pipe behind `context->async_fd`.
@@ -87,7 +91,8 @@ pub(crate) unsafe extern "C" fn alloc_device(sysfs: *mut verbs_sysfs_dev) -> *mu
     // SAFETY: libibverbs passes a valid sysfs device.
     let sysfs = unsafe { &*sysfs };
     let name = c_str(&sysfs.ibdev_name);
-    let path = PathBuf::from(c_str(&sysfs.ibdev_path)).join(registry::NETDEV_FILE);
+    let ibdev_dir = PathBuf::from(c_str(&sysfs.ibdev_path));
+    let path = ibdev_dir.join(registry::NETDEV_FILE);
     let netdev = match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
         _ => {
@@ -104,6 +109,7 @@ pub(crate) unsafe extern "C" fn alloc_device(sysfs: *mut verbs_sysfs_dev) -> *mu
         vdev: unsafe { std::mem::zeroed() },
         name,
         netdev,
+        ibdev_dir,
     });
     Box::into_raw(dev) as *mut verbs_device
 }
@@ -155,6 +161,7 @@ pub(crate) unsafe extern "C" fn alloc_context(
     let state = Box::new(ContextState {
         name: dev.name.clone(),
         netdev: dev.netdev.clone(),
+        ibdev_dir: dev.ibdev_dir.clone(),
         engine: Mutex::new(None),
         port_watch: crate::port_events::PortWatch::start(
             dev.netdev.clone(),

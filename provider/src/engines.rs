@@ -146,6 +146,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     let mut config = EngineConfig::new(ctx.netdev.clone());
     config.on_event = Some(EventSink(Arc::new(move |ev| route(id, ev))));
     config.capture = capture_path(&ctx.netdev);
+    config.gid_mirror = Some(ctx.ibdev_dir.clone());
     match Engine::start(config) {
         Ok(engine) => {
             let e = Arc::new(EngineRef {

@@ -514,6 +514,76 @@ fn async_events_reach_ibv_asyncwatch() {
     }
 }
 
+/// libibverbs reads GIDs from the device's files in the generated sysfs tree on every query;
+/// a running program's engine keeps them equal to its table. An address added while an
+/// `ibv_rc_pingpong` server waits appears at the next index; the address the program started
+/// with, once removed, leaves its slot empty instead of the later one moving up (a tree
+/// written afresh would list it at index 1), as the kernel's table behaves for rdma_rxe.
+#[test]
+fn a_running_programs_gid_files_follow_its_engines_table() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xpg", 1500);
+    let server_cmd = rig.exec(0, &["timeout", "20", "ibv_rc_pingpong", "-g", "1"]);
+    let server = std::thread::spawn(move || run_bounded(server_cmd, Duration::from_secs(40)));
+    // Listening means its context, PD, CQ and QP exist: its engine runs.
+    rig.wait_listening();
+    let port = rig
+        .pair
+        .run_in(0, xroce_datapath::registry::sysfs_root)
+        .expect("the namespace's tree")
+        .join(format!("class/infiniband/{DEV}/ports/1"));
+    let gid = |i: usize| {
+        std::fs::read_to_string(port.join(format!("gids/{i}")))
+            .expect("GID file")
+            .trim()
+            .to_string()
+    };
+    let wait_for = |i: usize, want: &str, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while gid(i) != want {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: GID {i} is {}, not {want}",
+                gid(i)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let as_gid = |ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        xroce_datapath::registry::format_gid(xroce_datapath::registry::gid_ipv6(ip).octets())
+    };
+    let first = rig.pair.ipv4(0).to_string();
+    assert_eq!(gid(1), as_gid(&first), "GID 1 at the start");
+    let iface = rig.pair.iface(0).to_string();
+    for step in [
+        format!("ip addr add 10.250.9.1/24 dev {iface}"),
+        format!("ip addr del {first}/24 dev {iface}"),
+    ] {
+        let out = rig.pair.exec(0, &step).expect("run ip");
+        assert!(out.status.success(), "{step}: {out:?}");
+        if step.contains(" add ") {
+            wait_for(2, &as_gid("10.250.9.1"), "the added address");
+        } else {
+            wait_for(
+                1,
+                &xroce_datapath::registry::format_gid([0; 16]),
+                "the removed one",
+            );
+            assert_eq!(gid(2), as_gid("10.250.9.1"), "the added address moved");
+        }
+    }
+    // The server waits for a client that never comes: end it (and its `xroce exec` and
+    // `timeout`), the processes of this test's namespace.
+    let ns = rig.pair.ns_name(0).to_string();
+    let _ = std::process::Command::new("sh")
+        .args(["-c", &format!("ip netns pids {ns} | xargs -r kill")])
+        .status();
+    let _ = server.join();
+}
+
 #[test]
 fn valgrind_finds_no_invalid_accesses() {
     if !root_or_skip() {

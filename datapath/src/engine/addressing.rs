@@ -74,6 +74,9 @@ pub struct Neighbours {
     changes: u64,
     /// The engine's sockets carry frames larger than one UMEM frame (see [`Self::open`]).
     multi_buffer: bool,
+    /// Where the device's GID files are kept equal to the engine's table (see
+    /// `EngineConfig::gid_mirror`).
+    gid_mirror: Option<std::path::PathBuf>,
 }
 
 /// A resolution the caller waits for without holding the engine lock.
@@ -123,6 +126,7 @@ impl Neighbours {
         Ok(Self {
             iface: netlink.interface_by_name(iface)?,
             multi_buffer,
+            gid_mirror: None,
             cache: HashMap::default(),
             netlink,
             changes: 0,
@@ -292,7 +296,29 @@ impl Neighbours {
     fn refresh_gids(&mut self, dev: &mut Device) {
         if let Ok(now) = self.netlink.gid_table(&self.iface) {
             let gids = merge_gids(dev.gids(), &now);
+            if gids != dev.gids() {
+                self.write_gid_mirror(&gids);
+            }
             dev.set_gids(gids);
+        }
+    }
+
+    /// Keeps the GID files of the device's directory `dir` in the generated sysfs tree equal
+    /// to the engine's table, starting with `gids`, the table now.
+    pub fn mirror_gids_to(&mut self, dir: std::path::PathBuf, gids: &[Option<IpAddress>]) {
+        self.gid_mirror = Some(dir);
+        self.write_gid_mirror(gids);
+    }
+
+    fn write_gid_mirror(&self, gids: &[Option<IpAddress>]) {
+        let Some(dir) = &self.gid_mirror else {
+            return;
+        };
+        let table: Vec<Option<IpAddr>> = gids.iter().map(|g| g.map(std_address)).collect();
+        // A tree regenerated without the device, or one gone: programs then read what the
+        // tree says, as before; nothing here is worth failing the engine for.
+        if let Err(e) = crate::registry::write_port_gids(dir, &self.iface.name, &table) {
+            log::debug!("not mirroring the GID table into {}: {e}", dir.display());
         }
     }
 

@@ -71,6 +71,12 @@ pub struct EngineConfig {
     /// packets no transmit frame holds (see `Counters::tx_too_big_for_buffer`). Tests use it
     /// to run that path on a newer kernel.
     pub single_buffer: bool,
+    /// The device's directory in the generated sysfs tree (`.../class/infiniband/NAME`), whose
+    /// GID files the engine rewrites with its own table when it starts and whenever the
+    /// table changes (see [`crate::registry::write_port_gids`]): libibverbs reads GIDs from
+    /// there, and the engine keeps a removed address's slot empty where a regenerated tree
+    /// would list the addresses afresh. `None`: no tree (tests, `xroce engine`).
+    pub gid_mirror: Option<std::path::PathBuf>,
 }
 
 /// A callback for [`Event`]s (see [`EngineConfig::on_event`]).
@@ -96,6 +102,7 @@ impl EngineConfig {
             watch_xdp_pins: true,
             all_rx_queues: true,
             single_buffer: false,
+            gid_mirror: None,
         }
     }
 
@@ -419,6 +426,10 @@ impl Engine {
             key_seed,
             first_qpn: random_first_qpn(u32::from_le_bytes(qpn_seed)),
         });
+        if let Some(dir) = &config.gid_mirror {
+            // The tree was written before this start; the addresses may have moved since.
+            neighbours.mirror_gids_to(dir.clone(), dev.gids());
+        }
         // SAFETY: a fresh eventfd, owned at once.
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if efd < 0 {

@@ -19,8 +19,9 @@
 //!
 //! The GID table in the tree is [`crate::netlink::gid_table`] cut to [`GID_TABLE_LEN`], index
 //! for index: the provider's engine builds its table from the same function, so sysfs index `i`
-//! and the engine's index `i` are the same GID (as long as the addresses do not change between
-//! the regeneration and the engine's start).
+//! and the engine's index `i` are the same GID. Once it runs, the engine keeps its device's
+//! GID files equal to its own table ([`write_port_gids`]): addresses that change keep their
+//! indices there, and a removed one leaves its slot empty, as the kernel's table does.
 //!
 //! Every operation acts on the **calling thread's** network namespace; changes need root.
 
@@ -36,7 +37,7 @@ use crate::netlink::{self, Interface, Netlink};
 use crate::xdp::{self, LoadOptions, LoadOutcome, UnloadOutcome, XdpError, XdpMode};
 
 pub use error::RegistryError;
-pub use sysfs::{format_gid, gid_ipv6, GID_TYPE_EMPTY_SLOT, GID_TYPE_ROCE_V2};
+pub use sysfs::{format_gid, gid_ipv6, write_port_gids, GID_TYPE_EMPTY_SLOT, GID_TYPE_ROCE_V2};
 
 use store::Store;
 

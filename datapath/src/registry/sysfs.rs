@@ -97,11 +97,22 @@ pub(crate) fn device_files(dev: &Device) -> Vec<TreeFile> {
         // default P_Key alone.
         (port.join("pkeys/0"), "0xffff".to_string()),
     ];
-    // query_sysfs_gid / query_sysfs_gid_type / query_sysfs_gid_ndev_ifindex (cmd_device.c),
-    // for every index below the provider's gid_tbl_len: ibv_query_gid, ibv_query_gid_type,
-    // ibv_query_gid_ex, ibv_query_gid_table (and so ibv_devinfo -v, perftest, rc_pingpong -g).
+    let gids: Vec<Option<IpAddr>> = dev.gids.iter().copied().map(Some).collect();
+    files.extend(gid_files(&port, netdev, &gids));
+    files
+}
+
+/// The GID files of a port directory (`ports/1`, relative to the tree or not) for a table
+/// whose empty slots are `None`.
+///
+/// query_sysfs_gid / query_sysfs_gid_type / query_sysfs_gid_ndev_ifindex (cmd_device.c) read
+/// them for every index below the provider's gid_tbl_len, on every call: ibv_query_gid,
+/// ibv_query_gid_type, ibv_query_gid_ex, ibv_query_gid_table (and so ibv_devinfo -v, perftest,
+/// rc_pingpong -g).
+fn gid_files(port: &Path, netdev: &str, gids: &[Option<IpAddr>]) -> Vec<TreeFile> {
+    let mut files = Vec::with_capacity(3 * GID_TABLE_LEN);
     for index in 0..GID_TABLE_LEN {
-        let gid = dev.gids.get(index).copied();
+        let gid = gids.get(index).copied().flatten();
         let raw = gid.map(gid_raw).unwrap_or([0; 16]);
         files.push((port.join(format!("gids/{index}")), format_gid(raw)));
         let (gid_type, ndev) = match gid {
@@ -120,6 +131,34 @@ pub(crate) fn device_files(dev: &Device) -> Vec<TreeFile> {
         ));
     }
     files
+}
+
+/// Rewrites the GID files of the device whose directory in a generated tree is `ibdev_dir`
+/// (`.../class/infiniband/NAME`, what libibverbs calls `ibdev_path`) with `gids`, the table
+/// of the engine that runs the device: libibverbs reads them on every GID query, so a
+/// program sees the table its engine uses, empty slots and all, after addresses change.
+/// Each file is replaced in one step (written beside it, then renamed over it), so a reader
+/// sees the old content or the new. Only files that change are written; a directory that is
+/// not there (the tree was regenerated without the device) is an error.
+pub fn write_port_gids(
+    ibdev_dir: &Path,
+    netdev: &str,
+    gids: &[Option<IpAddr>],
+) -> Result<(), RegistryError> {
+    for (path, content) in gid_files(&ibdev_dir.join("ports/1"), netdev, gids) {
+        let content = format!("{content}\n");
+        if fs::read_to_string(&path).is_ok_and(|old| old == content) {
+            continue;
+        }
+        let mut beside = path.clone().into_os_string();
+        beside.push(".new");
+        let beside = PathBuf::from(beside);
+        fs::write(&beside, &content)
+            .and_then(|()| fs::set_permissions(&beside, fs::Permissions::from_mode(0o644)))
+            .and_then(|()| fs::rename(&beside, &path))
+            .map_err(|e| RegistryError::io("writing", &path, e))?;
+    }
+    Ok(())
 }
 
 /// Directories whose modification time libibverbs uses to tell a device apart from a new one
@@ -447,6 +486,39 @@ mod tests {
         write(&root, &[]).expect("empty write");
         assert!(!ibdev.exists());
         assert!(root.join("class/infiniband_verbs/abi_version").exists());
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// An engine's table over a written tree: an empty slot between two addresses, each file
+    /// as a fresh tree would have it; no `.new` file left; a device not in the tree is an
+    /// error.
+    #[test]
+    fn port_gids_are_rewritten_in_place_with_empty_slots() {
+        let base = std::env::temp_dir().join(format!("xroce-gid-mirror-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let root = base.join("sysfs");
+        let (a, b): (IpAddr, IpAddr) = ("10.1.2.3".parse().unwrap(), "10.4.5.6".parse().unwrap());
+        write(&root, &[device(vec![a, b])]).expect("write");
+        let ibdev = root.join("class/infiniband/xr_0");
+        write_port_gids(&ibdev, "veth7", &[Some(a), None, Some(b)]).expect("rewrite");
+        let read = |rel: &str| fs::read_to_string(ibdev.join("ports/1").join(rel)).unwrap();
+        assert_eq!(read("gids/0"), format!("{}\n", format_gid(gid_raw(a))));
+        assert_eq!(read("gids/1"), format!("{}\n", format_gid([0; 16])));
+        assert_eq!(
+            read("gid_attrs/types/1"),
+            format!("{GID_TYPE_EMPTY_SLOT}\n")
+        );
+        assert_eq!(read("gid_attrs/ndevs/1"), "\n");
+        assert_eq!(read("gids/2"), format!("{}\n", format_gid(gid_raw(b))));
+        assert_eq!(read("gid_attrs/types/2"), format!("{GID_TYPE_ROCE_V2}\n"));
+        assert_eq!(read("gid_attrs/ndevs/2"), "veth7\n");
+        let leftovers = fs::read_dir(ibdev.join("ports/1/gids"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".new"))
+            .count();
+        assert_eq!(leftovers, 0);
+        assert!(write_port_gids(&root.join("class/infiniband/gone"), "veth7", &[Some(a)]).is_err());
         fs::remove_dir_all(&base).unwrap();
     }
 }
