@@ -191,10 +191,14 @@ fn recovering<T>(
         Ok(value) => return Ok(value),
         Err(failure) => failure,
     };
+    // A stall the guest's kernel reported, or one it did not report but that left the guest
+    // answering nothing (see `Guest::answers`).
     let stalled: Vec<&Guest> = g
         .iter()
         .zip(&stalls)
-        .filter(|(guest, before)| guest.transmit_stalls() > **before)
+        .filter(|(guest, before)| {
+            guest.transmit_stalls() > **before || !guest.answers(Duration::from_secs(15))
+        })
         .map(|(guest, _)| guest)
         .collect();
     if stalled.is_empty() {

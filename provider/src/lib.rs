@@ -1,6 +1,6 @@
 //! `libxroce_provider.so`: the libibverbs provider that makes xroce an RDMA device.
 //!
-//! libibverbs (rdma-core's PRIVATE_34 provider ABI, as Debian 12 ships it) finds the device
+//! libibverbs (rdma-core 36 to 58: see [`abi::version`]) finds the device
 //! through the sysfs tree `xroce link add` generates, matches this provider by the device's
 //! modalias (`xroce:NAME`), and calls the ops in [`verbs`]. Everything rdma_rxe's provider would
 //! send to a kernel is done here, in the application's process, by an

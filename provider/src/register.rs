@@ -110,14 +110,17 @@ fn register() -> Result<(), Option<String>> {
     if let Some(why) = version::refusal(&file) {
         return Err(Some(why));
     }
-    let missing = |name: &str| Some(format!("xroce: {file} lacks {name}@IBVERBS_PRIVATE_34"));
-    let register = lookup(handle, "verbs_register_driver_34")
-        .ok_or_else(|| missing("verbs_register_driver_34"))?;
-    let init = lookup(handle, "_verbs_init_and_alloc_context")
-        .ok_or_else(|| missing("_verbs_init_and_alloc_context"))?;
-    let set_ops = lookup(handle, "verbs_set_ops").ok_or_else(|| missing("verbs_set_ops"))?;
-    let uninit =
-        lookup(handle, "verbs_uninit_context").ok_or_else(|| missing("verbs_uninit_context"))?;
+    // Accepted, so the release is known.
+    let abi = version::private_abi(version::release_from_file_name(&file).unwrap_or(0));
+    let symbol_version = format!("IBVERBS_PRIVATE_{abi}");
+    let find = |name: &str| -> Result<*mut c_void, Option<String>> {
+        lookup(handle, name, &symbol_version)
+            .ok_or_else(|| Some(format!("xroce: {file} lacks {name}@{symbol_version}")))
+    };
+    let register = find(&format!("verbs_register_driver_{abi}"))?;
+    let init = find("_verbs_init_and_alloc_context")?;
+    let set_ops = find("verbs_set_ops")?;
+    let uninit = find("verbs_uninit_context")?;
     // SAFETY: the symbols come from a libibverbs whose release uses exactly these signatures
     // (checked above); function pointers and data pointers have the same size here.
     let private = unsafe {
@@ -138,10 +141,12 @@ fn register() -> Result<(), Option<String>> {
     Ok(())
 }
 
-fn lookup(handle: *mut c_void, name: &str) -> Option<*mut c_void> {
+/// `name@version` in the library `handle`.
+fn lookup(handle: *mut c_void, name: &str, version: &str) -> Option<*mut c_void> {
     let name = CString::new(name).ok()?;
+    let version = CString::new(version).ok()?;
     // SAFETY: valid handle and NUL-terminated strings.
-    let p = unsafe { libc::dlvsym(handle, name.as_ptr(), c"IBVERBS_PRIVATE_34".as_ptr()) };
+    let p = unsafe { libc::dlvsym(handle, name.as_ptr(), version.as_ptr()) };
     (!p.is_null()).then_some(p)
 }
 

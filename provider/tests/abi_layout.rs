@@ -433,7 +433,7 @@ fn public_structs_match_the_system_header() {
     }
     assert!(wrong.is_empty(), "layout mismatches:\n{}", wrong.join("\n"));
     // The fact the private verbs_context_ops layout relies on: `struct ibv_context` sits at
-    // byte 320 of `struct verbs_context` in rdma-core 36..=48.
+    // byte 320 of `struct verbs_context` in rdma-core 36..=58.
     assert_eq!(c.get("verbs_context.context"), Some(&320));
 }
 

@@ -158,6 +158,15 @@ impl Guest {
             .count()
     }
 
+    /// Whether the guest's agent runs a trivial command within `timeout`. A guest whose
+    /// network stopped in qemu without its kernel saying so (seen once in a CI run: the rdma_rxe
+    /// client stopped sending mid-transfer, the agent's port stopped answering, and the console
+    /// had no watchdog line) answers nothing; [`Guest::recover_from_transmit_stall`] is then
+    /// worth a try too.
+    pub fn answers(&self, timeout: Duration) -> bool {
+        self.run("true", timeout).is_ok()
+    }
+
     /// Takes the guest's link down and up again through qemu's monitor (QMP), after which
     /// qemu's virtio-net has dropped what the stuck transmit queue held and listens to the
     /// guest's notifications again; see [`Guest::transmit_stalls`].

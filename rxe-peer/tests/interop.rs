@@ -27,6 +27,9 @@ const PROGRAM_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a guest client may run on after the xroce server it talks to has ended before
 /// the test looks at why (see `Rig::rxe_state_if_still_running`).
 const CLIENT_GRACE: Duration = Duration::from_secs(20);
+/// How long a guest that still works takes at most to run `true` through its agent, when a
+/// failed run asks whether it stopped answering.
+const GUEST_PROBE: Duration = Duration::from_secs(15);
 /// rdma-core examples and perftest listen on this TCP port by default.
 const PORT: u16 = 18515;
 
@@ -409,9 +412,10 @@ impl Rig {
     /// - perftest refusing to report because its calibration of the CPU clock failed (on a
     ///   busy host the guest's emulated clock can make its samples disagree: "Correlation
     ///   coefficient r^2: 0.29 < 0.9 / Can't produce a report");
-    /// - the guest's network device stuck in qemu ([`Guest::transmit_stalls`] grew): the
-    ///   guest's link is taken down and up again through qemu's monitor, and what is left of
-    ///   the program in the guest killed, before the run is repeated.
+    /// - the guest's network device stuck in qemu ([`Guest::transmit_stalls`] grew, or the
+    ///   guest no longer answers at all): the guest's link is taken down and up again through
+    ///   qemu's monitor, and what is left of the program in the guest killed, before the run
+    ///   is repeated.
     fn run(&self, program: &str, xroce_serves: bool) -> Run {
         self.run_with(program, xroce_serves, &mut || {})
     }
@@ -447,12 +451,14 @@ impl Rig {
                 }
                 // Unless already retried, the attempt began with every stall recovered from.
                 Err(failure)
-                    if self.guest.transmit_stalls() > self.stalls_recovered.get()
-                        && !stall_retried =>
+                    if !stall_retried
+                        && (self.guest.transmit_stalls() > self.stalls_recovered.get()
+                            || !self.guest.answers(GUEST_PROBE)) =>
                 {
                     eprintln!(
-                        "qemu stopped taking the guest's frames (its transmit queue timed out); \
-                         taking the guest's link down and up, then running again:\n{failure}"
+                        "qemu stopped taking the guest's frames (its transmit queue timed out, or \
+                         the guest stopped answering); taking the guest's link down and up, then \
+                         running again:\n{failure}"
                     );
                     self.recover_from_transmit_stall(program);
                     stall_retried = true;

@@ -127,10 +127,14 @@ fn two_rxe_guests_ping_pong() {
         .expect("slow");
     assert_eq!(slow.status, xroce_rxe_peer::protocol::TIMED_OUT);
 
+    assert!(
+        guests[1].answers(Duration::from_secs(15)),
+        "a running guest answers"
+    );
     guests[1].kill();
     assert!(!guests[1].is_running());
     assert!(
-        guests[1].run("true", Duration::from_secs(2)).is_err(),
+        !guests[1].answers(Duration::from_secs(2)),
         "a killed guest still answers"
     );
 }

@@ -1,5 +1,5 @@
-//! rdma-core's private provider interface (`libibverbs/driver.h`, `IBVERBS_PRIVATE_34`), as
-//! rdma-core 36..=48 lay it out. No package ships this header, so the layouts are written here
+//! rdma-core's private provider interface (`libibverbs/driver.h`, `IBVERBS_PRIVATE_34` and
+//! `_57`), as rdma-core 36..=58 lay it out (unchanged over those releases). No package ships this header, so the layouts are written here
 //! from the rdma-core sources of those releases; `tests/abi_layout.rs` checks the sizes and
 //! offsets libibverbs depends on (the `verbs_context_ops` slot count, the `verbs_device` and
 //! `verbs_sysfs_dev` fields), and the end-to-end tests exercise every op through the real
@@ -191,7 +191,7 @@ pub struct verbs_context_ops {
     pub unimport_pd: NoOp,
 }
 
-/// The number of op slots in [`verbs_context_ops`] for rdma-core 36..=48.
+/// The number of op slots in [`verbs_context_ops`] for rdma-core 36..=58.
 pub const VERBS_CONTEXT_OPS_SLOTS: usize = 76;
 
 // The sge type is part of the op signatures above through the WRs; keep it referenced so the

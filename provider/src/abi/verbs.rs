@@ -1,4 +1,6 @@
-//! Public `<infiniband/verbs.h>` structs and constants (rdma-core 36..=48).
+//! Public `<infiniband/verbs.h>` structs and constants (rdma-core 36..=48; 49..=58 add
+//! `active_speed_ex` at the end of `ibv_port_attr`, which libibverbs zeroes for the provider:
+//! see [`super::version`]).
 //!
 //! Only the structs the provider reads or writes are defined; pointers to the others are
 //! `*mut c_void`. Field names follow the C header so the layout test can name them.
