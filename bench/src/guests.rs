@@ -197,7 +197,8 @@ fn recovering<T>(
         .iter()
         .zip(&stalls)
         .filter(|(guest, before)| {
-            guest.transmit_stalls() > **before || !guest.answers(Duration::from_secs(15))
+            guest.transmit_stalls() > **before
+                || (guest.qemu_alive() && !guest.answers(Duration::from_secs(15)))
         })
         .map(|(guest, _)| guest)
         .collect();

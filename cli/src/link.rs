@@ -113,10 +113,18 @@ fn show_link(link: &Link, out: &mut dyn Write) -> io::Result<()> {
         iface.mtu,
         port_path_mtu(iface.mtu, kernel_supports_multi_buffer()).bytes()
     )?;
-    match netlink::gid_table(&iface) {
+    // What programs read: the tree's table (addresses keep their indices there), else the
+    // kernel's addresses in order.
+    let gids = match registry::device_gids(&link.name, &link.netdev) {
+        Some(gids) => Ok(gids),
+        None => netlink::gid_table(&iface).map(|g| g.into_iter().map(Some).collect::<Vec<_>>()),
+    };
+    match gids {
         Ok(gids) => {
             for (index, gid) in gids.iter().take(GID_TABLE_LEN).enumerate() {
-                writeln!(out, "    gid {index} {}", gid_ipv6(*gid))?;
+                if let Some(gid) = gid {
+                    writeln!(out, "    gid {index} {}", gid_ipv6(*gid))?;
+                }
             }
         }
         Err(e) => writeln!(out, "    gids unavailable: {e}")?,
@@ -183,10 +191,11 @@ fn xdp_state(iface: &Interface) -> String {
     )
 }
 
-fn gid_list(gids: &[std::net::IpAddr]) -> String {
+/// `0 fe80::..., 1 ::ffff:...` (empty slots left out).
+fn gid_list(gids: &[Option<std::net::IpAddr>]) -> String {
     gids.iter()
         .enumerate()
-        .map(|(i, g)| format!("{i} {}", gid_ipv6(*g)))
+        .filter_map(|(i, g)| g.map(|g| format!("{i} {}", gid_ipv6(g))))
         .collect::<Vec<_>>()
         .join(", ")
 }

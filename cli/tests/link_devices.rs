@@ -338,6 +338,47 @@ fn link_add_writes_the_tree_show_lists_it_and_del_removes_it() {
     drop(guard);
 }
 
+/// GID indices are what programs exchange, so an address keeps its index when the tree is
+/// written again (`xroce exec` does, as `link add` and `link del` do): the first IPv4 address
+/// removed leaves its slot empty, and the second stays at index 2 instead of moving up, as in
+/// the kernel's GID table of an rdma_rxe device. `link show` lists the same table.
+#[test]
+fn gid_indices_stay_put_when_the_tree_is_written_again() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrlg", 1500).expect("namespaces");
+    let iface = pair.iface(0).to_string();
+    let second: Ipv4Addr = "10.251.7.1".parse().unwrap();
+    let ip = |args: String| {
+        let o = pair.exec(0, &args).expect("run ip");
+        assert!(o.status.success(), "{args}: {o:?}");
+    };
+    ip(format!("ip addr add {second}/24 dev {iface}"));
+    let name = unique_name();
+    let (_guard, _) = add_link(&pair, 0, &name);
+    let port = run_dir(&pair, 0)
+        .join("sysfs/class/infiniband")
+        .join(&name)
+        .join("ports/1");
+    assert_eq!(read(port.join("gids/1")), ipv4_gid(pair.ipv4(0)));
+    assert_eq!(read(port.join("gids/2")), ipv4_gid(second));
+
+    ip(format!("ip addr del {}/24 dev {iface}", pair.ipv4(0)));
+    assert_ok(&xroce(&pair, 0, &["exec", "--", "true"]), "exec");
+    assert_eq!(
+        read(port.join("gids/1")),
+        "0000:0000:0000:0000:0000:0000:0000:0000"
+    );
+    assert_eq!(read(port.join("gid_attrs/ndevs/1")), "");
+    assert_eq!(read(port.join("gids/2")), ipv4_gid(second));
+    let shown = stdout(&xroce(&pair, 0, &["link", "show", &name]));
+    assert!(
+        shown.contains(&format!("gid 2 ::ffff:{second}")) && !shown.contains("gid 1 "),
+        "{shown}"
+    );
+}
+
 #[test]
 fn links_of_the_same_name_in_two_namespaces_are_separate() {
     if !root_or_skip() {

@@ -1740,6 +1740,7 @@ fn gid_table_follows_address_changes() {
     for dir in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
         std::fs::create_dir_all(port.join(dir)).expect("mkdir");
     }
+    std::fs::write(ibdev.join(registry::NETDEV_FILE), format!("{iface}\n")).expect("netdev file");
     // What libibverbs reads for index `i`: the GID, its type, its netdev.
     let files = move |i: usize| {
         let read = |rel: String| std::fs::read_to_string(port.join(rel)).expect("GID file");
@@ -1766,12 +1767,25 @@ fn gid_table_follows_address_changes() {
     };
     let mirror = ibdev.clone();
     setup.pair.run_in(0, move || {
+        // The tree has the interface's two addresses with an empty slot between them (an
+        // address removed earlier): the engine starts with the same indices.
+        let kernel = xroce_datapath::netlink::interface_by_name(&iface)
+            .and_then(|i| xroce_datapath::netlink::gid_table(&i))
+            .expect("the interface's addresses");
+        assert_eq!(kernel.len(), 2, "{kernel:?}");
+        let holey = [Some(kernel[0]), None, Some(kernel[1])];
+        registry::write_port_gids(&mirror, &iface, &holey).expect("write the tree's table");
         let config = EngineConfig {
             gid_mirror: Some(mirror),
             ..EngineConfig::new(&iface)
         };
         let engine = Engine::start(config).expect("engine");
         let before = engine.gids();
+        let expected_start: Vec<Option<IpAddress>> = holey
+            .iter()
+            .map(|g| g.map(xroce_datapath::netlink::core_address))
+            .collect();
+        assert_eq!(before, expected_start, "the engine's table at the start");
         for (i, gid) in before.iter().enumerate() {
             assert_eq!(
                 files(i),

@@ -158,7 +158,8 @@ impl Guest {
             .count()
     }
 
-    /// Whether the guest's agent runs a trivial command within `timeout`. A guest whose
+    /// Whether the guest's agent runs a trivial command within `timeout` (after a connection
+    /// that may take up to 10 s more). A guest whose
     /// network stopped in qemu without its kernel saying so (seen once in a CI run: the rdma_rxe
     /// client stopped sending mid-transfer, the agent's port stopped answering, and the console
     /// had no watchdog line) answers nothing; [`Guest::recover_from_transmit_stall`] is then

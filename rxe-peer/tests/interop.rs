@@ -27,8 +27,8 @@ const PROGRAM_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a guest client may run on after the xroce server it talks to has ended before
 /// the test looks at why (see `Rig::rxe_state_if_still_running`).
 const CLIENT_GRACE: Duration = Duration::from_secs(20);
-/// How long a guest that still works takes at most to run `true` through its agent, when a
-/// failed run asks whether it stopped answering.
+/// The bound on running `true` through a guest's agent when a failed run asks whether the
+/// guest stopped answering (connecting to the agent may take up to 10 s more).
 const GUEST_PROBE: Duration = Duration::from_secs(15);
 /// rdma-core examples and perftest listen on this TCP port by default.
 const PORT: u16 = 18515;
@@ -288,11 +288,15 @@ impl Rig {
 
     /// Gets the guest talking again after its transmit queue got stuck in qemu (see
     /// [`Rig::run`] and [`Guest::recover_from_transmit_stall`]).
-    fn recover_from_transmit_stall(&self, program: &str) {
+    fn recover_from_transmit_stall(&self, program: &str, after: &str) {
         let name = program.split_whitespace().next().unwrap_or(program);
         self.guest
             .recover_from_transmit_stall()
-            .unwrap_or_else(|e| panic!("recovering from the guest's transmit stall: {e}"));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "recovering from the guest's transmit stall: {e}\nafter this failure: {after}"
+                )
+            });
         self.stalls_recovered.set(self.guest.transmit_stalls());
         let _ = self.guest.kill_programs(&[name]);
     }
@@ -438,7 +442,7 @@ impl Rig {
             if stalls > self.stalls_recovered.get() && !stall_retried {
                 // It stalled after the last run ended (or before this one got going).
                 eprintln!("qemu stopped taking the guest's frames since the last run; recovering");
-                self.recover_from_transmit_stall(program);
+                self.recover_from_transmit_stall(program, "(none: it stalled between runs)");
                 stall_retried = true;
             }
             let before = self.guest.rxe_counters().expect("rxe counters");
@@ -450,17 +454,18 @@ impl Rig {
                     calibration_retried = true;
                 }
                 // Unless already retried, the attempt began with every stall recovered from.
+                // (A guest whose qemu has ended is not stalled: its failure stands.)
                 Err(failure)
                     if !stall_retried
                         && (self.guest.transmit_stalls() > self.stalls_recovered.get()
-                            || !self.guest.answers(GUEST_PROBE)) =>
+                            || (self.guest.qemu_alive() && !self.guest.answers(GUEST_PROBE))) =>
                 {
                     eprintln!(
                         "qemu stopped taking the guest's frames (its transmit queue timed out, or \
                          the guest stopped answering); taking the guest's link down and up, then \
                          running again:\n{failure}"
                     );
-                    self.recover_from_transmit_stall(program);
+                    self.recover_from_transmit_stall(program, &failure);
                     stall_retried = true;
                 }
                 Err(failure) => panic!("{failure}"),

@@ -354,19 +354,11 @@ impl Neighbours {
 /// what applications exchange), emptying the slots of addresses that went away, and putting new
 /// addresses into the first empty slots.
 pub(crate) fn merge_gids(old: &[Option<IpAddress>], now: &[IpAddr]) -> Vec<Option<IpAddress>> {
-    let now: Vec<IpAddress> = now.iter().map(|a| core_address(*a)).collect();
-    let mut out: Vec<Option<IpAddress>> =
-        old.iter().map(|g| g.filter(|a| now.contains(a))).collect();
-    for a in now {
-        if out.contains(&Some(a)) {
-            continue;
-        }
-        match out.iter().position(Option::is_none) {
-            Some(i) => out[i] = Some(a),
-            None => out.push(Some(a)),
-        }
-    }
-    out
+    let old: Vec<Option<IpAddr>> = old.iter().map(|g| g.map(std_address)).collect();
+    crate::registry::merge_gid_table(&old, now)
+        .into_iter()
+        .map(|g| g.map(core_address))
+        .collect()
 }
 
 #[cfg(test)]

@@ -420,8 +420,15 @@ impl Engine {
         getrandom(&mut key_seed);
         let mut qpn_seed = [0u8; 4];
         getrandom(&mut qpn_seed);
+        // The table starts as the device's tree has it, when there is one (the indices a
+        // program read there are the ones it will use), with the addresses of now merged in.
+        let tree = config.gid_mirror.as_deref().and_then(|dir| {
+            crate::registry::read_port_gids(dir, &config.iface)
+                .map(|old| crate::registry::merge_gid_table(&old, &gids))
+        });
+        let gids = tree.unwrap_or_else(|| gids.into_iter().map(Some).collect());
         let dev = Device::new(DeviceConfig {
-            gids: gids.into_iter().map(|g| Some(core_address(g))).collect(),
+            gids: gids.into_iter().map(|g| g.map(core_address)).collect(),
             port_mtu: crate::afxdp::port_path_mtu(mtu, config.multi_buffer()),
             key_seed,
             first_qpn: random_first_qpn(u32::from_le_bytes(qpn_seed)),

@@ -362,8 +362,9 @@ fn report_too_big(shared: &Shared, port_mtu: PathMtu) {
     eprintln!(
         "xroce: netdev {iface}: a packet did not fit a transmit frame, so its work request \
          failed (local QP operation error) or, for a READ response, the READ was refused: a \
-         QP's path MTU is above what this kernel's AF_XDP sockets carry (frames of more than \
-         one page need multi-buffer, Linux 6.6). Ask for a path MTU of at most {active} \
+         QP's path MTU is above what the engine's AF_XDP sockets carry (frames of more than \
+         one page need sockets bound with multi-buffer, which Linux has from 6.6). Ask for a \
+         path MTU of at most {active} \
          (e.g. `-m {active}`). (Said once; the state dump counts such packets: \
          tx_too_big_for_buffer.)"
     );

@@ -37,7 +37,9 @@ use crate::netlink::{self, Interface, Netlink};
 use crate::xdp::{self, LoadOptions, LoadOutcome, UnloadOutcome, XdpError, XdpMode};
 
 pub use error::RegistryError;
-pub use sysfs::{format_gid, gid_ipv6, write_port_gids, GID_TYPE_EMPTY_SLOT, GID_TYPE_ROCE_V2};
+pub use sysfs::{
+    format_gid, gid_ipv6, read_port_gids, write_port_gids, GID_TYPE_EMPTY_SLOT, GID_TYPE_ROCE_V2,
+};
 
 use store::Store;
 
@@ -155,8 +157,9 @@ pub struct Device {
     pub link: Link,
     /// Its netdev now.
     pub iface: Interface,
-    /// Its GID table ([`netlink::gid_table`], at most [`GID_TABLE_LEN`] entries).
-    pub gids: Vec<IpAddr>,
+    /// Its GID table, at most [`GID_TABLE_LEN`] entries, empty slots `None`: the addresses of
+    /// [`netlink::gid_table`] merged into the table the tree had ([`merge_gid_table`]).
+    pub gids: Vec<Option<IpAddr>>,
 }
 
 impl Device {
@@ -335,7 +338,17 @@ fn regenerate_locked(store: &Store, nl: &mut Netlink) -> Result<Tree, RegistryEr
     let mut hidden = Vec::new();
     for link in links {
         match device(nl, &link) {
-            Ok(dev) => devices.push(Device { link, ..dev }),
+            Ok(mut dev) => {
+                // Addresses keep the indices the tree gave them (a running engine writes its
+                // table there), as in the kernel's GID table.
+                let dir = root.join("class/infiniband").join(&link.name);
+                if let Some(old) = sysfs::read_port_gids(&dir, &link.netdev) {
+                    let now: Vec<IpAddr> = dev.gids.iter().flatten().copied().collect();
+                    dev.gids = merge_gid_table(&old, &now);
+                    dev.gids.truncate(GID_TABLE_LEN);
+                }
+                devices.push(Device { link, ..dev })
+            }
             Err(e) => hidden.push((link, e)),
         }
     }
@@ -360,8 +373,33 @@ fn device(nl: &mut Netlink, link: &Link) -> Result<Device, RegistryError> {
     Ok(Device {
         link: link.clone(),
         iface,
-        gids,
+        gids: gids.into_iter().map(Some).collect(),
     })
+}
+
+/// The GID table after the interface's addresses became `now`, from the table `old`: every
+/// address that stays keeps its index (GID indices are what applications exchange), the slots
+/// of addresses that went away are emptied, and new addresses take the first empty slots, as
+/// the kernel's GID table of an rdma_rxe device behaves.
+pub fn merge_gid_table(old: &[Option<IpAddr>], now: &[IpAddr]) -> Vec<Option<IpAddr>> {
+    let mut out: Vec<Option<IpAddr>> = old.iter().map(|g| g.filter(|a| now.contains(a))).collect();
+    for &a in now {
+        if out.contains(&Some(a)) {
+            continue;
+        }
+        match out.iter().position(Option::is_none) {
+            Some(i) => out[i] = Some(a),
+            None => out.push(Some(a)),
+        }
+    }
+    out
+}
+
+/// The GID table of device `name` in the calling thread's namespace, as its tree has it (what
+/// libibverbs reads), or `None` when the tree does not have it.
+pub fn device_gids(name: &str, netdev: &str) -> Option<Vec<Option<IpAddr>>> {
+    let root = sysfs_root().ok()?;
+    sysfs::read_port_gids(&root.join("class/infiniband").join(name), netdev)
 }
 
 #[cfg(test)]

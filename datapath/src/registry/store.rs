@@ -78,13 +78,9 @@ impl Store {
     /// Locks the registry for reading; `None` when nothing was ever registered on this
     /// machine. Works without root.
     pub(crate) fn open_shared() -> Result<Option<Store>, RegistryError> {
-        let path = Path::new(RUN_ROOT).join(LOCK_FILE);
-        let lock = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(RegistryError::io("opening", &path, e)),
+        let Some(lock) = shared_lock()? else {
+            return Ok(None);
         };
-        flock(&lock, &path, libc::LOCK_SH)?;
         let netns = super::netns_id()?;
         let mut store = Store {
             netns,
@@ -304,6 +300,19 @@ pub(crate) fn mkdir(path: &Path) -> Result<(), RegistryError> {
     // The umask may have removed bits.
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .map_err(|e| RegistryError::io("setting the mode of", path, e))
+}
+
+/// The registry's lock taken shared, for a writer of files in a tree that a regeneration
+/// (which takes it exclusive) must not replace meanwhile. `None` when there is no registry.
+pub(crate) fn shared_lock() -> Result<Option<File>, RegistryError> {
+    let path = Path::new(RUN_ROOT).join(LOCK_FILE);
+    let lock = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(RegistryError::io("opening", &path, e)),
+    };
+    flock(&lock, &path, libc::LOCK_SH)?;
+    Ok(Some(lock))
 }
 
 /// Writes a whole file atomically (temporary file, then rename), mode 0644.

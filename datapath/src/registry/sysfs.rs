@@ -15,7 +15,7 @@ use std::time::SystemTime;
 
 use crate::netlink::gid_raw;
 
-use super::store::{mkdir, remove_tree};
+use super::store::{mkdir, remove_tree, shared_lock, write_file};
 use super::{
     format_guid, uverbs_name, Device, RegistryError, CDEV_MAJOR, CDEV_MINOR, GID_TABLE_LEN,
     MODALIAS_PREFIX, NETDEV_FILE, UVERBS_ABI_VERSION,
@@ -97,9 +97,32 @@ pub(crate) fn device_files(dev: &Device) -> Vec<TreeFile> {
         // default P_Key alone.
         (port.join("pkeys/0"), "0xffff".to_string()),
     ];
-    let gids: Vec<Option<IpAddr>> = dev.gids.iter().copied().map(Some).collect();
-    files.extend(gid_files(&port, netdev, &gids));
+    files.extend(gid_files(&port, netdev, &dev.gids));
     files
+}
+
+/// The GID table in the GID files of the device directory `ibdev_dir` (empty slots `None`,
+/// trailing ones left out), if the directory is that of a device on `netdev` and its files
+/// read as GIDs.
+pub fn read_port_gids(ibdev_dir: &Path, netdev: &str) -> Option<Vec<Option<IpAddr>>> {
+    let owner = fs::read_to_string(ibdev_dir.join(NETDEV_FILE)).ok()?;
+    if owner.trim() != netdev {
+        return None;
+    }
+    let mut table = Vec::with_capacity(GID_TABLE_LEN);
+    for index in 0..GID_TABLE_LEN {
+        let text = fs::read_to_string(ibdev_dir.join(format!("ports/1/gids/{index}"))).ok()?;
+        let gid: Ipv6Addr = text.trim().parse().ok()?;
+        table.push(if gid.is_unspecified() {
+            None
+        } else {
+            Some(gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4))
+        });
+    }
+    while table.last() == Some(&None) {
+        table.pop();
+    }
+    Some(table)
 }
 
 /// The GID files of a port directory (`ports/1`, relative to the tree or not) for a table
@@ -138,25 +161,38 @@ fn gid_files(port: &Path, netdev: &str, gids: &[Option<IpAddr>]) -> Vec<TreeFile
 /// of the engine that runs the device: libibverbs reads them on every GID query, so a
 /// program sees the table its engine uses, empty slots and all, after addresses change.
 /// Each file is replaced in one step (written beside it, then renamed over it), so a reader
-/// sees the old content or the new. Only files that change are written; a directory that is
-/// not there (the tree was regenerated without the device) is an error.
+/// sees the old content or the new, and under the registry's lock taken shared, so that a
+/// regeneration never swaps the tree in the middle. Only files that change are written. A
+/// directory that is not there (the tree was regenerated without the device), or that now
+/// belongs to a device on another netdev (deleted and made again under the same name), is
+/// an error, and nothing is written.
 pub fn write_port_gids(
     ibdev_dir: &Path,
     netdev: &str,
     gids: &[Option<IpAddr>],
 ) -> Result<(), RegistryError> {
+    let _lock = shared_lock()?;
+    let owner = ibdev_dir.join(NETDEV_FILE);
+    match fs::read_to_string(&owner) {
+        Ok(name) if name.trim() == netdev => {}
+        Ok(name) => {
+            return Err(RegistryError::io(
+                "writing GIDs into",
+                ibdev_dir,
+                std::io::Error::other(format!(
+                    "the device there now runs on {}, not {netdev}",
+                    name.trim()
+                )),
+            ))
+        }
+        Err(e) => return Err(RegistryError::io("reading", &owner, e)),
+    }
     for (path, content) in gid_files(&ibdev_dir.join("ports/1"), netdev, gids) {
         let content = format!("{content}\n");
         if fs::read_to_string(&path).is_ok_and(|old| old == content) {
             continue;
         }
-        let mut beside = path.clone().into_os_string();
-        beside.push(".new");
-        let beside = PathBuf::from(beside);
-        fs::write(&beside, &content)
-            .and_then(|()| fs::set_permissions(&beside, fs::Permissions::from_mode(0o644)))
-            .and_then(|()| fs::rename(&beside, &path))
-            .map_err(|e| RegistryError::io("writing", &path, e))?;
+        write_file(&path, &content)?;
     }
     Ok(())
 }
@@ -311,7 +347,7 @@ mod tests {
                 up: true,
                 rx_queues: 1,
             },
-            gids,
+            gids: gids.into_iter().map(Some).collect(),
         }
     }
 
@@ -474,7 +510,7 @@ mod tests {
             "6\n"
         );
         // Second write: another address, same time; the old tree is gone.
-        dev.gids = vec!["10.9.9.9".parse().unwrap()];
+        dev.gids = vec![Some("10.9.9.9".parse().unwrap())];
         write(&root, std::slice::from_ref(&dev)).expect("second write");
         assert_eq!(
             fs::read_to_string(ibdev.join("ports/1/gids/0")).unwrap(),
@@ -490,8 +526,8 @@ mod tests {
     }
 
     /// An engine's table over a written tree: an empty slot between two addresses, each file
-    /// as a fresh tree would have it; no `.new` file left; a device not in the tree is an
-    /// error.
+    /// as a fresh tree would have it; no temporary file left; a device not in the tree, or one
+    /// on another netdev, is an error.
     #[test]
     fn port_gids_are_rewritten_in_place_with_empty_slots() {
         let base = std::env::temp_dir().join(format!("xroce-gid-mirror-{}", std::process::id()));
@@ -512,13 +548,19 @@ mod tests {
         assert_eq!(read("gids/2"), format!("{}\n", format_gid(gid_raw(b))));
         assert_eq!(read("gid_attrs/types/2"), format!("{GID_TYPE_ROCE_V2}\n"));
         assert_eq!(read("gid_attrs/ndevs/2"), "veth7\n");
-        let leftovers = fs::read_dir(ibdev.join("ports/1/gids"))
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".new"))
-            .count();
-        assert_eq!(leftovers, 0);
+        let files = fs::read_dir(ibdev.join("ports/1/gids")).unwrap().count();
+        assert_eq!(files, GID_TABLE_LEN, "no temporary file is left");
         assert!(write_port_gids(&root.join("class/infiniband/gone"), "veth7", &[Some(a)]).is_err());
+        // The directory of a device on another netdev is left alone.
+        let before = read("gids/0");
+        assert!(write_port_gids(&ibdev, "veth9", &[Some(b)]).is_err());
+        assert_eq!(read("gids/0"), before);
+        // Read back as written, trailing empty slots left out; not for another netdev.
+        assert_eq!(
+            read_port_gids(&ibdev, "veth7"),
+            Some(vec![Some(a), None, Some(b)])
+        );
+        assert_eq!(read_port_gids(&ibdev, "veth9"), None);
         fs::remove_dir_all(&base).unwrap();
     }
 }
