@@ -111,8 +111,14 @@ pub struct XskConfig {
 impl XskConfig {
     /// Whether the socket is to carry frames larger than one UMEM frame (`XDP_USE_SG`).
     pub fn multi_buffer(&self) -> bool {
-        !self.single_buffer && kernel_supports_multi_buffer()
+        binds_multi_buffer(self.single_buffer)
     }
+}
+
+/// Whether sockets asked for `single_buffer` (or not) bind with `XDP_USE_SG`: when the kernel
+/// has it and they were not asked to do without.
+pub fn binds_multi_buffer(single_buffer: bool) -> bool {
+    !single_buffer && kernel_supports_multi_buffer()
 }
 
 impl Default for XskConfig {

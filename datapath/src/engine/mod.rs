@@ -108,7 +108,7 @@ impl EngineConfig {
 
     /// Whether the engine's sockets carry frames larger than one UMEM frame.
     pub fn multi_buffer(&self) -> bool {
-        !self.single_buffer && crate::afxdp::kernel_supports_multi_buffer()
+        crate::afxdp::binds_multi_buffer(self.single_buffer)
     }
 }
 

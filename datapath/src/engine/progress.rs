@@ -9,6 +9,7 @@ use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetRepr, IpAddress
 
 use super::addressing::{AddressWatcher, Applied, Neighbours, NextHop};
 use super::capture::Capture;
+use super::home_netns::{run_at_home, HomeNetns};
 use super::{Deferred, Shared, State};
 use crate::netlink::Change;
 use crate::port::Port;
@@ -127,8 +128,6 @@ pub(crate) struct SteeringWatch {
     program: u32,
     checked_at: u64,
     timeouts: u64,
-    /// Where to look: the engine's namespace, whichever thread runs the round.
-    home: Option<super::home_netns::HomeNetns>,
 }
 
 impl SteeringWatch {
@@ -138,14 +137,14 @@ impl SteeringWatch {
             program: crate::xdp::attached_program_id(iface).unwrap_or(0),
             checked_at: 0,
             timeouts: 0,
-            home: super::home_netns::HomeNetns::current(),
         }
     }
 
     /// True when retransmissions timed out since the last look and the program attached is
     /// no longer the one this engine's socket was registered with (none, or another load with
-    /// its own socket map).
-    fn program_gone(&mut self, now: u64, timeouts: u64) -> bool {
+    /// its own socket map). `home`: the engine's namespace, where to look whichever thread runs
+    /// the round.
+    fn program_gone(&mut self, now: u64, timeouts: u64, home: Option<&HomeNetns>) -> bool {
         if self.program == 0
             || timeouts == self.timeouts
             || now.saturating_sub(self.checked_at) < STEERING_CHECK_NS
@@ -154,19 +153,17 @@ impl SteeringWatch {
         }
         self.timeouts = timeouts;
         self.checked_at = now;
-        self.program_changed()
+        self.program_changed(home)
     }
 
     /// The program attached now is not the one this engine's socket was registered with.
     /// Unreadable (the interface gone, say): not this watch's to say.
-    fn program_changed(&self) -> bool {
+    fn program_changed(&self, home: Option<&HomeNetns>) -> bool {
         if self.program == 0 {
             return false;
         }
         let iface = &self.iface;
-        let attached = super::home_netns::run_at_home(self.home.as_ref(), || {
-            crate::xdp::attached_program_id(iface)
-        });
+        let attached = run_at_home(home, || crate::xdp::attached_program_id(iface));
         matches!(attached, Ok(Ok(id)) if id != self.program)
     }
 }
@@ -442,7 +439,10 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     // Timers.
     if dev.poll_timeout().is_some_and(|t| t <= now) {
         work |= dev.handle_timeout(now);
-        if io.steering.program_gone(now, dev.timeouts()) {
+        if io
+            .steering
+            .program_gone(now, dev.timeouts(), shared.home.as_ref())
+        {
             fail_port(shared, st, steering_gone());
             return Round {
                 work: false,
@@ -541,7 +541,10 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
         // it rebuilds its rings. Otherwise the frames wait, as for a link that is down.
         Err(e) => {
             let down = e.raw_os_error() == Some(libc::ENETDOWN);
-            if !down && (neighbours.interface_gone() || io.steering.program_changed()) {
+            if !down
+                && (neighbours.interface_gone()
+                    || io.steering.program_changed(shared.home.as_ref()))
+            {
                 fail_port(
                     shared,
                     st,
@@ -711,7 +714,7 @@ pub(crate) fn run(
                             }
                         }
                         Noticed::PinsRemoved => {
-                            if st.io.steering.program_changed() {
+                            if st.io.steering.program_changed(shared.home.as_ref()) {
                                 fail_port(&shared, st, steering_gone());
                                 break;
                             }

@@ -17,11 +17,12 @@
 //!   libibverbs insists on finding and opening; any kernel command it still sends fails with
 //!   `ENOSPC`. It is shared by the namespaces that use the same NAME.
 //!
-//! The GID table in the tree is [`crate::netlink::gid_table`] cut to [`GID_TABLE_LEN`], index
-//! for index: the provider's engine builds its table from the same function, so sysfs index `i`
-//! and the engine's index `i` are the same GID. Once it runs, the engine keeps its device's
-//! GID files equal to its own table ([`write_port_gids`]): addresses that change keep their
-//! indices there, and a removed one leaves its slot empty, as the kernel's table does.
+//! The GID table in the tree is the interface's addresses ([`crate::netlink::gid_table`])
+//! merged into the table the tree had ([`merge_gid_table`]: an address keeps its index, a
+//! removed one leaves its slot empty, as the kernel's table does), cut to [`GID_TABLE_LEN`].
+//! The provider's engine starts from the tree's table merged the same way, so sysfs index `i`
+//! and the engine's index `i` are the same GID, and while it runs it keeps the device's GID
+//! files equal to its own table ([`write_port_gids`]).
 //!
 //! Every operation acts on the **calling thread's** network namespace; changes need root.
 
