@@ -7,6 +7,7 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::lab::Lab;
@@ -18,7 +19,10 @@ const QMP_SOCKET: &str = "qmp.sock";
 /// How long a guest may take to boot under TCG (measured: 9-13 s; more on a loaded machine).
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a guest whose transmit queue was stuck may take to answer once its link is back.
-const STALL_RECOVERY: Duration = Duration::from_secs(60);
+/// (A guest whose link came back answers within a second or two.)
+const STALL_RECOVERY: Duration = Duration::from_secs(30);
+/// qemu's path of the guest's virtio-net device (its `-device ...,id=nic0`).
+const NIC_PATH: &str = "/machine/peripheral/nic0/virtio-backend";
 /// How long a KVM boot may take before KVM is declared unusable here.
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(25);
 
@@ -49,6 +53,15 @@ impl GuestConfig {
     }
 }
 
+/// How [`Guest::recover`] got a guest answering again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    /// Taking its link down and up was enough.
+    LinkBounced,
+    /// It had to be booted again; what the link bounce's failure said.
+    Restarted(String),
+}
+
 /// A command's result.
 #[derive(Debug, Clone)]
 pub struct Output {
@@ -73,11 +86,14 @@ pub struct Guest {
     name: String,
     ip: Ipv4Addr,
     ns: String,
-    child: Option<Child>,
+    /// qemu; replaced by [`Guest::restart`], hence behind a lock.
+    child: Mutex<Option<Child>>,
     console: PathBuf,
     /// The guest's files (console, initrd, qemu's monitor socket).
     dir: PathBuf,
     accel: &'static str,
+    /// What it was booted from and on, for [`Guest::restart`] (none for an attached guest).
+    booted: Option<(GuestConfig, String)>,
 }
 
 /// A command running in the background ([`Guest::spawn`]).
@@ -126,17 +142,21 @@ impl Guest {
         }
     }
 
+    fn child(&self) -> MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Kills qemu at once (the guest disappears mid-whatever, like a crashed host).
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
+    pub fn kill(&self) {
+        if let Some(mut c) = self.child().take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
     /// Whether qemu still runs.
-    pub fn is_running(&mut self) -> bool {
-        self.child
+    pub fn is_running(&self) -> bool {
+        self.child()
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
@@ -168,52 +188,95 @@ impl Guest {
         self.run("true", timeout).is_ok()
     }
 
+    /// A session with this guest's qemu monitor (QMP).
+    fn monitor(&self) -> Result<Qmp> {
+        Qmp::connect(&self.dir.join(QMP_SOCKET))
+    }
+
     /// Takes the guest's link down and up again through qemu's monitor (QMP), after which
     /// qemu's virtio-net has dropped what the stuck transmit queue held and listens to the
     /// guest's notifications again; see [`Guest::transmit_stalls`].
     pub fn bounce_link(&self) -> Result<()> {
-        let path = self.dir.join(QMP_SOCKET);
-        let stream = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
-            PeerError::io(
-                format!(
-                    "connecting to qemu's monitor at {} (none when the path is longer than \
-                     107 bytes)",
-                    path.display()
-                ),
-                e,
-            )
-        })?;
-        let qmp_error = |e: std::io::Error| PeerError::io(format!("QMP at {}", path.display()), e);
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .map_err(qmp_error)?;
-        let mut writer = stream.try_clone().map_err(qmp_error)?;
-        let mut reader = std::io::BufReader::new(stream);
-        // One reply per command; events ({"event": ...}) may come in between.
-        let mut reply = |command: &str| -> Result<()> {
-            if !command.is_empty() {
-                writer
-                    .write_all(format!("{command}\n").as_bytes())
-                    .map_err(qmp_error)?;
-            }
-            loop {
-                let mut line = String::new();
-                if std::io::BufRead::read_line(&mut reader, &mut line).map_err(qmp_error)? == 0 {
-                    return Err(PeerError::Agent("QMP: qemu closed the monitor".into()));
-                }
-                if line.contains("\"error\"") {
-                    return Err(PeerError::Agent(format!("QMP {command}: {}", line.trim())));
-                }
-                if line.contains("\"return\"") || line.contains("\"QMP\"") {
-                    return Ok(());
-                }
-            }
-        };
-        reply("")?; // the greeting
-        reply(r#"{"execute":"qmp_capabilities"}"#)?;
-        reply(r#"{"execute":"set_link","arguments":{"name":"n0","up":false}}"#)?;
+        let mut qmp = self.monitor()?;
+        qmp.execute(r#"{"execute":"set_link","arguments":{"name":"n0","up":false}}"#)?;
         std::thread::sleep(Duration::from_millis(200));
-        reply(r#"{"execute":"set_link","arguments":{"name":"n0","up":true}}"#)
+        qmp.execute(r#"{"execute":"set_link","arguments":{"name":"n0","up":true}}"#)?;
+        Ok(())
+    }
+
+    /// Stops the guest's vCPU through qemu's monitor, as if its kernel had hung: it answers
+    /// nothing until [`Guest::restart`]ed (a harness's test of its own recovery).
+    pub fn pause(&self) -> Result<()> {
+        self.monitor()?.execute(r#"{"execute":"stop"}"#).map(drop)
+    }
+
+    /// What qemu says of the guest, for a report on a guest that stopped answering: whether
+    /// its vCPU runs (and how much of one second it used: a spinning guest kernel uses it
+    /// all, an idle one almost none), where it is, and the virtio-net queues' indices, qemu's
+    /// and the guest's own (a transmit queue whose guest index ran ahead of qemu's
+    /// `last_avail_idx`, nothing in use, is one whose notification qemu never got: seen here,
+    /// and a link bounce does not get qemu to look again; a receive queue with no buffers is
+    /// one the guest stopped filling).
+    pub fn vm_state(&self) -> String {
+        let Some(pid) = self.pid() else {
+            return "qemu not tracked".into();
+        };
+        let before = vcpu_nanos(pid);
+        std::thread::sleep(Duration::from_secs(1));
+        let vcpu = match (before, vcpu_nanos(pid)) {
+            (Some(a), Some(b)) => format!("{:.0} %", b.saturating_sub(a) as f64 / 1e7),
+            _ => "unknown".into(),
+        };
+        let mut qmp = match self.monitor() {
+            Ok(q) => q,
+            Err(e) => return format!("vCPU busy over 1 s: {vcpu}; monitor: {e}"),
+        };
+        let mut hmp = |command: &str| {
+            qmp.execute(&format!(
+                r#"{{"execute":"human-monitor-command","arguments":{{"command-line":"{command}"}}}}"#
+            ))
+            .map_or_else(|e| e.to_string(), |reply| hmp_text(&reply))
+        };
+        let status = hmp("info status");
+        let registers = hmp("info registers");
+        let rip = registers
+            .lines()
+            .find(|l| l.contains("RIP="))
+            .unwrap_or("RIP unknown")
+            .to_string();
+        let queues: Vec<String> = (0..2)
+            .map(|q| {
+                let status = hmp(&format!("info virtio-queue-status {NIC_PATH} {q}"));
+                // The guest's own index of what it has published sits in its memory, at the
+                // avail ring's second 16-bit word: ahead of qemu's `last_avail_idx` with
+                // nothing `inuse`, it is frames (or buffers) qemu never looked at, i.e. a
+                // notification lost between them.
+                let published = ring_address(&status, "avail:")
+                    .map(|avail| hmp(&format!("xp /2hx {:#x}", avail)))
+                    .and_then(|words| {
+                        let idx = words.split_whitespace().nth(2)?.strip_prefix("0x")?;
+                        u16::from_str_radix(idx, 16).ok()
+                    })
+                    .map_or_else(|| "unknown".into(), |i| i.to_string());
+                // The indices tell whether qemu or the guest stopped; the ring's addresses
+                // tell nothing.
+                let indices: Vec<&str> = status
+                    .lines()
+                    .filter(|l| l.contains("idx") || l.contains("inuse"))
+                    .collect();
+                format!(
+                    "{}\n  guest's avail idx:    {published}",
+                    indices.join("\n")
+                )
+            })
+            .collect();
+        format!(
+            "vCPU busy over 1 s: {vcpu}; {}; {}\nreceive queue:\n{}\ntransmit queue:\n{}",
+            status.trim(),
+            rip.trim(),
+            queues[0],
+            queues[1]
+        )
     }
 
     /// Gets the guest talking again after its transmit queue got stuck in qemu (see
@@ -226,14 +289,58 @@ impl Guest {
         while self.run("true", Duration::from_secs(5)).is_err() {
             if Instant::now() >= deadline {
                 return Err(PeerError::Agent(format!(
-                    "the guest did not answer within {} s of its link coming back{}",
+                    "the guest did not answer within {} s of its link coming back; {}{}",
                     STALL_RECOVERY.as_secs(),
+                    self.vm_state(),
                     self.report()
                 )));
             }
             std::thread::sleep(Duration::from_millis(500));
         }
         Ok(())
+    }
+
+    /// Boots the guest again, as it was booted (same tap, address and files), after killing
+    /// its qemu: for a guest that a link bounce did not revive. The console so far is kept
+    /// beside the new one (`.before-restart`).
+    pub fn restart(&self, lab: &Lab) -> Result<()> {
+        let Some((config, tap)) = &self.booted else {
+            return Err(PeerError::Agent(format!(
+                "guest {} was not booted by this process; it cannot be restarted here",
+                self.name
+            )));
+        };
+        self.kill();
+        let _ = fs::rename(
+            &self.console,
+            self.console.with_extension("log.before-restart"),
+        );
+        let initrd = self.dir.join("initrd.img");
+        let fresh = start(
+            lab,
+            config,
+            tap,
+            &self.dir,
+            &initrd,
+            self.accel,
+            BOOT_TIMEOUT,
+        )?;
+        *self.child() = fresh.child().take();
+        Ok(())
+    }
+
+    /// [`Guest::recover_from_transmit_stall`], then, if the guest still does not answer,
+    /// [`Guest::restart`]. Says which it took.
+    pub fn recover(&self, lab: &Lab) -> Result<Recovery> {
+        match self.recover_from_transmit_stall() {
+            Ok(()) => Ok(Recovery::LinkBounced),
+            Err(bounce) => {
+                self.restart(lab).map_err(|e| {
+                    PeerError::Agent(format!("{bounce}\nthen restarting the guest: {e}"))
+                })?;
+                Ok(Recovery::Restarted(bounce.to_string()))
+            }
+        }
     }
 
     /// Kills (SIGKILL) every process in the guest whose executable is named one of
@@ -295,7 +402,7 @@ impl Guest {
 
     /// qemu's PID, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child().as_ref().map(Child::id)
     }
 
     /// Whether this guest's qemu still runs (an exited, unreaped qemu does not).
@@ -305,7 +412,7 @@ impl Guest {
 
     /// Detaches from qemu: it keeps running after this `Guest` is dropped.
     pub fn detach(&mut self) -> Option<u32> {
-        self.child.take().map(|c| c.id())
+        self.child().take().map(|c| c.id())
     }
 
     /// A handle on a guest some other process booted (`cargo xtask rxe-peer run`).
@@ -314,10 +421,11 @@ impl Guest {
             name: name.to_string(),
             ip,
             ns: ns.to_string(),
-            child: None,
+            child: Mutex::new(None),
             console: PathBuf::new(),
             dir: crate::lab::work_dir_for(ns).join(name),
             accel: "unknown",
+            booted: None,
         }
     }
 }
@@ -464,8 +572,16 @@ fn start(
         .args(["-append", &append])
         .arg("-netdev")
         .arg(format!("tap,id=n0,ifname={tap},script=no,downscript=no"))
+        // event_idx=off: with it on, the guest notifies qemu of new frames only when its index
+        // crosses the one qemu asked for, and once that notification was lost (the guest had
+        // published 238 frames past qemu's index, qemu idled waiting; see `vm_state`) nothing
+        // ever made either side look again. Without it the guest notifies on every frame it
+        // adds while qemu listens, so the next frame (a retransmission, an ARP reply) repairs
+        // a lost notification. Bandwidth between guests was the same either way here.
         .arg("-device")
-        .arg(format!("virtio-net-pci,netdev=n0,mac={mac}"))
+        .arg(format!(
+            "virtio-net-pci,netdev=n0,id=nic0,event_idx=off,mac={mac}"
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     // The QMP socket lets the harness reach qemu itself, e.g. to take the guest's link down
@@ -489,7 +605,7 @@ fn start(
     lab.qemus
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push(child.id());
+        .push((child.id(), config.name.clone()));
     let tail = |console: &Path| {
         let text = fs::read_to_string(console).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -535,11 +651,111 @@ fn start(
         name: config.name.clone(),
         ip,
         ns: lab.netns().to_string(),
-        child: Some(child),
+        child: Mutex::new(Some(child)),
         console,
         dir: dir.to_path_buf(),
         accel,
+        booted: Some((config.clone(), tap.to_string())),
     })
+}
+
+/// A QMP session: qemu's greeting read and capabilities negotiated.
+struct Qmp {
+    writer: std::os::unix::net::UnixStream,
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+    path: PathBuf,
+}
+
+impl Qmp {
+    fn connect(path: &Path) -> Result<Qmp> {
+        let stream = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
+            PeerError::io(
+                format!(
+                    "connecting to qemu's monitor at {} (none when the path is longer than \
+                     107 bytes)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
+        let error = |e| PeerError::io(format!("QMP at {}", path.display()), e);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(error)?;
+        let writer = stream.try_clone().map_err(error)?;
+        let mut qmp = Qmp {
+            writer,
+            reader: std::io::BufReader::new(stream),
+            path: path.to_path_buf(),
+        };
+        qmp.reply("")?; // the greeting
+        qmp.execute(r#"{"execute":"qmp_capabilities"}"#)?;
+        Ok(qmp)
+    }
+
+    /// Sends one command and returns its reply's line.
+    fn execute(&mut self, command: &str) -> Result<String> {
+        self.writer
+            .write_all(format!("{command}\n").as_bytes())
+            .map_err(|e| PeerError::io(format!("QMP at {}", self.path.display()), e))?;
+        self.reply(command)
+    }
+
+    /// The next reply (events, `{"event": ...}`, may come before it).
+    fn reply(&mut self, command: &str) -> Result<String> {
+        loop {
+            let mut line = String::new();
+            let read = std::io::BufRead::read_line(&mut self.reader, &mut line)
+                .map_err(|e| PeerError::io(format!("QMP at {}", self.path.display()), e))?;
+            if read == 0 {
+                return Err(PeerError::Agent("QMP: qemu closed the monitor".into()));
+            }
+            if line.contains("\"error\"") {
+                return Err(PeerError::Agent(format!("QMP {command}: {}", line.trim())));
+            }
+            if line.contains("\"return\"") || line.contains("\"QMP\"") {
+                return Ok(line.trim().to_string());
+            }
+        }
+    }
+}
+
+/// The guest-physical address on the line `label 0x...` of `info virtio-queue-status`.
+fn ring_address(status: &str, label: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.trim_start().starts_with(label))?;
+    let hex = line.split_whitespace().nth(1)?.strip_prefix("0x")?;
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The text of a `human-monitor-command` reply (`{"return": "..."}`), unescaped.
+fn hmp_text(reply: &str) -> String {
+    let Some(text) = reply
+        .split_once(r#""return": ""#)
+        .and_then(|(_, rest)| rest.rsplit_once('"'))
+        .map(|(text, _)| text)
+    else {
+        return reply.to_string();
+    };
+    text.replace("\\r\\n", "\n")
+        .replace("\\n", "\n")
+        .replace("\\\"", "\"")
+        .replace("\\\\", "\\")
+}
+
+/// The CPU time (ns) qemu `pid`'s vCPU threads have used, which qemu names "CPU N/TCG" (or
+/// "/KVM") when started with `-name ...,debug-threads=on`: the first field of each one's
+/// `schedstat`.
+fn vcpu_nanos(pid: u32) -> Option<u64> {
+    let mut total = None;
+    for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let dir = task.path();
+        if fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with("CPU ")) {
+            let stat = fs::read_to_string(dir.join("schedstat")).ok()?;
+            let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+            total = Some(total.unwrap_or(0) + ns);
+        }
+    }
+    total
 }
 
 /// Whether `pid` is a running qemu of guest `name` (checked on its command line, so that a
@@ -583,7 +799,24 @@ pub(crate) fn kill_all(pids: &[u32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::name_option_is;
+    use super::{hmp_text, name_option_is, ring_address};
+
+    #[test]
+    fn a_rings_address_is_read_from_the_queue_status() {
+        let status = "  last_avail_idx:       43727\n  VRing:\n    desc:         \
+                      0x00000000026a4000\n    avail:        0x00000000026a5000\n";
+        assert_eq!(ring_address(status, "avail:"), Some(0x26a5000));
+        assert_eq!(ring_address(status, "used:"), None);
+    }
+
+    #[test]
+    fn a_monitor_commands_text_is_unescaped() {
+        assert_eq!(
+            hmp_text(r#"{"return": "VM status: running\r\nRIP=\"x\" a\\b\r\n"}"#),
+            "VM status: running\nRIP=\"x\" a\\b\n"
+        );
+        assert_eq!(hmp_text(r#"{"return": {}}"#), r#"{"return": {}}"#);
+    }
 
     #[test]
     fn a_guest_is_known_by_its_name_with_or_without_options() {

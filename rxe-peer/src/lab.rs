@@ -30,8 +30,10 @@ pub struct Lab {
     agent: PathBuf,
     work: PathBuf,
     next_tap: AtomicU32,
-    /// PIDs of every qemu started here, killed on drop even if a `Guest` was leaked.
-    pub(crate) qemus: Arc<Mutex<Vec<u32>>>,
+    /// PIDs and guest names of every qemu started here, killed on drop even if a `Guest`
+    /// was leaked (those still running as that guest: a killed or restarted guest's PID may
+    /// have been reused since).
+    pub(crate) qemus: Arc<Mutex<Vec<(u32, String)>>>,
     /// Veth ends created in other namespaces (deleted on drop).
     veths: Mutex<Vec<(String, String, Ipv4Addr)>>,
     keep: bool,
@@ -274,7 +276,12 @@ impl Drop for Lab {
         if self.keep {
             return;
         }
-        let pids = std::mem::take(&mut *self.qemus.lock().unwrap_or_else(|p| p.into_inner()));
+        let pids: Vec<u32> =
+            std::mem::take(&mut *self.qemus.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_iter()
+                .filter(|(pid, name)| guest::is_our_qemu(*pid, name))
+                .map(|(pid, _)| pid)
+                .collect();
         guest::kill_all(&pids);
         for (ns, ifname, _) in self
             .veths

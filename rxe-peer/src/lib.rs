@@ -24,7 +24,7 @@ pub mod image;
 pub mod lab;
 pub mod protocol;
 
-pub use guest::{Background, Guest, GuestConfig, Output};
+pub use guest::{Background, Guest, GuestConfig, Output, Recovery};
 pub use image::{ensure_image, Image};
 pub use lab::{find_agent, Lab, RunningLab};
 

@@ -19,7 +19,7 @@ use xroce_datapath::netns::{self, root_or_skip, run_bounded, run_bounded_dumping
 use xroce_datapath::test_support::{self, built, compile_c, read_stats};
 use xroce_datapath::xdp;
 use xroce_rxe_peer::{
-    default_cache_dir, ensure_image, find_agent, Background, Guest, GuestConfig, Lab,
+    default_cache_dir, ensure_image, find_agent, Background, Guest, GuestConfig, Lab, Recovery,
 };
 
 /// Longest one program may run (the rxe side is an emulated CPU).
@@ -286,17 +286,36 @@ impl Rig {
         }
     }
 
-    /// Gets the guest talking again after its transmit queue got stuck in qemu (see
-    /// [`Rig::run`] and [`Guest::recover_from_transmit_stall`]).
+    /// Gets the guest talking again after its network stopped in qemu (see [`Rig::run`] and
+    /// [`Guest::recover`]): a link bounce, or a new boot if that was not enough.
     fn recover_from_transmit_stall(&self, program: &str, after: &str) {
         let name = program.split_whitespace().next().unwrap_or(program);
-        self.guest
-            .recover_from_transmit_stall()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "recovering from the guest's transmit stall: {e}\nafter this failure: {after}"
-                )
-            });
+        let how = self.guest.recover(&self.lab).unwrap_or_else(|e| {
+            panic!("recovering from the guest's transmit stall: {e}\nafter this failure: {after}")
+        });
+        let remedy = match how {
+            Recovery::LinkBounced => "its link was bounced".to_string(),
+            Recovery::Restarted(why) => {
+                format!("it did not answer after its link bounce, so it was booted again: {why}")
+            }
+        };
+        eprintln!("{remedy}");
+        // A passing test's output is not shown, so each recovery is also kept where a later
+        // look can find it (the rare stalls are qemu's or the guest kernel's, and worth
+        // counting).
+        let record = default_cache_dir().join("recoveries.log");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&record)
+        {
+            use std::io::Write;
+            let _ = writeln!(
+                f,
+                "--- {program} (unix time {}): {remedy}\nafter: {after}",
+                std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_secs())
+            );
+        }
         self.stalls_recovered.set(self.guest.transmit_stalls());
         let _ = self.guest.kill_programs(&[name]);
     }
@@ -761,7 +780,7 @@ fn a_dead_peer_ends_in_retry_exceeded() {
     }
     let client =
         compile_c(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/rc_retry_client.c"));
-    let mut rig = Rig::new("xrdead", 1500);
+    let rig = Rig::new("xrdead", 1500);
     let server = rig
         .guest
         .spawn("ibv_rc_pingpong -g 1 -s 1024 -n 100000000", PROGRAM_TIMEOUT);

@@ -1,5 +1,7 @@
 //! The harness end to end: the image builds, two rdma_rxe guests boot in parallel, real
-//! `ibv_rc_pingpong` runs between them, rxe's counters read back, and a killed guest is gone.
+//! `ibv_rc_pingpong` runs between them, rxe's counters read back, the remedies for a guest
+//! whose network stopped (a link bounce, a new boot) leave it working, and a killed guest is
+//! gone.
 //!
 //! Needs root; fails without it unless `XROCE_SKIP_ROOT_TESTS=1`.
 
@@ -7,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use xroce_datapath::netns::{remove_orphaned_namespaces, root_or_skip};
 use xroce_rxe_peer::{
-    default_cache_dir, ensure_image, find_agent, Guest, GuestConfig, Lab, Output,
+    default_cache_dir, ensure_image, find_agent, Guest, GuestConfig, Lab, Output, Recovery,
 };
 
 /// `ibv_rc_pingpong` with `iterations` between the first guest (server) and the second;
@@ -25,6 +27,17 @@ fn ping_pong(guests: &[Guest], iterations: u32) -> (Output, Output) {
     (client, server.wait().expect("server"))
 }
 
+/// Ten turns of [`ping_pong`] succeed on both sides.
+fn ping_pong_works(guests: &[Guest], when: &str) {
+    let (client, server) = ping_pong(guests, 10);
+    assert!(
+        client.success() && server.success(),
+        "{when}: client: {}\nserver: {}",
+        client.text(),
+        server.text()
+    );
+}
+
 #[test]
 fn two_rxe_guests_ping_pong() {
     if !root_or_skip() {
@@ -35,7 +48,7 @@ fn two_rxe_guests_ping_pong() {
     remove_orphaned_namespaces("xrpeer");
     let lab = Lab::new("xrpeer", 1500, image, agent).expect("lab");
     let t = Instant::now();
-    let mut guests = lab
+    let guests = lab
         .boot_all(vec![
             GuestConfig::rxe("rxe-a", 10),
             GuestConfig::rxe("rxe-b", 11),
@@ -90,13 +103,7 @@ fn two_rxe_guests_ping_pong() {
         carrier_changes(&guests[0]) >= changes_before + 2,
         "the guest saw its link go down and up"
     );
-    let (client, server) = ping_pong(&guests, 10);
-    assert!(
-        client.success() && server.success(),
-        "after the bounce: client: {}\nserver: {}",
-        client.text(),
-        server.text()
-    );
+    ping_pong_works(&guests, "after the bounce");
 
     // What a stalled run leaves behind is killed by its executable's name: a server that
     // waits for a client that never comes ends at once.
@@ -120,6 +127,41 @@ fn two_rxe_guests_ping_pong() {
         report.contains(") runs; console's last lines:") && report.lines().count() > 3,
         "the report says qemu runs and shows the console: {report}"
     );
+
+    // What qemu says of a running guest, for the report on one that stopped answering.
+    let state = guests[0].vm_state();
+    assert!(
+        state.contains("VM status: running")
+            && state.contains("RIP=")
+            && state.contains("transmit queue:\n")
+            && state.matches("last_avail_idx").count() == 2
+            && state.matches("guest's avail idx:").count() == 2
+            && !state.contains("unknown"),
+        "qemu's view of the guest: {state}"
+    );
+
+    // The last resort for a guest a link bounce does not revive (here one whose vCPU was
+    // stopped, as if its kernel had hung): it boots again as it was, with rdma_rxe, and the
+    // pair exchanges RDMA traffic again.
+    guests[0].pause().expect("pause");
+    assert!(
+        !guests[0].answers(Duration::from_secs(2)),
+        "a paused guest answers"
+    );
+    assert!(
+        guests[0].vm_state().contains("VM status: paused"),
+        "qemu's view of a paused guest: {}",
+        guests[0].vm_state()
+    );
+    let old_qemu = guests[0].pid();
+    let how = guests[0].recover(&lab).expect("recover by restarting");
+    assert!(
+        matches!(&how, Recovery::Restarted(why) if why.contains("VM status: paused")),
+        "the link bounce was not enough, and the report says why: {how:?}"
+    );
+    assert_ne!(guests[0].pid(), old_qemu, "a new qemu");
+    assert!(guests[0].is_running());
+    ping_pong_works(&guests, "after the restart");
 
     // Timeouts are real: a command running past its bound is stopped.
     let slow = guests[1]
