@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use xroce_datapath::{cpu_time, netns};
-use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab};
+use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab, Recovery};
 
 use crate::perftest::{parse_bw, parse_lat};
 
@@ -102,8 +102,8 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     for round in 1..=ROUNDS {
         // The order alternates, as on the host, so that neither always runs second.
         let xroce_first = crate::paired::xroce_first(round - 1);
-        let first = measure_stack_recovering(&g, xroce_first, round, say)?;
-        let second = measure_stack_recovering(&g, !xroce_first, round, say)?;
+        let first = measure_stack_recovering(&lab, &g, xroce_first, round, say)?;
+        let second = measure_stack_recovering(&lab, &g, !xroce_first, round, say)?;
         rounds.push(if xroce_first {
             (second, first)
         } else {
@@ -113,15 +113,28 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     // guest-stream registers its socket in the XDP program's map, which `link add` loads.
     xroce_link(&g, "add xr0 netdev eth0")?;
     say("raw AF_XDP stream between the guests (what their path carries at all)");
-    let raw_stream_mb_s = recovering(&g, &RAW_PROGRAMS, say, &mut |_| raw_stream(&g), &|| {});
+    // A guest booted again has lost its xroce device: it comes back (elsewhere the add fails
+    // because it is there, which is fine).
+    let readd_device = || {
+        let _ = xroce_link(&g, "add xr0 netdev eth0");
+    };
+    let raw_stream_mb_s = recovering(
+        &lab,
+        &g,
+        &RAW_PROGRAMS,
+        say,
+        &mut |_| raw_stream(&g),
+        &readd_device,
+    );
     say("raw AF_XDP ping-pong between the guests (the floor of their round trip)");
     let mut pingpong_recovering = |frames| {
         recovering(
+            &lab,
             &g,
             &RAW_PROGRAMS,
             say,
             &mut |_| raw_pingpong(&g, frames),
-            &|| {},
+            &readd_device,
         )
     };
     let raw_one_way_us = pingpong_recovering(1).and_then(|one_frame| {
@@ -148,6 +161,7 @@ const RAW_PROGRAMS: [&str; 1] = ["guest-stream"];
 /// [`measure_stack`], run a second time if it failed because a guest's link stalled (see
 /// [`recovering`]); a failed xroce run's devices are removed before the second.
 fn measure_stack_recovering(
+    lab: &Lab,
     g: &[Guest],
     xroce: bool,
     round: usize,
@@ -162,6 +176,7 @@ fn measure_stack_recovering(
         }
     };
     recovering(
+        lab,
         g,
         &PROGRAMS,
         say,
@@ -175,10 +190,12 @@ type Say<'a> = &'a mut dyn FnMut(&str);
 
 /// `run`, run a second time if it failed because qemu stopped taking a guest's frames
 /// ([`Guest::transmit_stalls`], seen twice in about 345 runs of `ib_read_bw` at full speed):
-/// the stalled guest's link is taken down and up again, what is left of `programs` in both
-/// guests killed, and `tidy` called first. A failure without a stall, or a second one, is
+/// the stalled guest's link is taken down and up again (or, if it still does not answer, the
+/// guest booted again), what is left of `programs` in both guests killed, and `tidy` called
+/// first. A failure without a stall, or a second one, is
 /// returned with both guests' consoles.
 fn recovering<T>(
+    lab: &Lab,
     g: &[Guest],
     programs: &[&str],
     say: &mut dyn FnMut(&str),
@@ -207,14 +224,18 @@ fn recovering<T>(
     }
     for guest in &stalled {
         say(&format!(
-            "qemu stopped taking guest {}'s frames (its transmit queue timed out); taking its \
-             link down and up, then running it again",
+            "qemu stopped taking guest {}'s frames (its transmit queue timed out, or it \
+             stopped answering); taking its link down and up (booting it again if that is not \
+             enough), then running it again",
             guest.name()
         ));
-        guest
-            .recover_from_transmit_stall()
+        let how = guest
+            .recover(lab)
             // Its error carries the guest's report already.
             .map_err(|e| format!("{failure}\nthen: {e}"))?;
+        if let Recovery::Restarted(why) = how {
+            say(&format!("guest {} was booted again: {why}", guest.name()));
+        }
     }
     for guest in g {
         guest

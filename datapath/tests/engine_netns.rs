@@ -239,9 +239,9 @@ fn expect_completions(engine: &Engine, cq: CqId, n: usize, what: &str) -> Vec<Wo
         let left = deadline.saturating_duration_since(Instant::now());
         assert!(
             !left.is_zero(),
-            "{what}: {} of {n} completions after {WAIT:?}; engine counters {:?}, failure {:?}",
+            "{what}: {} of {n} completions after {WAIT:?}; engine counters {}, failure {:?}",
             out.len(),
-            engine.with_device(|d| d.counters()),
+            engine.stats_line(),
             engine.failure()
         );
         engine
@@ -257,6 +257,15 @@ fn expect_completions(engine: &Engine, cq: CqId, n: usize, what: &str) -> Vec<Wo
         assert_eq!(wc.status, WcStatus::Success, "{what}: {wc:?}");
     }
     out
+}
+
+/// What a panic said (its message, when it was a string).
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(a panic without a message)".into())
 }
 
 /// Posts `count` send WRs built by `make`, keeping at most `window` outstanding, each signalled.
@@ -394,7 +403,33 @@ impl Setup {
                 })
             })
         });
-        handles.map(|h| h.join().expect("side"))
+        // When a side fails, the other is given a while to end too before the failure is
+        // reported: the side that failed second (each waits at most `WAIT` for anything) often
+        // says why the first did. (It may also wait for ever, at the barrier, for a side that
+        // died before it: hence the bound.)
+        let mut said = Vec::new();
+        let mut results = Vec::new();
+        for (i, handle) in handles.into_iter().enumerate() {
+            let deadline = Instant::now() + WAIT + Duration::from_secs(5);
+            while !said.is_empty() && !handle.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !said.is_empty() && !handle.is_finished() {
+                said.push(format!("side {i}: still running"));
+                continue;
+            }
+            match handle.join() {
+                Ok(r) => results.push(r),
+                Err(panic) => said.push(format!("side {i}: {}", panic_text(panic.as_ref()))),
+            }
+        }
+        if !said.is_empty() {
+            panic!("{}", said.join("\n"));
+        }
+        match <[R; 2]>::try_from(results) {
+            Ok(both) => both,
+            Err(_) => unreachable!("both sides returned"),
+        }
     }
 }
 
@@ -733,6 +768,29 @@ fn uc_and_ud_exchanges() {
                 vec![buf.sge(uc_src + i * MSG, MSG)],
             )
         });
+        // What the peer sent us.
+        let peer = 1 - side as u64;
+        let uc_recvs = expect_completions(engine, uc.recv_cq, COUNT, "UC receives");
+        for (i, wc) in uc_recvs.iter().enumerate() {
+            assert_eq!(wc.wr_id, i as u64);
+            assert_eq!(wc.imm, i as u32);
+            assert_eq!(wc.byte_len as usize, MSG);
+        }
+        let peer_src = pattern(10 + peer, COUNT * MSG);
+        assert!(
+            buf.read(uc_write, COUNT * MSG) == peer_src,
+            "UC WRITE data differs"
+        );
+        assert!(
+            buf.read(uc_recv, COUNT * MSG) == peer_src,
+            "UC SEND data differs"
+        );
+        // UC and UD are unreliable: a receiver short of buffers drops, as rdma_rxe and RDMA
+        // NICs do. The engine's receive ring holds 2048 frames; the UC phase sends 2048 packets
+        // each way, so it cannot overflow, but a UD burst on top of an undrained UC phase can
+        // (on a loaded machine: 200 datagrams lost in a CI run, all the peer's UC had filled
+        // the ring). So the UD phase starts when both sides have taken all the UC messages.
+        me.connected.wait();
         let sgid_index = engine
             .gid_index(xroce_datapath::netlink::std_address(ip))
             .expect("own GID");
@@ -761,23 +819,6 @@ fn uc_and_ud_exchanges() {
             });
             wr
         });
-        // What the peer sent us.
-        let peer = 1 - side as u64;
-        let uc_recvs = expect_completions(engine, uc.recv_cq, COUNT, "UC receives");
-        for (i, wc) in uc_recvs.iter().enumerate() {
-            assert_eq!(wc.wr_id, i as u64);
-            assert_eq!(wc.imm, i as u32);
-            assert_eq!(wc.byte_len as usize, MSG);
-        }
-        let peer_src = pattern(10 + peer, COUNT * MSG);
-        assert!(
-            buf.read(uc_write, COUNT * MSG) == peer_src,
-            "UC WRITE data differs"
-        );
-        assert!(
-            buf.read(uc_recv, COUNT * MSG) == peer_src,
-            "UC SEND data differs"
-        );
         let ud_recvs = expect_completions(engine, ud.recv_cq, UD_COUNT, "UD receives");
         let peer_ud_src = pattern(20 + peer, UD_COUNT * UD_MSG);
         for (i, wc) in ud_recvs.iter().enumerate() {
