@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use xroce_datapath::{cpu_time, netns};
+use xroce_datapath::netns;
 use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab, Recovery};
 
 use crate::perftest::{parse_bw, parse_lat};
@@ -423,7 +423,7 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
         .ok_or_else(|| format!("no latency line in:\n{lat}"))?;
     let before = HostCpu::sample(g);
     let bw = server_client(g, wrap, &format!("ib_write_bw -d {dev} -x 1 -F -D 5"))?;
-    let write_bw_vcpu_cores = before.cores_since();
+    let write_bw_vcpu_cores = before.cores_since(g);
     let bw = parse_bw(&bw)
         .first()
         .copied()
@@ -440,49 +440,27 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
 /// The CPU time the guests' vCPU threads had used at one moment.
 struct HostCpu {
     at: Instant,
-    pids: [Option<u32>; 2],
     spent: [Option<Duration>; 2],
 }
 
 impl HostCpu {
     fn sample(g: &[Guest]) -> HostCpu {
-        let pids = [0, 1].map(|i| g.get(i).and_then(Guest::pid));
         HostCpu {
             at: Instant::now(),
-            pids,
-            spent: pids.map(|p| p.and_then(vcpu_time)),
+            spent: [0, 1].map(|i| g.get(i).and_then(Guest::vcpu_time)),
         }
     }
 
-    /// Cores each vCPU used on average since the sample.
-    fn cores_since(&self) -> [f64; 2] {
+    /// Cores each of the guests' vCPUs used on average since the sample.
+    fn cores_since(&self, g: &[Guest]) -> [f64; 2] {
         let seconds = self.at.elapsed().as_secs_f64();
         [0, 1].map(
-            |i| match (self.spent[i], self.pids[i].and_then(vcpu_time)) {
+            |i| match (self.spent[i], g.get(i).and_then(Guest::vcpu_time)) {
                 (Some(a), Some(b)) if seconds > 0.0 => b.saturating_sub(a).as_secs_f64() / seconds,
                 _ => f64::NAN,
             },
         )
     }
-}
-
-/// The CPU time of qemu `pid`'s vCPU threads, which qemu names "CPU N/TCG" (or "/KVM") when
-/// started with `-name ...,debug-threads=on`, as the guests are.
-fn vcpu_time(pid: u32) -> Option<Duration> {
-    let mut total = None;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-    {
-        let dir = task.path();
-        let is_vcpu =
-            std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with("CPU "));
-        if is_vcpu {
-            let spent = cpu_time::from_stat_file(&dir.join("stat"))?;
-            total = Some(total.unwrap_or(Duration::ZERO) + spent);
-        }
-    }
-    total
 }
 
 #[cfg(test)]

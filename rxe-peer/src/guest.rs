@@ -221,10 +221,10 @@ impl Guest {
         let Some(pid) = self.pid() else {
             return "qemu not tracked".into();
         };
-        let before = vcpu_nanos(pid);
+        let before = vcpu_time(pid);
         std::thread::sleep(Duration::from_secs(1));
-        let vcpu = match (before, vcpu_nanos(pid)) {
-            (Some(a), Some(b)) => format!("{:.0} %", b.saturating_sub(a) as f64 / 1e7),
+        let vcpu = match (before, vcpu_time(pid)) {
+            (Some(a), Some(b)) => format!("{:.0} %", b.saturating_sub(a).as_secs_f64() * 100.0),
             _ => "unknown".into(),
         };
         let mut qmp = match self.monitor() {
@@ -398,6 +398,11 @@ impl Guest {
                 Some((k.to_string(), v.trim().parse().ok()?))
             })
             .collect())
+    }
+
+    /// The CPU time its vCPU has used so far (none when qemu is not tracked or gone).
+    pub fn vcpu_time(&self) -> Option<Duration> {
+        vcpu_time(self.pid()?)
     }
 
     /// qemu's PID, while it runs.
@@ -742,10 +747,10 @@ fn hmp_text(reply: &str) -> String {
         .replace("\\\\", "\\")
 }
 
-/// The CPU time (ns) qemu `pid`'s vCPU threads have used, which qemu names "CPU N/TCG" (or
-/// "/KVM") when started with `-name ...,debug-threads=on`: the first field of each one's
+/// The CPU time qemu `pid`'s vCPU threads have used, which qemu names "CPU N/TCG" (or "/KVM")
+/// when started with `-name ...,debug-threads=on`: the first field (ns) of each one's
 /// `schedstat`.
-fn vcpu_nanos(pid: u32) -> Option<u64> {
+fn vcpu_time(pid: u32) -> Option<Duration> {
     let mut total = None;
     for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
         let dir = task.path();
@@ -755,7 +760,7 @@ fn vcpu_nanos(pid: u32) -> Option<u64> {
             total = Some(total.unwrap_or(0) + ns);
         }
     }
-    total
+    total.map(Duration::from_nanos)
 }
 
 /// Whether `pid` is a running qemu of guest `name` (checked on its command line, so that a
@@ -779,15 +784,21 @@ fn name_option_is(value: &[u8], name: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with(b","))
 }
 
-/// SIGKILLs the qemu processes with these PIDs and waits (briefly) for them to go.
-pub(crate) fn kill_all(pids: &[u32]) {
-    for &pid in pids {
+/// SIGKILLs the qemu processes of these (PID, guest name) pairs that still run as that guest
+/// (a PID may have been reused since), and waits (briefly) for them to go.
+pub(crate) fn kill_all<'a>(guests: impl IntoIterator<Item = (u32, &'a str)>) {
+    let pids: Vec<u32> = guests
+        .into_iter()
+        .filter(|&(pid, name)| is_our_qemu(pid, name))
+        .map(|(pid, _)| pid)
+        .collect();
+    for &pid in &pids {
         // SAFETY: kill(2) on a PID this harness started (qemu, via `ip netns exec`, which
         // execs it).
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     let deadline = Instant::now() + Duration::from_secs(5);
-    for &pid in pids {
+    for &pid in &pids {
         while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
             // Reap it if it is our child; otherwise just wait for it to go.
             // SAFETY: waitpid with WNOHANG on a PID; harmless if it is not our child.

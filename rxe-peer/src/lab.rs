@@ -276,13 +276,8 @@ impl Drop for Lab {
         if self.keep {
             return;
         }
-        let pids: Vec<u32> =
-            std::mem::take(&mut *self.qemus.lock().unwrap_or_else(|p| p.into_inner()))
-                .into_iter()
-                .filter(|(pid, name)| guest::is_our_qemu(*pid, name))
-                .map(|(pid, _)| pid)
-                .collect();
-        guest::kill_all(&pids);
+        let qemus = std::mem::take(&mut *self.qemus.lock().unwrap_or_else(|p| p.into_inner()));
+        guest::kill_all(qemus.iter().map(|(pid, name)| (*pid, name.as_str())));
         for (ns, ifname, _) in self
             .veths
             .lock()
@@ -395,13 +390,11 @@ impl RunningLab {
     /// the taps) and the lab's files. Only processes that are still this lab's qemu are
     /// killed (a PID may have been reused since).
     pub fn teardown(self) {
-        let pids: Vec<u32> = self
-            .guests
-            .iter()
-            .filter(|(name, _, pid)| guest::is_our_qemu(*pid, name))
-            .map(|(_, _, pid)| *pid)
-            .collect();
-        guest::kill_all(&pids);
+        guest::kill_all(
+            self.guests
+                .iter()
+                .map(|(name, _, pid)| (*pid, name.as_str())),
+        );
         for (ns, ifname, _) in &self.attached {
             let _ = ip(&["-n", ns, "link", "del", ifname]);
         }
