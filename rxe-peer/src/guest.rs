@@ -94,6 +94,8 @@ pub struct Guest {
     accel: &'static str,
     /// What it was booted from and on, for [`Guest::restart`] (none for an attached guest).
     booted: Option<(GuestConfig, String)>,
+    /// Times [`Guest::restart`] booted it again (numbers the logs it keeps).
+    restarts: std::sync::atomic::AtomicU32,
 }
 
 /// A command running in the background ([`Guest::spawn`]).
@@ -231,11 +233,23 @@ impl Guest {
             Ok(q) => q,
             Err(e) => return format!("vCPU busy over 1 s: {vcpu}; monitor: {e}"),
         };
+        // After a command fails (a read timing out, most likely) its reply may still come,
+        // and would be read as the next command's: the rest are not asked on this session.
+        let mut failed = false;
         let mut hmp = |command: &str| {
+            if failed {
+                return format!("({command}: not asked, an earlier monitor command failed)");
+            }
             qmp.execute(&format!(
                 r#"{{"execute":"human-monitor-command","arguments":{{"command-line":"{command}"}}}}"#
             ))
-            .map_or_else(|e| e.to_string(), |reply| hmp_text(&reply))
+            .map_or_else(
+                |e| {
+                    failed = true;
+                    e.to_string()
+                },
+                |reply| hmp_text(&reply),
+            )
         };
         let status = hmp("info status");
         let registers = hmp("info registers");
@@ -280,8 +294,8 @@ impl Guest {
     }
 
     /// Gets the guest talking again after its transmit queue got stuck in qemu (see
-    /// [`Guest::transmit_stalls`]): bounces its link and waits (at most 60 s) until its agent
-    /// answers. What was running there when it stalled still runs; see
+    /// [`Guest::transmit_stalls`]): bounces its link and waits until its agent answers (30 s
+    /// after the bounce, plus what a last probe and the report take: about a minute at most). What was running there when it stalled still runs; see
     /// [`Guest::kill_programs`].
     pub fn recover_from_transmit_stall(&self) -> Result<()> {
         self.bounce_link()?;
@@ -310,11 +324,38 @@ impl Guest {
                 self.name
             )));
         };
+        if lab.netns() != self.ns {
+            return Err(PeerError::Agent(format!(
+                "guest {} runs in namespace {}, not in the lab given ({}); it cannot be \
+                 restarted there",
+                self.name,
+                self.ns,
+                lab.netns()
+            )));
+        }
+        let old_pid = self.pid();
         self.kill();
-        let _ = fs::rename(
-            &self.console,
-            self.console.with_extension("log.before-restart"),
-        );
+        // Its PID is not the lab's to kill any more: once reused, it may be another lab's
+        // guest of the same name.
+        lab.qemus
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(pid, _)| Some(*pid) != old_pid);
+        // The old console and qemu's own messages are kept for a look at what went wrong,
+        // numbered so that a second restart does not overwrite the first's.
+        let restarts = self
+            .restarts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        for log in [
+            self.console.clone(),
+            self.dir.join(format!("qemu-{}.log", self.accel)),
+        ] {
+            let _ = fs::rename(
+                &log,
+                log.with_extension(format!("log.before-restart-{restarts}")),
+            );
+        }
         let initrd = self.dir.join("initrd.img");
         let fresh = start(
             lab,
@@ -325,7 +366,12 @@ impl Guest {
             self.accel,
             BOOT_TIMEOUT,
         )?;
-        *self.child() = fresh.child().take();
+        // A qemu that another thread's restart started meanwhile is not left running.
+        let replaced = std::mem::replace(&mut *self.child(), fresh.child().take());
+        if let Some(mut old) = replaced {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
         Ok(())
     }
 
@@ -402,7 +448,11 @@ impl Guest {
 
     /// The CPU time its vCPU has used so far (none when qemu is not tracked or gone).
     pub fn vcpu_time(&self) -> Option<Duration> {
-        vcpu_time(self.pid()?)
+        let pid = self.pid()?;
+        // An exited qemu's PID may have been reused by another process.
+        is_our_qemu(pid, &self.name)
+            .then(|| vcpu_time(pid))
+            .flatten()
     }
 
     /// qemu's PID, while it runs.
@@ -431,6 +481,7 @@ impl Guest {
             dir: crate::lab::work_dir_for(ns).join(name),
             accel: "unknown",
             booted: None,
+            restarts: Default::default(),
         }
     }
 }
@@ -661,6 +712,7 @@ fn start(
         dir: dir.to_path_buf(),
         accel,
         booted: Some((config.clone(), tap.to_string())),
+        restarts: Default::default(),
     })
 }
 
@@ -741,10 +793,32 @@ fn hmp_text(reply: &str) -> String {
     else {
         return reply.to_string();
     };
-    text.replace("\\r\\n", "\n")
-        .replace("\\n", "\n")
-        .replace("\\\"", "\"")
-        .replace("\\\\", "\\")
+    // One pass, left to right: `\\n` is a backslash and an `n`, not a newline.
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => {}
+            Some('t') => out.push('\t'),
+            Some('u') => {
+                let hex: String = chars.by_ref().take(4).collect();
+                out.push(
+                    u32::from_str_radix(&hex, 16)
+                        .ok()
+                        .and_then(char::from_u32)
+                        .unwrap_or('\u{fffd}'),
+                );
+            }
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 /// The CPU time qemu `pid`'s vCPU threads have used, which qemu names "CPU N/TCG" (or "/KVM")
@@ -827,6 +901,11 @@ mod tests {
             "VM status: running\nRIP=\"x\" a\\b\n"
         );
         assert_eq!(hmp_text(r#"{"return": {}}"#), r#"{"return": {}}"#);
+        // An escaped backslash before an `n` is a backslash and an `n`, not a newline.
+        assert_eq!(
+            hmp_text(r#"{"return": "C:\\new\tx\u00e9 end\\"}"#),
+            "C:\\new\tx\u{e9} end\\"
+        );
     }
 
     #[test]

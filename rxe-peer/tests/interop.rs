@@ -195,6 +195,9 @@ struct Rig {
     lab: Lab,
     /// The guest's transmit stalls ([`Guest::transmit_stalls`]) already recovered from.
     stalls_recovered: std::cell::Cell<usize>,
+    /// The test uses link-local GIDs ([`Rig::wait_ipv6_ready`]): a guest booted again must get
+    /// its link-local address past duplicate address detection before the run is repeated.
+    uses_ipv6: std::cell::Cell<bool>,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
@@ -240,6 +243,7 @@ impl Rig {
             guest,
             lab,
             stalls_recovered: std::cell::Cell::new(0),
+            uses_ipv6: std::cell::Cell::new(false),
             _serial: serial,
         };
         let out = rig.xroce_cmd(&["link", "add", "xr0", "netdev", "xr0"]);
@@ -296,6 +300,9 @@ impl Rig {
         let remedy = match how {
             Recovery::LinkBounced => "its link was bounced".to_string(),
             Recovery::Restarted(why) => {
+                if self.uses_ipv6.get() {
+                    self.wait_ipv6_ready();
+                }
                 format!("it did not answer after its link bounce, so it was booted again: {why}")
             }
         };
@@ -982,6 +989,7 @@ impl Rig {
     /// tentative address answers no neighbour solicitation, so GID 0 would not resolve yet
     /// (and a guest just booted may not have one at all).
     fn wait_ipv6_ready(&self) {
+        self.uses_ipv6.set(true);
         let deadline = Instant::now() + Duration::from_secs(30);
         let ready =
             |out: &str| test_support::link_local_in(out).is_some() && !out.contains("tentative");
