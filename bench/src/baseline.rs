@@ -525,6 +525,26 @@ pub enum Sink {
 /// the same frame each time, so this is the ceiling of the path, not of a protocol. The
 /// receiving end treats each frame as `sink` says.
 pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration, sink: Sink) -> Stream {
+    let mut reader = FrameReader::new(READ_INTO);
+    raw_stream(
+        pair,
+        move |f| {
+            if sink == Sink::Reading {
+                reader.take(f);
+            }
+        },
+        move |iface, own, peer| xsk_send_stream(iface, own, peer, payload, duration),
+    )
+}
+
+/// A raw AF_XDP stream from namespace 0 to namespace 1 of `pair`: the receiver hands each
+/// frame to `take` until the sender is done; `send` runs in namespace 0 with its interface,
+/// its address and the receiver's, and returns the time it sent for and the CPU it used.
+fn raw_stream(
+    pair: &NetnsPair,
+    mut take: impl FnMut(&[u8]) + Send + 'static,
+    send: impl FnOnce(&str, Ipv4Addr, Ipv4Addr) -> Result<(Duration, CpuTime), String> + Send,
+) -> Stream {
     let (a, b) = (pair.ipv4(0), pair.ipv4(1));
     let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
     let total = Counter::new();
@@ -532,21 +552,19 @@ pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration, sink: Si
     let counter = total.clone();
     let receiver = pair.spawn_in(1, move || {
         let mut end = raw_end(&ib, a);
-        let mut reader = FrameReader::new(READ_INTO);
         ready_tx.send(()).ok();
         while !counter.stopped() {
             end.sock.recv(64, &mut |f| {
-                if sink == Sink::Reading {
-                    reader.take(f);
-                }
+                take(f);
                 counter.add(f.len().saturating_sub(UDP_HEADERS))
             });
         }
-        std::hint::black_box(reader.checksums);
+        // What `take` kept (checksums, placed payloads) must not be optimised away.
+        std::hint::black_box(&mut take);
     });
     ready_rx.recv().ok();
     let (elapsed, cpu) = pair
-        .run_in(0, move || xsk_send_stream(&ia, a, b, payload, duration))
+        .run_in(0, move || send(&ia, a, b))
         .unwrap_or_else(|e| panic!("raw AF_XDP sender: {e}"));
     total.finish(receiver, elapsed, cpu)
 }
@@ -563,17 +581,130 @@ pub fn xsk_send_stream(
 ) -> Result<(Duration, CpuTime), String> {
     let mut end = try_raw_end(iface, peer)?;
     let frame = udp_frame(end.mac, end.peer_mac, own, peer, payload);
+    send_for(&mut end, duration, &mut |buf| {
+        buf.get_mut(..frame.len())?.copy_from_slice(&frame);
+        Some(frame.len())
+    })
+}
+
+/// Sends the frames `build` writes (see [`XskSocket::send_with`]) for `duration`, as fast as
+/// the ring takes them, 32 to a kick. Returns the time it sent for and the CPU it used.
+fn send_for(
+    end: &mut RawEnd,
+    duration: Duration,
+    build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+) -> Result<(Duration, CpuTime), String> {
     let t = Instant::now();
     let cpu = CpuTime::thread();
     while t.elapsed() < duration {
         for _ in 0..32 {
-            if !end.sock.send(&frame) {
+            if !end.sock.send_with(build) {
                 break;
             }
         }
         end.sock.flush().map_err(|e| format!("sending: {e}"))?;
     }
     Ok((t.elapsed(), CpuTime::thread().minus(cpu)))
+}
+
+/// Bytes of a message in [`xsk_message_stream`]: a 64 KiB `ib_write_bw` WRITE.
+pub const MESSAGE: usize = 64 * 1024;
+/// Payload bytes per frame of a message: one packet of a 4096 path MTU.
+const MESSAGE_FRAME: usize = 4096;
+
+/// Raw AF_XDP moving 64 KiB messages the way a copying RoCE stack must, each between its own
+/// pair of buffers as perftest gives each QP its own: the sender takes the messages in
+/// turn, copies each 4 KiB frame's payload out of the message's buffer into the frame and
+/// computes a CRC-32 over it (the ICRC's work); the receiver checks each frame's CRC-32 and
+/// copies its payload into the same message's buffer on its side. With one message the
+/// buffers stay in the caches; with `messages` = 256 (16 MiB each side) they do not, which is
+/// what `ib_write_bw -q 256` against `-q 1` asks of any stack that copies.
+pub fn xsk_message_stream(pair: &NetnsPair, messages: usize, duration: Duration) -> Stream {
+    let mut placer = MessagePlacer::new(messages);
+    let mut source = MessageSource::new(messages);
+    raw_stream(
+        pair,
+        move |f| placer.take(f),
+        move |iface, own, peer| {
+            let mut end = try_raw_end(iface, peer)?;
+            let headers = udp_frame(end.mac, end.peer_mac, own, peer, MESSAGE_FRAME);
+            let headers = &headers[..UDP_HEADERS];
+            send_for(&mut end, duration, &mut |buf| source.build(headers, buf))
+        },
+    )
+}
+
+/// The sending side of [`xsk_message_stream`]: `messages` buffers of [`MESSAGE`] bytes, sent
+/// a message (16 frames) at a time, in turn.
+struct MessageSource {
+    memory: Vec<u8>,
+    /// Frame slot of the next frame: message × 16 + frame within it.
+    next: usize,
+}
+
+impl MessageSource {
+    fn new(messages: usize) -> Self {
+        MessageSource {
+            // Written, not zeroed: untouched pages would all read the kernel's one zero page,
+            // which is always in the cache.
+            memory: (0..messages.max(1) * MESSAGE)
+                .map(|i| i as u8 | 1)
+                .collect(),
+            next: 0,
+        }
+    }
+
+    /// Writes the next frame into `buf`: the headers, the payload from its message's buffer
+    /// with its slot in the first 4 bytes (where a WRITE's RETH names the address), and a
+    /// CRC-32 over the rest in the last 4. Returns its length.
+    fn build(&mut self, headers: &[u8], buf: &mut [u8]) -> Option<usize> {
+        let len = headers.len() + MESSAGE_FRAME;
+        let frame = buf.get_mut(..len)?;
+        let slot = self.next;
+        self.next = (self.next + 1) % (self.memory.len() / MESSAGE_FRAME);
+        let (head, payload) = frame.split_at_mut(headers.len());
+        head.copy_from_slice(headers);
+        let at = slot * MESSAGE_FRAME;
+        payload.copy_from_slice(self.memory.get(at..at + MESSAGE_FRAME)?);
+        payload[..4].copy_from_slice(&(slot as u32).to_le_bytes());
+        let crc = crc32fast::hash(&frame[..len - 4]);
+        frame[len - 4..].copy_from_slice(&crc.to_le_bytes());
+        Some(len)
+    }
+}
+
+/// The receiving side of [`xsk_message_stream`]: checks each frame's CRC-32 and places its
+/// payload where its slot says.
+struct MessagePlacer {
+    memory: Vec<u8>,
+    /// Frames whose CRC-32 did not match (none on a veth pair); read at the end, so that
+    /// nothing is optimised away.
+    bad_crcs: u64,
+}
+
+impl MessagePlacer {
+    fn new(messages: usize) -> Self {
+        MessagePlacer {
+            memory: (0..messages.max(1) * MESSAGE).map(|i| i as u8).collect(),
+            bad_crcs: 0,
+        }
+    }
+
+    fn take(&mut self, frame: &[u8]) {
+        let Some(payload) = frame.get(UDP_HEADERS..) else {
+            return;
+        };
+        let (Some(slot), Some(crc)) = (payload.first_chunk::<4>(), frame.last_chunk::<4>()) else {
+            return;
+        };
+        if crc32fast::hash(&frame[..frame.len() - 4]) != u32::from_le_bytes(*crc) {
+            self.bad_crcs += 1;
+        }
+        let at = u32::from_le_bytes(*slot) as usize * MESSAGE_FRAME;
+        if let Some(place) = self.memory.get_mut(at..at + payload.len()) {
+            place.copy_from_slice(payload);
+        }
+    }
 }
 
 /// What [`xsk_receive_stream`] counted.
@@ -778,6 +909,54 @@ mod tests {
         reader.take(&[0xee; 10]);
         reader.take(&frame(4, 150));
         assert_eq!(&reader.memory[..], &[4; 100]);
+    }
+
+    #[test]
+    fn messages_go_out_in_turn_and_land_in_the_same_message_on_the_other_side() {
+        let headers = [0xee; UDP_HEADERS];
+        let mut source = MessageSource::new(2);
+        let mut placer = MessagePlacer::new(2);
+        let mut buf = vec![0u8; UDP_HEADERS + MESSAGE_FRAME + 100];
+        let mut slots = Vec::new();
+        // Three messages' worth: both buffers, then the first again.
+        for _ in 0..3 * MESSAGE / MESSAGE_FRAME {
+            let len = source.build(&headers, &mut buf).expect("room for a frame");
+            assert_eq!(len, UDP_HEADERS + MESSAGE_FRAME);
+            assert_eq!(&buf[..UDP_HEADERS], &headers);
+            slots.push(u32::from_le_bytes(
+                buf[UDP_HEADERS..][..4].try_into().unwrap(),
+            ));
+            placer.take(&buf[..len]);
+        }
+        let per_message = (MESSAGE / MESSAGE_FRAME) as u32;
+        let expected: Vec<u32> = (0..2 * per_message).chain(0..per_message).collect();
+        assert_eq!(
+            slots, expected,
+            "16 frames of a message, then the next message"
+        );
+        assert_eq!(placer.bad_crcs, 0);
+        // Each frame's payload landed in its slot: the source's bytes, but for the slot number
+        // in its first four and the CRC-32 in its last four.
+        for slot in [0usize, 17, 31] {
+            let at = slot * MESSAGE_FRAME;
+            assert_eq!(
+                &placer.memory[at + 4..at + MESSAGE_FRAME - 4],
+                &source.memory[at + 4..at + MESSAGE_FRAME - 4]
+            );
+            assert_eq!(&placer.memory[at..at + 4], &(slot as u32).to_le_bytes());
+        }
+        // A damaged frame is counted; runts and slots outside the buffers are ignored.
+        let len = source.build(&headers, &mut buf).unwrap();
+        buf[UDP_HEADERS + 100] ^= 1;
+        placer.take(&buf[..len]);
+        assert_eq!(placer.bad_crcs, 1);
+        placer.take(&[0xee; 10]);
+        buf[UDP_HEADERS..][..4].copy_from_slice(&9999u32.to_le_bytes());
+        placer.take(&buf[..len]);
+        assert!(
+            source.build(&headers, &mut [0u8; 100]).is_none(),
+            "no room, no frame"
+        );
     }
 
     #[test]

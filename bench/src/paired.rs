@@ -50,15 +50,20 @@ impl Paired {
         median(self.rounds.iter().map(|p| p.baseline).collect())
     }
 
+    /// Each round's ratio, in the order measured: "0.89, 0.96, 0.86".
+    pub fn ratios_text(&self) -> String {
+        let ratios: Vec<String> = self.ratios().iter().map(|r| format!("{r:.2}")).collect();
+        ratios.join(", ")
+    }
+
     /// For the goals table: the medians of both sides and each round's ratio, e.g.
     /// "medians 0.36 / 0.41 M/s; rounds 0.89, 0.96, 0.86".
     pub fn describe(&self, unit: &str) -> String {
-        let ratios: Vec<String> = self.ratios().iter().map(|r| format!("{r:.2}")).collect();
         format!(
             "medians {:.2} / {:.2} {unit}; rounds {}",
             self.median_xroce().unwrap_or(f64::NAN),
             self.median_baseline().unwrap_or(f64::NAN),
-            ratios.join(", ")
+            self.ratios_text()
         )
     }
 }

@@ -69,15 +69,20 @@ Environment:
                      raw-stream-4k-reading: the same with a receiver that reads
                      each frame (CRC-32 and a copy, as a RoCE receiver must);
                      raw-stream-64: raw AF_XDP's 64 B packet rate and its sender's
-                     CPU per frame (next to `ib_send_bw -s 64`)";
+                     CPU per frame (next to `ib_send_bw -s 64`);
+                     raw-messages-1, raw-messages-256: raw AF_XDP moving 64 KiB
+                     messages between 1 or 256 pairs of buffers, copied and
+                     checked as a RoCE stack must (next to `ib_write_bw -q 1/256`)";
 
 /// The parts `XROCE_BENCH_ONLY` can pick.
-const BENCH_PARTS: [&str; 6] = [
+const BENCH_PARTS: [&str; 8] = [
     "pingpong",
     "stream-4k",
     "stream-64k",
     "raw-stream-4k",
     "raw-stream-4k-reading",
+    "raw-messages-1",
+    "raw-messages-256",
     "raw-stream-64",
 ];
 
@@ -169,6 +174,15 @@ fn run() {
                     frames / stream_for().as_secs_f64() / 1e6,
                     s.sender_cpu.user_s * 1e6 / frames,
                     s.sender_cpu.sys_s * 1e6 / frames
+                );
+            }
+            "raw-messages-1" | "raw-messages-256" => {
+                let messages = if only == "raw-messages-1" { 1 } else { 256 };
+                let s = baseline::xsk_message_stream(&pair, messages, stream_for());
+                eprintln!(
+                    "raw AF_XDP 64 KiB messages between {messages} pair(s) of buffers {:.0} MB/s; {}",
+                    s.mb_per_s,
+                    per_frame(s.sender_cpu, s.mb_per_s)
                 );
             }
             other => unreachable!("XROCE_BENCH_ONLY {other:?} was checked on start"),
@@ -423,11 +437,10 @@ struct PingRound {
 /// "1.47× raw AF_XDP (rounds 1.45, 1.52, 1.47)": the median of the rounds' ratios to `of`,
 /// and each round's.
 fn ratio(c: &Paired, of: &str) -> String {
-    let rounds: Vec<String> = c.ratios().iter().map(|r| format!("{r:.2}")).collect();
     format!(
         "{:.2}× {of} (rounds {})",
         c.median_ratio().unwrap_or(f64::NAN),
-        rounds.join(", ")
+        c.ratios_text()
     )
 }
 

@@ -331,22 +331,29 @@ fn run() {
         .map(|l| l.mb_per_s)
         .map_err(|e| format!("ib_write_bw -q {q}: {e}"))
     };
+    // In the same rounds, raw AF_XDP moves 64 KiB messages between 256 pairs of buffers and
+    // between one pair, copying and checking each frame as a RoCE stack must: what the memory
+    // of 256 QPs costs a stack that copies, with no protocol in it.
+    let raw_messages =
+        |messages: usize| baseline::xsk_message_stream(&x.pair, messages, stream_for).mb_per_s;
     let mut scale = Paired::default();
+    let mut scale_raw = Paired::default();
+    let mut one_vs_raw = Paired::default();
     for round in 0..rounds {
         p.say(&format!(
-            "ib_write_bw 64 KiB with 256 QPs and with 1 QP over xroce, back to back, round {} of \
-             {rounds}",
+            "ib_write_bw 64 KiB with 256 QPs and with 1 QP over xroce, and raw AF_XDP's messages \
+             between 256 and 1 pairs of buffers, back to back, round {} of {rounds}",
             round + 1
         ));
-        // 256 QPs in xroce's place of the pairing, 1 QP in its baseline's.
-        let (many, one) = paired::in_order(
-            paired::xroce_first(round),
-            || write_qps(256),
-            || write_qps(1),
-        );
+        let first = paired::xroce_first(round);
+        // 256 in the "xroce" place of each pairing, 1 in its baseline's.
+        let (many, one) = paired::in_order(first, || write_qps(256), || write_qps(1));
         let many = many.map_err(|e| r.notes.push(e)).ok();
         let one = one.map_err(|e| r.notes.push(e)).ok();
         scale.push(many, one);
+        let (raw_many, raw_one) = paired::in_order(first, || raw_messages(256), || raw_messages(1));
+        scale_raw.push(Some(raw_many), Some(raw_one));
+        one_vs_raw.push(one, Some(raw_one));
     }
     let mut scale_rows = vec![(1, scale.median_baseline()), (256, scale.median_xroce())];
     if !opts.quick {
@@ -365,12 +372,47 @@ fn run() {
             ));
         }
     }
+    for (buffers, mb_per_s) in [
+        (1, scale_raw.median_baseline()),
+        (256, scale_raw.median_xroce()),
+    ] {
+        if let Some(v) = mb_per_s {
+            r.rows.push(Row::new(
+                SCALE,
+                &format!(
+                    "64 KiB messages, {buffers} pair{} of buffers",
+                    if buffers == 1 { "" } else { "s" }
+                ),
+                65536,
+                RAW_MESSAGES,
+                Kind::MegabytesPerSecond,
+                v,
+            ));
+        }
+    }
     r.notes.push(format!(
         "Scale: 1 QP and 256 QPs ran back to back in {} rounds (alternating which went first); \
          their rows are the medians of the rounds, the goal the median of the rounds' ratios. \
          16 QPs ran once.",
         scale.rounds.len()
     ));
+    if let (Some(raw), Some(xroce)) = (scale_raw.median_ratio(), scale.median_ratio()) {
+        r.notes.push(format!(
+            "Scale, what copying costs: in the same rounds raw AF_XDP moved 64 KiB messages \
+             between 256 pairs of 64 KiB buffers (16 MiB a side, as 256 QPs each writing its own \
+             64 KiB) \
+             and between one pair, the sender copying each 4 KiB frame's payload out of its \
+             message's buffer and computing a CRC-32 over the frame, the receiver checking the \
+             CRC-32 and copying the payload into the same message's buffer on its side: the \
+             work a RoCE stack that copies cannot avoid, without a protocol. 256 against 1: \
+             {raw:.2}× (rounds {}); xroce's 256 QPs against 1 QP: {xroce:.2}×, {:.2} of raw's \
+             ratio. xroce's 1 QP is {:.2}× raw's one pair of buffers (rounds {}).",
+            scale_raw.ratios_text(),
+            xroce / raw,
+            one_vs_raw.median_ratio().unwrap_or(f64::NAN),
+            one_vs_raw.ratios_text(),
+        ));
+    }
 
     // CPU per Gbit/s: both processes, all their threads, over a streaming WRITE run, less
     // what a run of a handful of WRITEs costs (start, connection set-up, teardown), so that
@@ -941,6 +983,9 @@ const RAW_ONE_WAY: &str = "raw AF_XDP (busy-polled)";
 const RAW_TWO_FRAMES: &str = "raw AF_XDP, 2 frames per turn (RC's answer + ACK)";
 /// The raw AF_XDP stream whose receiver reads each frame as a RoCE receiver must.
 const RAW_READING: &str = "raw AF_XDP, receiver reads each frame (CRC-32 + copy)";
+/// Raw AF_XDP moving 64 KiB messages between buffers as a copying RoCE stack must
+/// (`baseline::xsk_message_stream`).
+const RAW_MESSAGES: &str = "raw AF_XDP, copied from and into the buffers (CRC-32 both ends)";
 
 /// A baseline's round trip as one-way latency (half), like perftest's SEND/WRITE numbers.
 fn one_way(section: &str, size: u64, method: &str, rt: RoundTrip) -> Row {
@@ -1095,12 +1140,7 @@ fn goals(
                 .collect::<Vec<_>>()
                 .join(", "),
             b2b.write_vs_reading.median_ratio().unwrap_or(f64::NAN),
-            b2b.write_vs_reading
-                .ratios()
-                .iter()
-                .map(|r| format!("{r:.2}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            b2b.write_vs_reading.ratios_text(),
         ));
     }
     ratio_goal(
