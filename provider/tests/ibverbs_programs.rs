@@ -25,9 +25,12 @@ const PORT: u16 = 18515;
 /// clock at start-up); one rig at a time keeps their runs independent of each other.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Two namespaces, each with an xroce device `xr0` on its end of the veth.
+/// Two namespaces, each with an xroce device `xr0` on its end of the veth; or (see
+/// [`Rig::one_namespace`]) both ends in namespace 0, with devices `xr0` and `xr1`.
 struct Rig {
     pair: NetnsPair,
+    /// Both veth ends, and both devices, are in namespace 0.
+    one_namespace: bool,
     xroce: PathBuf,
     provider: PathBuf,
     /// Released last, after the namespaces are gone (fields drop in order).
@@ -51,6 +54,71 @@ impl Rig {
         Rig::create(prefix, mtu, false, true)
     }
 
+    /// Both ends of the veth pair in namespace 0, each with its address and an xroce device
+    /// (`xr0` and `xr1`): two NICs of one host cabled together. Programs pick their device
+    /// with `-d` ([`Rig::exec`] adds it).
+    fn one_namespace(prefix: &str, mtu: u32) -> Rig {
+        let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let pair = NetnsPair::new(prefix, mtu).expect("create namespaces");
+        let (end, ns0) = (pair.iface(1), pair.ns_name(0));
+        let out = pair
+            .exec(1, &format!("ip link set {end} netns {ns0}"))
+            .expect("move the veth end");
+        assert!(out.status.success(), "moving {end}: {out:?}");
+        let out = pair
+            .exec(
+                0,
+                &format!(
+                    "ip addr add {}/24 dev {end} && ip link set {end} up",
+                    pair.ipv4(1)
+                ),
+            )
+            .expect("address the moved end");
+        assert!(out.status.success(), "addressing {end}: {out:?}");
+        let rig = Rig {
+            pair,
+            one_namespace: true,
+            xroce: built("xroce"),
+            provider: built("libxroce_provider.so"),
+            _serial: serial,
+        };
+        for side in 0..2 {
+            let mut cmd = rig.pair.command(0, &rig.xroce);
+            cmd.args([
+                "link",
+                "add",
+                rig.device(side),
+                "netdev",
+                rig.pair.iface(side),
+            ]);
+            let out = run_bounded(cmd, Duration::from_secs(60)).expect("run xroce link add");
+            assert!(
+                out.status.success(),
+                "xroce link add failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        rig
+    }
+
+    /// The xroce device on `side`'s end of the veth.
+    fn device(&self, side: usize) -> &'static str {
+        if self.one_namespace && side == 1 {
+            "xr1"
+        } else {
+            DEV
+        }
+    }
+
+    /// The namespace `side`'s end of the veth is in.
+    fn namespace(&self, side: usize) -> usize {
+        if self.one_namespace {
+            0
+        } else {
+            side
+        }
+    }
+
     fn create(prefix: &str, mtu: u32, ipv6: bool, bridges: bool) -> (Rig, [String; 2]) {
         let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let pair = if ipv6 {
@@ -61,6 +129,7 @@ impl Rig {
         .expect("create namespaces");
         let rig = Rig {
             pair,
+            one_namespace: false,
             xroce: built("xroce"),
             provider: built("libxroce_provider.so"),
             _serial: serial,
@@ -93,13 +162,18 @@ impl Rig {
         (rig, printed)
     }
 
-    /// `xroce exec -- args...` in namespace `side`.
+    /// `xroce exec -- args...` in `side`'s namespace (with `-d` naming `side`'s device when
+    /// both are in one namespace).
     fn exec(&self, side: usize, args: &[&str]) -> Command {
-        let mut cmd = self.pair.command(side, &self.xroce);
-        cmd.arg("exec")
-            .arg("--")
-            .args(args)
-            .env("XROCE_PROVIDER", &self.provider);
+        let mut cmd = self.pair.command(self.namespace(side), &self.xroce);
+        cmd.arg("exec").arg("--");
+        match args.split_first() {
+            Some((program, rest)) if self.one_namespace => {
+                cmd.arg(program).args(["-d", self.device(side)]).args(rest)
+            }
+            _ => cmd.args(args),
+        };
+        cmd.env("XROCE_PROVIDER", &self.provider);
         cmd
     }
 
@@ -131,8 +205,22 @@ impl Rig {
     /// busy 2-core machine) it refuses to print a report. That is perftest and the machine, not
     /// xroce, so such a run is repeated (at most twice more).
     fn server_client(&self, args: &[&str]) -> (String, String) {
+        self.server_client_counted(args, None)
+    }
+
+    /// [`Rig::server_client`], the client's engines adding their counters to `stats`
+    /// (`XROCE_STATS_FILE`).
+    fn server_client_with_stats(&self, args: &[&str], stats: &std::path::Path) -> (String, String) {
+        self.server_client_counted(args, Some(stats))
+    }
+
+    fn server_client_counted(
+        &self,
+        args: &[&str],
+        stats: Option<&std::path::Path>,
+    ) -> (String, String) {
         for attempt in 1.. {
-            match self.try_server_client(args) {
+            match self.try_server_client(args, stats) {
                 Ok(r) => return r,
                 Err(msg) if attempt < 3 && msg.contains("Correlation coefficient r^2") => {
                     eprintln!("{args:?}: perftest could not calibrate its clock; running again");
@@ -145,14 +233,23 @@ impl Rig {
 
     /// Runs `args` as the server in namespace 0 and `args SERVER_IP` as the client in namespace
     /// 1; both must exit 0. Returns (server, client) output, or the failure with both outputs.
-    fn try_server_client(&self, args: &[&str]) -> Result<(String, String), String> {
+    fn try_server_client(
+        &self,
+        args: &[&str],
+        stats: Option<&std::path::Path>,
+    ) -> Result<(String, String), String> {
         let server_cmd = self.exec(0, args);
         let server = std::thread::spawn(move || run_bounded(server_cmd, PROGRAM_TIMEOUT));
         self.wait_listening();
         let ip = self.pair.ipv4(0).to_string();
         let mut client_args = args.to_vec();
         client_args.push(&ip);
-        let client = self.run(1, &client_args);
+        let mut client_cmd = self.exec(1, &client_args);
+        if let Some(stats) = stats {
+            client_cmd.env("XROCE_STATS_FILE", stats);
+        }
+        let client = run_bounded(client_cmd, PROGRAM_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{client_args:?}: {e}"));
         let server = server
             .join()
             .expect("server thread")
@@ -179,8 +276,8 @@ impl Rig {
 impl Drop for Rig {
     fn drop(&mut self) {
         for side in 0..2 {
-            let mut cmd = self.pair.command(side, &self.xroce);
-            cmd.args(["link", "del", DEV]);
+            let mut cmd = self.pair.command(self.namespace(side), &self.xroce);
+            cmd.args(["link", "del", self.device(side)]);
             let _ = run_bounded(cmd, Duration::from_secs(30));
         }
     }
@@ -296,7 +393,7 @@ fn rdma_core_pingpong_programs() {
     // Without `-g` the examples send no GID, which RoCE cannot route (rdma_rxe refuses it
     // too): the connection fails, and the user is told what to give.
     let failure = rig
-        .try_server_client(&["ibv_rc_pingpong", "-n", "10"])
+        .try_server_client(&["ibv_rc_pingpong", "-n", "10"], None)
         .expect_err("ibv_rc_pingpong without a GID index connected");
     assert!(
         failure.contains("Failed to modify QP to RTR")
@@ -405,6 +502,53 @@ fn programs_using_rdma_cm_are_told_why_it_cannot_work() {
         1,
         "said more than once: {stderr}"
     );
+}
+
+/// Two xroce devices in one namespace, on the two ends of a veth pair (two NICs of one host
+/// cabled together; a CI machine's root namespace): each reaches the other's addresses over
+/// the link, though the kernel routes the host's own addresses through its loopback
+/// interface and answers no ARP for them there. RC over IPv4 and over link-local IPv6 GIDs,
+/// and perftest's WRITE and READ; every frame went over the veth (none looped back inside an
+/// engine, none to the wrong interface).
+#[test]
+fn two_devices_in_one_namespace_reach_each_other_over_their_link() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::one_namespace("xr1ns", 1500);
+    let stats = std::env::temp_dir().join(format!("xroce-one-ns-{}.stats", std::process::id()));
+    let _ = std::fs::remove_file(&stats);
+    let mut sent = 0;
+    for args in [
+        &["ibv_rc_pingpong", "-g", "1", "-n", "200"][..],
+        &["ibv_rc_pingpong", "-g", "0", "-n", "200"],
+        &["ib_write_bw", "-x", "1", "-n", "500"],
+        &["ib_read_bw", "-x", "1", "-n", "500"],
+    ] {
+        if args[2] == "0" {
+            rig.wait_ipv6_ready();
+        }
+        let (s, c) = rig.server_client_with_stats(args, &stats);
+        let done = if args[0] == "ibv_rc_pingpong" {
+            "200 iters"
+        } else {
+            "65536"
+        };
+        assert!(
+            c.contains(done),
+            "{args:?}: no result:\n{c}\n--- server:\n{s}"
+        );
+        let counters = read_stats(&stats);
+        assert!(
+            counters["tx_frames"] > sent,
+            "{args:?}: the client sent nothing over the link: {counters:?}"
+        );
+        sent = counters["tx_frames"];
+        for none in ["tx_loopback", "tx_wrong_interface", "retry_exceeded"] {
+            assert_eq!(counters[none], 0, "{args:?}: {none}: {counters:?}");
+        }
+    }
+    let _ = std::fs::remove_file(&stats);
 }
 
 #[test]
@@ -900,7 +1044,7 @@ impl Rig {
         let out = self
             .pair
             .exec(
-                side,
+                self.namespace(side),
                 &format!(
                     "ip -6 -o addr show dev {} scope link",
                     self.pair.iface(side)

@@ -97,25 +97,74 @@ pub struct Resolved {
 
 impl Probe {
     pub fn wait(self, timeout: Duration) -> Result<Resolved, AddressingError> {
-        let route = netlink::route_from(self.dst, self.ifindex)?;
-        if route.oif != self.ifindex {
-            let iface = netlink::interface_by_index(self.ifindex)
-                .map(|i| i.name)
-                .unwrap_or_default();
-            return Err(AddressingError::OtherInterface {
-                dst: self.dst,
-                oif: route.oif,
-                iface,
-                ifindex: self.ifindex,
-            });
-        }
-        let mac = netlink::resolve(self.ifindex, self.dst, route.gateway, timeout)?;
+        let mut netlink = Netlink::open()?;
+        let (hop, mac) = match way_to(&mut netlink, self.dst, self.ifindex)? {
+            Way::OtherInterface { oif } => {
+                let iface = netlink::interface_by_index(self.ifindex)
+                    .map(|i| i.name)
+                    .unwrap_or_default();
+                return Err(AddressingError::OtherInterface {
+                    dst: self.dst,
+                    oif,
+                    iface,
+                    ifindex: self.ifindex,
+                });
+            }
+            Way::LocalInterface { mac } => (self.dst, mac),
+            Way::Neighbour { hop, gateway } => (
+                hop,
+                netlink.resolve(self.ifindex, self.dst, gateway, timeout)?,
+            ),
+        };
         Ok(Resolved {
-            hop: route.next_hop(self.dst),
+            hop,
             mac,
             changes_at: self.changes_at,
         })
     }
+}
+
+/// How a destination is reached from the engine's interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Over the link to `hop` (the destination on-link, else `gateway`), at the MAC the
+    /// kernel's neighbour table has for it.
+    Neighbour {
+        hop: IpAddr,
+        gateway: Option<IpAddr>,
+    },
+    /// An address of another interface of this network namespace: over the engine's link
+    /// straight to that interface's MAC, as between two NICs of one host cabled together
+    /// (two xroce devices on the two ends of a veth pair). The kernel itself would deliver
+    /// such a packet through its loopback interface, and answers no ARP for it on the link.
+    LocalInterface { mac: [u8; 6] },
+    /// The route leaves by another interface `oif` (the loopback interface for the engine's
+    /// own addresses, which the transport loops back before asking).
+    OtherInterface { oif: u32 },
+}
+
+fn way_to(netlink: &mut Netlink, dst: IpAddr, ifindex: u32) -> Result<Way, NetlinkError> {
+    let route = netlink.route_from(dst, ifindex)?;
+    if route.local {
+        if let Some(owner) = netlink
+            .interface_with_address(dst)?
+            .filter(|&owner| owner != ifindex)
+        {
+            // An interface without a MAC (the loopback interface itself) is no link's end.
+            if let Ok(other) = netlink.interface_by_index(owner) {
+                if other.mac != [0; 6] {
+                    return Ok(Way::LocalInterface { mac: other.mac });
+                }
+            }
+        }
+    }
+    if route.oif != ifindex {
+        return Ok(Way::OtherInterface { oif: route.oif });
+    }
+    Ok(Way::Neighbour {
+        hop: route.next_hop(dst),
+        gateway: route.gateway,
+    })
 }
 
 impl Neighbours {
@@ -200,21 +249,19 @@ impl Neighbours {
         }
         let next_try = now + RETRY;
         let ip = std_address(dst);
-        let entry = match self.netlink.route_from(ip, self.iface.index) {
-            Ok(route) if route.oif != self.iface.index => Entry::OtherInterface { next_try },
-            Ok(route) => {
-                let hop = route.next_hop(ip);
-                match self.netlink.neighbour(self.iface.index, hop) {
-                    Ok(Some(mac)) => Entry::Known {
-                        mac,
-                        hop: core_address(hop),
-                    },
-                    _ => {
-                        let _ = self.netlink.solicit(self.iface.index, hop);
-                        Entry::Pending { next_try }
-                    }
+        let entry = match way_to(&mut self.netlink, ip, self.iface.index) {
+            Ok(Way::OtherInterface { .. }) => Entry::OtherInterface { next_try },
+            Ok(Way::LocalInterface { mac }) => Entry::Known { mac, hop: dst },
+            Ok(Way::Neighbour { hop, .. }) => match self.netlink.neighbour(self.iface.index, hop) {
+                Ok(Some(mac)) => Entry::Known {
+                    mac,
+                    hop: core_address(hop),
+                },
+                _ => {
+                    let _ = self.netlink.solicit(self.iface.index, hop);
+                    Entry::Pending { next_try }
                 }
-            }
+            },
             Err(_) => Entry::Pending { next_try },
         };
         self.cache.insert(dst, entry);
@@ -229,13 +276,15 @@ impl Neighbours {
     pub fn apply(&mut self, dev: &mut Device, change: Change) -> Applied {
         if matches!(
             change,
-            Change::Neighbour(..) | Change::Routes | Change::Resync
+            Change::Neighbour(..) | Change::Routes | Change::Resync | Change::Link(_)
         ) {
             self.changes += 1;
         }
         match change {
             Change::Addresses(ifindex) if ifindex == self.iface.index => self.refresh_gids(dev),
             Change::Link(ifindex) if ifindex == self.iface.index => return self.refresh_link(dev),
+            // Another interface's MAC may be a destination's (see `Way::LocalInterface`).
+            Change::Link(_) => self.cache.clear(),
             Change::Resync => {
                 // Notifications were lost: read everything again.
                 if self.refresh_link(dev) == Applied::InterfaceGone {

@@ -42,19 +42,10 @@ impl Netlink {
         &mut self,
         ifindex: u32,
     ) -> Result<Vec<InterfaceAddress>, NetlinkError> {
-        let op = "RTM_GETADDR (dump)";
-        let replies = self.request(
-            op,
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            Kind::Dump,
-        )?;
         // Without strict checking the kernel ignores ifa_index in a dump request; filter here.
         let mut v4 = Vec::new();
         let mut v6 = Vec::new();
-        for m in replies {
-            let RouteNetlinkMessage::NewAddress(a) = m else {
-                continue;
-            };
+        for a in self.all_addresses()? {
             if a.header.index != ifindex {
                 continue;
             }
@@ -67,6 +58,31 @@ impl Netlink {
         }
         v4.extend(v6);
         Ok(v4)
+    }
+
+    /// The interface that has address `ip` (tentative or not), if any has it.
+    pub fn interface_with_address(&mut self, ip: IpAddr) -> Result<Option<u32>, NetlinkError> {
+        Ok(self
+            .all_addresses()?
+            .into_iter()
+            .find(|a| entry_from(a).is_some_and(|e| e.ip == ip))
+            .map(|a| a.header.index))
+    }
+
+    /// Every address of every interface, as the kernel lists them (`RTM_GETADDR` dump).
+    fn all_addresses(&mut self) -> Result<Vec<AddressMessage>, NetlinkError> {
+        let replies = self.request(
+            "RTM_GETADDR (dump)",
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            Kind::Dump,
+        )?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(a) => Some(a),
+                _ => None,
+            })
+            .collect())
     }
 
     /// The addresses of interface `ifindex`, all of them (tentative ones included), in the

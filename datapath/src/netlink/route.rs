@@ -19,6 +19,9 @@ pub struct Route {
     pub gateway: Option<IpAddr>,
     /// The source address the kernel would choose.
     pub prefsrc: Option<IpAddr>,
+    /// The destination is one of this namespace's own addresses (a `local` route: the kernel
+    /// would deliver it to itself, through the loopback interface).
+    pub local: bool,
 }
 
 impl Route {
@@ -147,6 +150,7 @@ fn route_from(msg: &RouteMessage, dst: IpAddr, op: &'static str) -> Result<Route
         oif,
         gateway,
         prefsrc,
+        local: msg.header.kind == RouteType::Local,
     })
 }
 
