@@ -465,8 +465,9 @@ fn a_second_program_on_a_device_is_told_which_process_has_it() {
     assert!(
         stderr.contains("in use by process ")
             && stderr.contains("(ibv_rc_pingpong)")
-            && stderr.contains("one RDMA process at a time"),
-        "the error does not name the program in the way: {stderr}"
+            && stderr.contains("one RDMA process at a time")
+            && stderr.contains("need a device each"),
+        "the error does not name the program in the way, or what to do: {stderr}"
     );
     assert!(
         shown.contains(&format!(

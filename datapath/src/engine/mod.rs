@@ -124,7 +124,9 @@ pub enum EngineError {
     /// at a time.
     #[error(
         "queue {queue} of {iface} is in use by {}: an AF_XDP queue takes one socket, so an \
-         xroce device serves one RDMA process at a time",
+         xroce device serves one RDMA process at a time (a server and a client on one machine \
+         need a device each, e.g. on the two ends of a veth pair: see the README, \"Both ends \
+         on one machine\")",
         holder.as_ref().map_or_else(|| "another AF_XDP socket (another xroce engine?)".to_string(), |h| h.to_string())
     )]
     QueueInUse {
