@@ -530,9 +530,23 @@ fn route_get_on_link_via_gateway_and_unreachable() {
         assert_eq!(r.oif, ifindex);
         assert_eq!(r.gateway, None);
 
-        // Our own address: the local route, by the loopback interface.
+        // Our own address: the local route, by the loopback interface; the interface that
+        // has it is ours. Destinations elsewhere are not local.
         let r = netlink::route_get(lab.addr(1)).expect("local");
         assert_ne!(r.oif, ifindex);
+        assert!(r.local, "{r:?}");
+        assert!(!netlink::route_get(lab.addr(2)).expect("on-link").local);
+        assert!(!netlink::route_get(far).expect("via gateway").local);
+        let mut nl = netlink::Netlink::open().expect("netlink");
+        for own in [lab.addr(1), lab.addr6(1)] {
+            assert_eq!(
+                nl.interface_with_address(own).expect("address dump"),
+                Some(ifindex),
+                "{own}"
+            );
+        }
+        // The peer's address is in the other namespace: no interface here has it.
+        assert_eq!(nl.interface_with_address(lab.addr(2)).expect("dump"), None);
 
         // No route (the namespace has no default route), an unreachable and a blackhole route.
         for dst in [
