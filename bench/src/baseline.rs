@@ -60,6 +60,9 @@ pub struct Stream {
     pub both_ends_cpu: CpuTime,
     /// Payload delivered, Gbit.
     pub delivered_gbit: f64,
+    /// Frames the receiver found damaged (a checksum that did not match), not counted as
+    /// delivered; none on a working path.
+    pub damaged: u64,
 }
 
 impl Stream {
@@ -532,17 +535,20 @@ pub fn xsk_stream(pair: &NetnsPair, payload: usize, duration: Duration, sink: Si
             if sink == Sink::Reading {
                 reader.take(f);
             }
+            true
         },
         move |iface, own, peer| xsk_send_stream(iface, own, peer, payload, duration),
     )
 }
 
 /// A raw AF_XDP stream from namespace 0 to namespace 1 of `pair`: the receiver hands each
-/// frame to `take` until the sender is done; `send` runs in namespace 0 with its interface,
-/// its address and the receiver's, and returns the time it sent for and the CPU it used.
+/// frame to `take` until the sender is done, which says whether the frame was intact (a
+/// damaged one is counted as such, not as delivered); `send` runs in namespace 0 with its
+/// interface, its address and the receiver's, and returns the time it sent for and the CPU
+/// it used.
 fn raw_stream(
     pair: &NetnsPair,
-    mut take: impl FnMut(&[u8]) + Send + 'static,
+    mut take: impl FnMut(&[u8]) -> bool + Send + 'static,
     send: impl FnOnce(&str, Ipv4Addr, Ipv4Addr) -> Result<(Duration, CpuTime), String> + Send,
 ) -> Stream {
     let (a, b) = (pair.ipv4(0), pair.ipv4(1));
@@ -555,8 +561,11 @@ fn raw_stream(
         ready_tx.send(()).ok();
         while !counter.stopped() {
             end.sock.recv(64, &mut |f| {
-                take(f);
-                counter.add(f.len().saturating_sub(UDP_HEADERS))
+                if take(f) {
+                    counter.add(f.len().saturating_sub(UDP_HEADERS))
+                } else {
+                    counter.add_damaged()
+                }
             });
         }
         // What `take` kept (checksums, placed payloads) must not be optimised away.
@@ -677,33 +686,32 @@ impl MessageSource {
 /// payload where its slot says.
 struct MessagePlacer {
     memory: Vec<u8>,
-    /// Frames whose CRC-32 did not match (none on a veth pair); read at the end, so that
-    /// nothing is optimised away.
-    bad_crcs: u64,
 }
 
 impl MessagePlacer {
     fn new(messages: usize) -> Self {
         MessagePlacer {
             memory: (0..messages.max(1) * MESSAGE).map(|i| i as u8).collect(),
-            bad_crcs: 0,
         }
     }
 
-    fn take(&mut self, frame: &[u8]) {
+    /// Checks and places one frame; `false` for one that is damaged (too short, a CRC-32
+    /// that does not match), which is dropped as a RoCE receiver drops a bad ICRC.
+    fn take(&mut self, frame: &[u8]) -> bool {
         let Some(payload) = frame.get(UDP_HEADERS..) else {
-            return;
+            return false;
         };
         let (Some(slot), Some(crc)) = (payload.first_chunk::<4>(), frame.last_chunk::<4>()) else {
-            return;
+            return false;
         };
         if crc32fast::hash(&frame[..frame.len() - 4]) != u32::from_le_bytes(*crc) {
-            self.bad_crcs += 1;
+            return false;
         }
         let at = u32::from_le_bytes(*slot) as usize * MESSAGE_FRAME;
         if let Some(place) = self.memory.get_mut(at..at + payload.len()) {
             place.copy_from_slice(payload);
         }
+        true
     }
 }
 
@@ -817,6 +825,7 @@ impl FrameReader {
 struct Counter {
     bytes: Arc<AtomicU64>,
     messages: Arc<AtomicU64>,
+    damaged: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     /// This process's CPU time before the receiver started.
     process_cpu_at_start: CpuTime,
@@ -827,6 +836,7 @@ impl Counter {
         Counter {
             bytes: Arc::new(AtomicU64::new(0)),
             messages: Arc::new(AtomicU64::new(0)),
+            damaged: Arc::new(AtomicU64::new(0)),
             stop: Arc::new(AtomicBool::new(false)),
             process_cpu_at_start: CpuTime::process(),
         }
@@ -835,6 +845,10 @@ impl Counter {
     fn add(&self, bytes: usize) {
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         self.messages.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn add_damaged(&self) {
+        self.damaged.fetch_add(1, Ordering::Relaxed);
     }
 
     fn stopped(&self) -> bool {
@@ -859,6 +873,7 @@ impl Counter {
             sender_cpu,
             both_ends_cpu: CpuTime::process().minus(self.process_cpu_at_start),
             delivered_gbit: self.bytes.load(Ordering::Relaxed) as f64 * 8.0 / 1e9,
+            damaged: self.damaged.load(Ordering::Relaxed),
         }
     }
 }
@@ -926,7 +941,7 @@ mod tests {
             slots.push(u32::from_le_bytes(
                 buf[UDP_HEADERS..][..4].try_into().unwrap(),
             ));
-            placer.take(&buf[..len]);
+            assert!(placer.take(&buf[..len]), "an intact frame");
         }
         let per_message = (MESSAGE / MESSAGE_FRAME) as u32;
         let expected: Vec<u32> = (0..2 * per_message).chain(0..per_message).collect();
@@ -934,7 +949,6 @@ mod tests {
             slots, expected,
             "16 frames of a message, then the next message"
         );
-        assert_eq!(placer.bad_crcs, 0);
         // Each frame's payload landed in its slot: the source's bytes, but for the slot number
         // in its first four and the CRC-32 in its last four.
         for slot in [0usize, 17, 31] {
@@ -945,14 +959,23 @@ mod tests {
             );
             assert_eq!(&placer.memory[at..at + 4], &(slot as u32).to_le_bytes());
         }
-        // A damaged frame is counted; runts and slots outside the buffers are ignored.
+        // A damaged frame and a runt are refused, and the damaged one is not placed; a slot
+        // outside the buffers is ignored without a panic.
         let len = source.build(&headers, &mut buf).unwrap();
+        let slot = u32::from_le_bytes(buf[UDP_HEADERS..][..4].try_into().unwrap()) as usize;
         buf[UDP_HEADERS + 100] ^= 1;
-        placer.take(&buf[..len]);
-        assert_eq!(placer.bad_crcs, 1);
-        placer.take(&[0xee; 10]);
+        assert!(!placer.take(&buf[..len]));
+        assert_ne!(
+            placer.memory[slot * MESSAGE_FRAME + 100],
+            buf[UDP_HEADERS + 100],
+            "a damaged frame was placed"
+        );
+        assert!(!placer.take(&[0xee; 10]));
+        buf[UDP_HEADERS + 100] ^= 1;
         buf[UDP_HEADERS..][..4].copy_from_slice(&9999u32.to_le_bytes());
-        placer.take(&buf[..len]);
+        let crc = crc32fast::hash(&buf[..len - 4]);
+        buf[len - 4..len].copy_from_slice(&crc.to_le_bytes());
+        assert!(placer.take(&buf[..len]));
         assert!(
             source.build(&headers, &mut [0u8; 100]).is_none(),
             "no room, no frame"

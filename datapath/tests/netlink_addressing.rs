@@ -537,16 +537,36 @@ fn route_get_on_link_via_gateway_and_unreachable() {
         assert!(r.local, "{r:?}");
         assert!(!netlink::route_get(lab.addr(2)).expect("on-link").local);
         assert!(!netlink::route_get(far).expect("via gateway").local);
+        // Another interface of this namespace with an address in our subnet is taken for one
+        // on our link; one in another subnet, our own address and the peer's (in the other
+        // namespace) are not. (Added last: a second route to our subnet could have changed
+        // the routes above.)
+        lab.ip_a(&[
+            "link", "add", "xrnlx0", "type", "veth", "peer", "name", "xrnlx1",
+        ]);
+        lab.ip_a(&["addr", "add", &format!("10.231.{n}.77/24"), "dev", "xrnlx0"]);
+        lab.ip_a(&["addr", "add", &format!("10.232.{n}.1/24"), "dev", "xrnlx1"]);
+        lab.ip_a(&["link", "set", "xrnlx0", "up"]);
+        lab.ip_a(&["link", "set", "xrnlx1", "up"]);
         let mut nl = netlink::Netlink::open().expect("netlink");
-        for own in [lab.addr(1), lab.addr6(1)] {
+        let other = netlink::interface_by_name("xrnlx0")
+            .expect("second veth")
+            .index;
+        assert_eq!(
+            nl.other_interface_on_subnet(ifindex, lab.addr(77))
+                .expect("dump"),
+            Some(other)
+        );
+        let elsewhere = ip_of(&format!("10.232.{n}.1"));
+        assert!(netlink::route_get(elsewhere).expect("local").local);
+        for not_on_link in [elsewhere, lab.addr(1), lab.addr6(1), lab.addr(2)] {
             assert_eq!(
-                nl.interface_with_address(own).expect("address dump"),
-                Some(ifindex),
-                "{own}"
+                nl.other_interface_on_subnet(ifindex, not_on_link)
+                    .expect("dump"),
+                None,
+                "{not_on_link}"
             );
         }
-        // The peer's address is in the other namespace: no interface here has it.
-        assert_eq!(nl.interface_with_address(lab.addr(2)).expect("dump"), None);
 
         // No route (the namespace has no default route), an unreachable and a blackhole route.
         for dst in [

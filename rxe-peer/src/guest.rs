@@ -369,6 +369,11 @@ impl Guest {
         // A qemu that another thread's restart started meanwhile is not left running.
         let replaced = std::mem::replace(&mut *self.child(), fresh.child().take());
         if let Some(mut old) = replaced {
+            let pid = old.id();
+            lab.qemus
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(p, _)| *p != pid);
             let _ = old.kill();
             let _ = old.wait();
         }

@@ -180,8 +180,10 @@ fn run() {
                 let messages = if only == "raw-messages-1" { 1 } else { 256 };
                 let s = baseline::xsk_message_stream(&pair, messages, stream_for());
                 eprintln!(
-                    "raw AF_XDP 64 KiB messages between {messages} pair(s) of buffers {:.0} MB/s; {}",
+                    "raw AF_XDP 64 KiB messages between {messages} pair(s) of buffers {:.0} MB/s \
+                     ({} damaged frames); {}",
                     s.mb_per_s,
+                    s.damaged,
                     per_frame(s.sender_cpu, s.mb_per_s)
                 );
             }

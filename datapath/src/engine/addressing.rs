@@ -51,6 +51,9 @@ enum Entry {
     Known {
         mac: [u8; 6],
         hop: IpAddress,
+        /// The other interface of this namespace whose MAC `mac` is (see
+        /// [`Way::LocalInterface`]); its link changes drop the entry.
+        owner: Option<u32>,
     },
     Pending {
         next_try: Instant,
@@ -91,6 +94,9 @@ pub struct Probe {
 pub struct Resolved {
     pub hop: IpAddr,
     pub mac: [u8; 6],
+    /// The other interface of the namespace the destination is, if it is one (see
+    /// [`Way::LocalInterface`]).
+    pub owner: Option<u32>,
     /// [`Neighbours::changes`] when the probe was prepared.
     pub changes_at: u64,
 }
@@ -98,7 +104,7 @@ pub struct Resolved {
 impl Probe {
     pub fn wait(self, timeout: Duration) -> Result<Resolved, AddressingError> {
         let mut netlink = Netlink::open()?;
-        let (hop, mac) = match way_to(&mut netlink, self.dst, self.ifindex)? {
+        let (hop, mac, owner) = match way_to(&mut netlink, self.dst, self.ifindex)? {
             Way::OtherInterface { oif } => {
                 let iface = netlink::interface_by_index(self.ifindex)
                     .map(|i| i.name)
@@ -110,15 +116,17 @@ impl Probe {
                     ifindex: self.ifindex,
                 });
             }
-            Way::LocalInterface { mac } => (self.dst, mac),
+            Way::LocalInterface { mac, owner } => (self.dst, mac, Some(owner)),
             Way::Neighbour { hop, gateway } => (
                 hop,
                 netlink.resolve(self.ifindex, self.dst, gateway, timeout)?,
+                None,
             ),
         };
         Ok(Resolved {
             hop,
             mac,
+            owner,
             changes_at: self.changes_at,
         })
     }
@@ -133,11 +141,13 @@ enum Way {
         hop: IpAddr,
         gateway: Option<IpAddr>,
     },
-    /// An address of another interface of this network namespace: over the engine's link
-    /// straight to that interface's MAC, as between two NICs of one host cabled together
-    /// (two xroce devices on the two ends of a veth pair). The kernel itself would deliver
-    /// such a packet through its loopback interface, and answers no ARP for it on the link.
-    LocalInterface { mac: [u8; 6] },
+    /// An address of another interface `owner` of this network namespace, in a subnet of
+    /// the engine's interface: over the engine's link straight to that interface's MAC, as
+    /// between two NICs of one host cabled together (two xroce devices on the two ends of a
+    /// veth pair). The kernel itself would deliver such a packet through its loopback
+    /// interface, and answers no ARP for it on the link. The host's addresses on other
+    /// networks stay [`Way::OtherInterface`], with its clear error.
+    LocalInterface { mac: [u8; 6], owner: u32 },
     /// The route leaves by another interface `oif` (the loopback interface for the engine's
     /// own addresses, which the transport loops back before asking).
     OtherInterface { oif: u32 },
@@ -146,14 +156,14 @@ enum Way {
 fn way_to(netlink: &mut Netlink, dst: IpAddr, ifindex: u32) -> Result<Way, NetlinkError> {
     let route = netlink.route_from(dst, ifindex)?;
     if route.local {
-        if let Some(owner) = netlink
-            .interface_with_address(dst)?
-            .filter(|&owner| owner != ifindex)
-        {
+        if let Some(owner) = netlink.other_interface_on_subnet(ifindex, dst)? {
             // An interface without a MAC (the loopback interface itself) is no link's end.
             if let Ok(other) = netlink.interface_by_index(owner) {
                 if other.mac != [0; 6] {
-                    return Ok(Way::LocalInterface { mac: other.mac });
+                    return Ok(Way::LocalInterface {
+                        mac: other.mac,
+                        owner,
+                    });
                 }
             }
         }
@@ -227,6 +237,7 @@ impl Neighbours {
             Entry::Known {
                 mac: found.mac,
                 hop: core_address(found.hop),
+                owner: found.owner,
             },
         );
     }
@@ -251,11 +262,16 @@ impl Neighbours {
         let ip = std_address(dst);
         let entry = match way_to(&mut self.netlink, ip, self.iface.index) {
             Ok(Way::OtherInterface { .. }) => Entry::OtherInterface { next_try },
-            Ok(Way::LocalInterface { mac }) => Entry::Known { mac, hop: dst },
+            Ok(Way::LocalInterface { mac, owner }) => Entry::Known {
+                mac,
+                hop: dst,
+                owner: Some(owner),
+            },
             Ok(Way::Neighbour { hop, .. }) => match self.netlink.neighbour(self.iface.index, hop) {
                 Ok(Some(mac)) => Entry::Known {
                     mac,
                     hop: core_address(hop),
+                    owner: None,
                 },
                 _ => {
                     let _ = self.netlink.solicit(self.iface.index, hop);
@@ -274,17 +290,31 @@ impl Neighbours {
 
     /// Follows a change the kernel announced.
     pub fn apply(&mut self, dev: &mut Device, change: Change) -> Applied {
+        let owner_changed =
+            |i: u32| move |e: &Entry| matches!(e, Entry::Known { owner: Some(o), .. } if *o == i);
+        let other_link = match change {
+            Change::Link(i) if i != self.iface.index => Some(i),
+            _ => None,
+        };
+        // Another interface's link change matters only to destinations that are that
+        // interface (see `Way::LocalInterface`); a busy host's other links change often.
+        let drops_entries = other_link.is_some_and(|i| self.cache.values().any(owner_changed(i)));
         if matches!(
             change,
-            Change::Neighbour(..) | Change::Routes | Change::Resync | Change::Link(_)
-        ) {
+            Change::Neighbour(..) | Change::Routes | Change::Resync
+        ) || drops_entries
+        {
             self.changes += 1;
         }
         match change {
             Change::Addresses(ifindex) if ifindex == self.iface.index => self.refresh_gids(dev),
             Change::Link(ifindex) if ifindex == self.iface.index => return self.refresh_link(dev),
-            // Another interface's MAC may be a destination's (see `Way::LocalInterface`).
-            Change::Link(_) => self.cache.clear(),
+            // Its MAC may have changed: the destinations that are that interface are looked
+            // up again.
+            Change::Link(i) if drops_entries => {
+                let is_owner = owner_changed(i);
+                self.cache.retain(|_, e| !is_owner(e));
+            }
             Change::Resync => {
                 // Notifications were lost: read everything again.
                 if self.refresh_link(dev) == Applied::InterfaceGone {
@@ -315,13 +345,20 @@ impl Neighbours {
         match mac {
             Some(mac) => {
                 for e in self.cache.values_mut() {
-                    if let Entry::Known { hop, mac: m } = e {
+                    if let Entry::Known { hop, mac: m, .. } = e {
                         if *hop == ip {
                             *m = mac;
                         }
                     }
                 }
-                self.cache.insert(ip, Entry::Known { mac, hop: ip });
+                self.cache.insert(
+                    ip,
+                    Entry::Known {
+                        mac,
+                        hop: ip,
+                        owner: None,
+                    },
+                );
             }
             None => self
                 .cache
@@ -441,6 +478,7 @@ mod tests {
                 Resolved {
                     hop: gw,
                     mac: old,
+                    owner: None,
                     changes_at: 0,
                 },
             );
@@ -450,6 +488,7 @@ mod tests {
             Resolved {
                 hop: near,
                 mac: [2, 0, 0, 0, 0, 3],
+                owner: None,
                 changes_at: 0,
             },
         );
@@ -483,6 +522,7 @@ mod tests {
             Resolved {
                 hop: near,
                 mac: old,
+                owner: None,
                 changes_at: probe_at,
             },
         );
@@ -494,10 +534,35 @@ mod tests {
             Resolved {
                 hop: near,
                 mac: new,
+                owner: None,
                 changes_at: probe_at,
             },
         );
         assert_eq!(cached(&n, far1), Some(new));
+
+        // A destination that is another interface of the namespace (index 7) is dropped when
+        // that interface's link changes, not when another one's does, and only then do
+        // resolutions under way lose their answer.
+        let other = ip("10.9.0.9");
+        let at = n.prepare(core_address(other)).changes_at;
+        n.learn(
+            core_address(other),
+            Resolved {
+                hop: other,
+                mac: [2, 0, 0, 0, 0, 9],
+                owner: Some(lo + 7),
+                changes_at: at,
+            },
+        );
+        let before = n.changes;
+        n.apply(&mut dev, Change::Link(lo + 8));
+        assert_eq!(cached(&n, other), Some([2, 0, 0, 0, 0, 9]));
+        assert_eq!(cached(&n, far1), Some(new));
+        assert_eq!(n.changes, before, "an unrelated link change");
+        n.apply(&mut dev, Change::Link(lo + 7));
+        assert_eq!(cached(&n, other), None);
+        assert_eq!(cached(&n, far1), Some(new), "a neighbour on the link stays");
+        assert_eq!(n.changes, before + 1);
     }
 
     #[test]

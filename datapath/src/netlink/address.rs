@@ -32,6 +32,20 @@ impl InterfaceAddress {
     pub fn usable(&self) -> bool {
         !self.tentative && !self.dad_failed
     }
+
+    /// Whether `ip` lies in this address's subnet (its prefix length), in the same family.
+    pub fn subnet_contains(&self, ip: IpAddr) -> bool {
+        let (own, other, bits) = match (self.ip, ip) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => {
+                (u128::from(u32::from(a)), u128::from(u32::from(b)), 32)
+            }
+            (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+            _ => return false,
+        };
+        let len = u32::from(self.prefix_len).min(bits);
+        // A /0 holds everything (and a shift by the full width would overflow).
+        len == 0 || own >> (bits - len) == other >> (bits - len)
+    }
 }
 
 impl Netlink {
@@ -60,13 +74,27 @@ impl Netlink {
         Ok(v4)
     }
 
-    /// The interface that has address `ip` (tentative or not), if any has it.
-    pub fn interface_with_address(&mut self, ip: IpAddr) -> Result<Option<u32>, NetlinkError> {
-        Ok(self
+    /// Another interface than `ifindex` that has address `ip` (tentative or not), when `ip`
+    /// lies in the subnet of one of `ifindex`'s own addresses: the one case in which `ip`
+    /// can be taken to sit on `ifindex`'s link (two interfaces of one host, on one link, in
+    /// one subnet; not the host's addresses on other networks, a bridge or the loopback).
+    pub fn other_interface_on_subnet(
+        &mut self,
+        ifindex: u32,
+        ip: IpAddr,
+    ) -> Result<Option<u32>, NetlinkError> {
+        let entries: Vec<(u32, InterfaceAddress)> = self
             .all_addresses()?
-            .into_iter()
-            .find(|a| entry_from(a).is_some_and(|e| e.ip == ip))
-            .map(|a| a.header.index))
+            .iter()
+            .filter_map(|a| Some((a.header.index, entry_from(a)?)))
+            .collect();
+        let on_subnet = entries
+            .iter()
+            .any(|(i, a)| *i == ifindex && a.subnet_contains(ip));
+        Ok(entries
+            .iter()
+            .find(|(i, a)| on_subnet && *i != ifindex && a.ip == ip)
+            .map(|(i, _)| *i))
     }
 
     /// Every address of every interface, as the kernel lists them (`RTM_GETADDR` dump).
@@ -239,6 +267,27 @@ mod tests {
         // Bits other than 0x02 are left alone.
         let mac = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
         assert_eq!(default_gid(mac), ip("fe80::fdff:ffff:feff:ffff"));
+    }
+
+    #[test]
+    fn a_subnet_holds_what_shares_its_prefix() {
+        let with = |s: &str, len: u8| InterfaceAddress {
+            prefix_len: len,
+            ..addr(s)
+        };
+        let a = with("10.9.0.1", 24);
+        assert!(a.subnet_contains(ip("10.9.0.2")));
+        assert!(a.subnet_contains(ip("10.9.0.255")));
+        assert!(!a.subnet_contains(ip("10.9.1.2")));
+        assert!(!a.subnet_contains(ip("::ffff:10.9.0.2")), "another family");
+        assert!(with("10.9.0.1", 32).subnet_contains(ip("10.9.0.1")));
+        assert!(!with("10.9.0.1", 32).subnet_contains(ip("10.9.0.2")));
+        assert!(with("10.9.0.1", 0).subnet_contains(ip("192.0.2.1")));
+        let b = with("fd00:9::1", 64);
+        assert!(b.subnet_contains(ip("fd00:9::ffff:2")));
+        assert!(!b.subnet_contains(ip("fd00:9:0:1::2")));
+        assert!(with("fd00:9::1", 0).subnet_contains(ip("2001:db8::1")));
+        assert!(with("fd00:9::1", 128).subnet_contains(ip("fd00:9::1")));
     }
 
     fn addr(s: &str) -> InterfaceAddress {
