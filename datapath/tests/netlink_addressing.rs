@@ -537,6 +537,15 @@ fn route_get_on_link_via_gateway_and_unreachable() {
         assert!(r.local, "{r:?}");
         assert!(!netlink::route_get(lab.addr(2)).expect("on-link").local);
         assert!(!netlink::route_get(far).expect("via gateway").local);
+        // Names of any interface, the loopback one too.
+        let mut names = netlink::Netlink::open().expect("netlink");
+        assert_eq!(names.interface_name(1).expect("lo"), Some("lo".to_string()));
+        assert_eq!(
+            names.interface_name(ifindex).expect("ours"),
+            Some(DEV_A.to_string())
+        );
+        assert_eq!(names.interface_name(999_999).expect("none"), None);
+
         // Another interface of this namespace with an address in our subnet is taken for one
         // on our link; one in another subnet, our own address and the peer's (in the other
         // namespace) are not. (Added last: a second route to our subnet could have changed

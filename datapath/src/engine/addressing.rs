@@ -14,18 +14,32 @@ use xroce_core::transport::Device;
 use xroce_core::wire::IpAddress;
 
 pub use crate::netlink::AddressWatcher;
-use crate::netlink::{self, core_address, std_address, Change, Interface, Netlink, NetlinkError};
+use crate::netlink::{core_address, std_address, Change, Interface, Netlink, NetlinkError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AddressingError {
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
-    #[error("{dst} is reached through interface index {oif}, not through {iface} (index {ifindex}) where this engine runs")]
+    #[error(
+        "{dst} is reached through {oif_name} (index {oif}), not through {iface} (index {ifindex}) \
+         where this engine runs{}",
+        if *own_address {
+            "; it is one of this host's own addresses, on another interface: a device reaches \
+             such an address over its link only when it is in one of the device's own subnets \
+             (two devices on the two ends of a veth pair, addressed in one subnet)"
+        } else {
+            ""
+        }
+    )]
     OtherInterface {
         dst: IpAddr,
         oif: u32,
+        /// The name of interface `oif` ("?" when it could not be read).
+        oif_name: String,
         iface: String,
         ifindex: u32,
+        /// `dst` is one of this namespace's own addresses (a local route).
+        own_address: bool,
     },
     #[error("cannot look up {dst} in the engine's network namespace: {source}")]
     HomeNamespace {
@@ -105,15 +119,15 @@ impl Probe {
     pub fn wait(self, timeout: Duration) -> Result<Resolved, AddressingError> {
         let mut netlink = Netlink::open()?;
         let (hop, mac, owner) = match way_to(&mut netlink, self.dst, self.ifindex)? {
-            Way::OtherInterface { oif } => {
-                let iface = netlink::interface_by_index(self.ifindex)
-                    .map(|i| i.name)
-                    .unwrap_or_default();
+            Way::OtherInterface { oif, own_address } => {
+                let mut name = |i| netlink.interface_name(i).ok().flatten();
                 return Err(AddressingError::OtherInterface {
                     dst: self.dst,
                     oif,
-                    iface,
+                    oif_name: name(oif).unwrap_or_else(|| "?".into()),
+                    iface: name(self.ifindex).unwrap_or_default(),
                     ifindex: self.ifindex,
+                    own_address,
                 });
             }
             Way::LocalInterface { mac, owner } => (self.dst, mac, Some(owner)),
@@ -148,9 +162,9 @@ enum Way {
     /// interface, and answers no ARP for it on the link. The host's addresses on other
     /// networks stay [`Way::OtherInterface`], with its clear error.
     LocalInterface { mac: [u8; 6], owner: u32 },
-    /// The route leaves by another interface `oif` (the loopback interface for the engine's
-    /// own addresses, which the transport loops back before asking).
-    OtherInterface { oif: u32 },
+    /// The route leaves by another interface `oif` (the loopback interface for the host's
+    /// own addresses, `own_address`; the transport loops the engine's own back before asking).
+    OtherInterface { oif: u32, own_address: bool },
 }
 
 fn way_to(netlink: &mut Netlink, dst: IpAddr, ifindex: u32) -> Result<Way, NetlinkError> {
@@ -169,7 +183,10 @@ fn way_to(netlink: &mut Netlink, dst: IpAddr, ifindex: u32) -> Result<Way, Netli
         }
     }
     if route.oif != ifindex {
-        return Ok(Way::OtherInterface { oif: route.oif });
+        return Ok(Way::OtherInterface {
+            oif: route.oif,
+            own_address: route.local,
+        });
     }
     Ok(Way::Neighbour {
         hop: route.next_hop(dst),
@@ -563,6 +580,31 @@ mod tests {
         assert_eq!(cached(&n, other), None);
         assert_eq!(cached(&n, far1), Some(new), "a neighbour on the link stays");
         assert_eq!(n.changes, before + 1);
+    }
+
+    #[test]
+    fn a_destination_behind_another_interface_is_named_with_what_to_do() {
+        let error = |own_address| {
+            AddressingError::OtherInterface {
+                dst: ip("10.9.1.1"),
+                oif: 1,
+                oif_name: "lo".into(),
+                iface: "xv0".into(),
+                ifindex: 7,
+                own_address,
+            }
+            .to_string()
+        };
+        let elsewhere = error(false);
+        assert!(
+            elsewhere
+                .starts_with("10.9.1.1 is reached through lo (index 1), not through xv0 (index 7)"),
+            "{elsewhere}"
+        );
+        assert!(!elsewhere.contains("subnet"), "{elsewhere}");
+        let own = error(true);
+        assert!(own.starts_with(&elsewhere), "{own}");
+        assert!(own.contains("in one of the device's own subnets"), "{own}");
     }
 
     #[test]

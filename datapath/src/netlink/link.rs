@@ -84,6 +84,30 @@ impl Netlink {
         }
     }
 
+    /// The name of interface `index`, whatever its kind (the loopback interface too, which
+    /// [`Netlink::interface_by_index`] refuses for having no MAC); `None` if there is none.
+    pub fn interface_name(&mut self, index: u32) -> Result<Option<String>, NetlinkError> {
+        if index == 0 {
+            return Ok(None);
+        }
+        let mut req = LinkMessage::default();
+        req.header.index = index;
+        match self.request(
+            "RTM_GETLINK (name)",
+            RouteNetlinkMessage::GetLink(req),
+            Kind::Single { flags: 0 },
+        ) {
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+            Ok(replies) => Ok(first_link(replies).and_then(|l| {
+                l.attributes.into_iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n),
+                    _ => None,
+                })
+            })),
+        }
+    }
+
     /// Every Ethernet interface (interfaces without a 6-byte MAC, such as tunnels, are left
     /// out), in index order as the kernel lists them.
     pub fn interfaces(&mut self) -> Result<Vec<Interface>, NetlinkError> {
