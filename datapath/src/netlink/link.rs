@@ -8,6 +8,9 @@ use netlink_packet_route::RouteNetlinkMessage;
 use super::socket::{Kind, Netlink};
 use super::{address, NetlinkError};
 
+/// The request that reads one link by its index.
+const LINK_BY_INDEX: &str = "RTM_GETLINK (by index)";
+
 /// `IFNAMSIZ - 1`: the longest interface name the kernel accepts.
 const IFNAME_MAX: usize = 15;
 
@@ -62,49 +65,38 @@ impl Netlink {
 
     /// The interface with index `index`.
     pub fn interface_by_index(&mut self, index: u32) -> Result<Interface, NetlinkError> {
-        if index == 0 {
-            return Err(NetlinkError::NoSuchInterfaceIndex(0));
-        }
-        let mut req = LinkMessage::default();
-        req.header.index = index;
-        let op = "RTM_GETLINK (by index)";
-        match self.request(
-            op,
-            RouteNetlinkMessage::GetLink(req),
-            Kind::Single { flags: 0 },
-        ) {
-            Err(e) if e.errno() == Some(libc::ENODEV) => {
-                Err(NetlinkError::NoSuchInterfaceIndex(index))
-            }
-            Err(e) => Err(e),
-            Ok(replies) => {
-                let link = first_link(replies).ok_or(NetlinkError::NoSuchInterfaceIndex(index))?;
-                interface_from(&link, op)
-            }
-        }
+        let link = self
+            .link_by_index(index)?
+            .ok_or(NetlinkError::NoSuchInterfaceIndex(index))?;
+        interface_from(&link, LINK_BY_INDEX)
     }
 
     /// The name of interface `index`, whatever its kind (the loopback interface too, which
     /// [`Netlink::interface_by_index`] refuses for having no MAC); `None` if there is none.
     pub fn interface_name(&mut self, index: u32) -> Result<Option<String>, NetlinkError> {
+        Ok(self.link_by_index(index)?.and_then(|l| {
+            l.attributes.into_iter().find_map(|a| match a {
+                LinkAttribute::IfName(n) => Some(n),
+                _ => None,
+            })
+        }))
+    }
+
+    /// The kernel's description of link `index`, of any kind; `None` if there is none.
+    fn link_by_index(&mut self, index: u32) -> Result<Option<LinkMessage>, NetlinkError> {
         if index == 0 {
             return Ok(None);
         }
         let mut req = LinkMessage::default();
         req.header.index = index;
         match self.request(
-            "RTM_GETLINK (name)",
+            LINK_BY_INDEX,
             RouteNetlinkMessage::GetLink(req),
             Kind::Single { flags: 0 },
         ) {
             Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
             Err(e) => Err(e),
-            Ok(replies) => Ok(first_link(replies).and_then(|l| {
-                l.attributes.into_iter().find_map(|a| match a {
-                    LinkAttribute::IfName(n) => Some(n),
-                    _ => None,
-                })
-            })),
+            Ok(replies) => Ok(first_link(replies)),
         }
     }
 
