@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use xroce_datapath::afxdp::BindMode;
-use xroce_datapath::engine::{Engine, EngineConfig};
+use xroce_datapath::engine::{Backend, Engine, EngineConfig};
 
 pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>) -> ExitCode {
     let bind_mode = match mode {
@@ -19,13 +19,16 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
     // SAFETY: `signals` is an initialised sigset; a null old-set pointer is allowed.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
 
-    let config = EngineConfig {
-        queue,
-        bind_mode,
-        capture: pcap,
-        ..EngineConfig::new(iface)
-    };
-    let engine = match Engine::start(config) {
+    let started = Backend::from_env().and_then(|backend| {
+        Engine::start(EngineConfig {
+            queue,
+            bind_mode,
+            capture: pcap,
+            backend,
+            ..EngineConfig::new(iface)
+        })
+    });
+    let engine = match started {
         Ok(e) => e,
         Err(e) => {
             eprintln!("xroce engine: {e}");
@@ -43,12 +46,12 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
     let mut stdout = std::io::stdout();
     let _ = writeln!(
         stdout,
-        "xroce engine ready on {iface} queue {queue}{} ({} mode); GIDs {}",
+        "xroce engine ready on {iface} queue {queue}{} ({}); GIDs {}",
         receiving_also(engine.queues(), queue),
-        if engine.is_zero_copy() {
-            "zero-copy"
-        } else {
-            "copy"
+        match engine.backend() {
+            Backend::Dpdk => "DPDK net_af_packet",
+            Backend::AfXdp if engine.is_zero_copy() => "AF_XDP zero-copy",
+            Backend::AfXdp => "AF_XDP copy",
         },
         gids.join(" ")
     );

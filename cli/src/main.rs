@@ -45,7 +45,9 @@ enum Command {
     /// (`{netdev}` in PATH becomes the device's netdev; `tcpdump` on the interface does not
     /// see xroce's frames); XROCE_DUMP_SIGNAL=USR1 makes `kill -USR1 PID` write what every
     /// engine is doing (a line per QP and CQ: PSNs, timers, queues) to stderr, for a program
-    /// that seems stuck.
+    /// that seems stuck; XROCE_BACKEND=dpdk moves the frames through DPDK's net_af_packet
+    /// driver instead of AF_XDP sockets (an xroce built with `--features dpdk`; extra DPDK
+    /// arguments in XROCE_DPDK_EAL_ARGS).
     ///
     /// Example: `xroce exec -- ibv_rc_pingpong -d xroce0 -g 1`
     #[command(override_usage = "xroce exec -- PROGRAM [ARGS]...")]
@@ -70,7 +72,9 @@ enum Command {
     /// see that RoCEv2 frames reach it (its counters) or to hold the queue.
     /// It prints one line when ready and its counters when it stops. Only one engine can
     /// serve a queue; a second one exits with an error saying so. When the engine exits (or is
-    /// killed) its socket goes away and RoCEv2 frames go to the kernel again.
+    /// killed) its socket goes away and RoCEv2 frames go to the kernel again. With
+    /// XROCE_BACKEND=dpdk (a build with `--features dpdk`) it runs on DPDK's net_af_packet
+    /// driver on the interface instead, and `--queue`/`--mode` do not apply.
     Engine {
         /// The network interface (in the current network namespace).
         #[arg(long, value_name = "IF")]

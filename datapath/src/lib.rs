@@ -5,8 +5,9 @@
 //! - [`netlink`]: what the kernel knows about addressing: interfaces, their addresses (the GID
 //!   table), routes and neighbours.
 //! - [`afxdp`]: AF_XDP sockets over a UMEM in ordinary pages.
-//! - [`port`]: the small frame I/O trait the engine drives (AF_XDP here; DPDK and the simulator
+//! - [`port`]: the small frame I/O trait the engine drives (AF_XDP, DPDK; the simulator
 //!   elsewhere).
+//! - `dpdk` (cargo feature `dpdk`): the DPDK port, through DPDK's `net_af_packet` driver.
 //! - [`engine`]: the progress loop joining a port, the kernel's addressing and the transport.
 //! - [`cpu_time`]: CPU time of threads and processes from `/proc`.
 //! - [`registry`]: xroce RDMA devices (`xroce link`) and the sysfs tree libibverbs finds them by.
@@ -14,6 +15,8 @@
 
 pub mod afxdp;
 pub mod cpu_time;
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 pub mod engine;
 pub mod netlink;
 pub mod netns;

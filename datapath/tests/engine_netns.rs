@@ -23,7 +23,7 @@ use xroce_core::wire::{
     Ipv4Repr, Opcode, RethRepr, TransportRepr, UdpRepr,
 };
 use xroce_datapath::afxdp::{XskConfig, XskSocket};
-use xroce_datapath::engine::{Engine, EngineConfig};
+use xroce_datapath::engine::{Backend, Engine, EngineConfig};
 use xroce_datapath::netlink::std_address;
 use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::{registry, xdp};
@@ -457,6 +457,11 @@ impl<T> Side<T> {
 /// The RC workload: WRITE, READ, SEND and both atomics from side 0 to side 1; at least 100 MiB
 /// in total, every byte compared.
 fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
+    rc_suite_on(mtu, path_mtu, drop_one_in, [Backend::AfXdp; 2]);
+}
+
+/// [`rc_suite`] with each side's engine on the backend given (client, server).
+fn rc_suite_on(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, backends: [Backend; 2]) {
     let setup = Setup::new(mtu);
     if drop_one_in != 0 {
         for side in 0..2 {
@@ -480,7 +485,11 @@ fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
     let server_iface = setup.pair.iface(1).to_string();
     let server_ip = setup.pair.ipv4(1);
     let server = setup.pair.spawn_in(1, move || {
-        let engine = Engine::start(EngineConfig::new(&server_iface)).expect("engine");
+        let engine = Engine::start(EngineConfig {
+            backend: backends[1],
+            ..EngineConfig::new(&server_iface)
+        })
+        .expect("engine");
         let pd = engine.with_device(|d| d.alloc_pd());
         // [0, WRITE): WRITE target; [WRITE, +READ): READ source; then SEND target; then the
         // atomic counter.
@@ -537,7 +546,11 @@ fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
     let client_iface = setup.pair.iface(0).to_string();
     let client_ip = setup.pair.ipv4(0);
     let client = setup.pair.spawn_in(0, move || {
-        let engine = Engine::start(EngineConfig::new(&client_iface)).expect("engine");
+        let engine = Engine::start(EngineConfig {
+            backend: backends[0],
+            ..EngineConfig::new(&client_iface)
+        })
+        .expect("engine");
         let pd = engine.with_device(|d| d.alloc_pd());
         // [0, WRITE): WRITE source (its first SEND bytes are the SEND source); [WRITE, +READ):
         // READ target; then SEND source; then atomic results.
@@ -635,6 +648,22 @@ fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
     eprintln!("client counters: {client_counters:?}");
     eprintln!("server counters: {server_counters:?}");
     assert_eq!(client_counters.bad_icrc + server_counters.bad_icrc, 0);
+    // Nothing but RoCEv2 reached the transports (a DPDK port sees all of the interface's
+    // frames; the others are the engine's to set aside).
+    assert_eq!(client_counters.malformed + server_counters.malformed, 0);
+    // Each side's frames came the way its backend takes them: through the steering program's
+    // sockets, or past the program (no socket) to the DPDK driver.
+    for (side, backend) in backends.into_iter().enumerate() {
+        let iface = setup.pair.iface(side).to_string();
+        let xdp = setup
+            .pair
+            .run_in(side, move || xdp::read_counters(&iface).expect("counters"));
+        eprintln!("side {side} ({backend:?}) steering program: {xdp:?}");
+        match backend {
+            Backend::AfXdp => assert!(xdp.redirected > 1000 && xdp.roce_no_socket == 0),
+            Backend::Dpdk => assert!(xdp.redirected == 0 && xdp.roce_no_socket > 1000),
+        }
+    }
     if drop_one_in != 0 {
         let dropped: u64 = (0..2)
             .map(|side| {
@@ -649,6 +678,25 @@ fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
         eprintln!("frames dropped by the knob: {dropped}");
         assert!(dropped > 100, "the drop knob dropped only {dropped} frames");
         assert!(client_counters.retransmissions + server_counters.retransmissions > 0);
+    }
+}
+
+/// The DPDK port (`net_af_packet`) against an AF_XDP engine: the same transfers, every byte
+/// checked.
+#[cfg(feature = "dpdk")]
+#[test]
+fn dpdk_port_against_af_xdp_moves_rc_traffic_mtu_1500() {
+    if root_or_skip() {
+        rc_suite_on(1500, PathMtu::Mtu1024, 0, [Backend::Dpdk, Backend::AfXdp]);
+    }
+}
+
+/// Two DPDK ports at path MTU 4096 (netdev MTU 9000: one frame per packet, no multi-buffer).
+#[cfg(feature = "dpdk")]
+#[test]
+fn dpdk_ports_move_rc_traffic_mtu_9000() {
+    if root_or_skip() {
+        rc_suite_on(9000, PathMtu::Mtu4096, 0, [Backend::Dpdk, Backend::Dpdk]);
     }
 }
 
@@ -1678,14 +1726,94 @@ fn sockets_without_multi_buffer_cap_the_port_and_fail_what_no_frame_holds() {
 /// connected QPs sleeps.
 #[test]
 fn loopback_and_idle_cost() {
+    if root_or_skip() {
+        loopback_and_idle_cost_on(Backend::AfXdp);
+    }
+}
+
+/// The same on the DPDK port, which has no descriptor to sleep on: its idle engine looks for
+/// frames after naps of up to a millisecond.
+#[cfg(feature = "dpdk")]
+#[test]
+fn dpdk_port_loopback_and_idle_cost() {
+    if root_or_skip() {
+        loopback_and_idle_cost_on(Backend::Dpdk);
+    }
+}
+
+/// A second engine on an interface a DPDK engine has is refused with the same clear error as
+/// on AF_XDP (its kernel UDP socket on the interface is taken), and gets it once the first is
+/// gone; an engine on the other end of the veth, in another namespace, is not in the way.
+#[cfg(feature = "dpdk")]
+#[test]
+fn a_second_dpdk_engine_on_an_interface_is_refused() {
     if !root_or_skip() {
         return;
     }
     let setup = Setup::new(1500);
+    let dpdk = |iface: &str| {
+        Engine::start(EngineConfig {
+            backend: Backend::Dpdk,
+            ..EngineConfig::new(iface)
+        })
+    };
+    let iface = setup.pair.iface(0).to_string();
+    let other = setup.pair.iface(1).to_string();
+    let _peer = setup
+        .pair
+        .run_in(1, move || dpdk(&other).expect("engine on the other end"));
+    setup.pair.run_in(0, move || {
+        let first = dpdk(&iface).expect("first engine");
+        assert_eq!(first.backend(), Backend::Dpdk);
+        let err = dpdk(&iface)
+            .err()
+            .expect("a second engine on the interface started");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                xroce_datapath::engine::EngineError::InterfaceInUse { .. }
+            ) && text.contains(&format!("process {}", std::process::id()))
+                && text.contains("one RDMA process at a time"),
+            "{text}"
+        );
+        drop(first);
+        dpdk(&iface).expect("an engine after the first stopped");
+    });
+}
+
+/// An MTU whose frames the DPDK port's 10 KiB slots cannot hold is refused at start, naming
+/// it, rather than dropping the long frames later.
+#[cfg(feature = "dpdk")]
+#[test]
+fn a_dpdk_port_refuses_an_mtu_it_cannot_carry() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(16_000);
+    let iface = setup.pair.iface(0).to_string();
+    let text = setup.pair.run_in(0, move || {
+        Engine::start(EngineConfig {
+            backend: Backend::Dpdk,
+            ..EngineConfig::new(&iface)
+        })
+        .err()
+        .expect("a DPDK engine at MTU 16000")
+        .to_string()
+    });
+    assert!(text.contains("MTU 16000 is too large"), "{text}");
+}
+
+fn loopback_and_idle_cost_on(backend: Backend) {
+    let setup = Setup::new(1500);
     let iface = setup.pair.iface(0).to_string();
     let ip = IpAddress::V4(setup.pair.ipv4(0).into());
     let (cpu_used, idle_for) = setup.pair.run_in(0, move || {
-        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let engine = Engine::start(EngineConfig {
+            backend,
+            ..EngineConfig::new(&iface)
+        })
+        .expect("engine");
         let pd = engine.with_device(|d| d.alloc_pd());
         const LEN: usize = 4 * MIB;
         let mut buf = Buffer::new(&engine, pd, 2 * LEN);
@@ -1760,7 +1888,9 @@ fn loopback_and_idle_cost() {
         (used, wall)
     });
     let share = cpu_used.as_secs_f64() / idle_for.as_secs_f64() * 100.0;
-    eprintln!("idle engine: {cpu_used:?} CPU over {idle_for:?} = {share:.3} % of a core");
+    eprintln!(
+        "idle engine ({backend:?}): {cpu_used:?} CPU over {idle_for:?} = {share:.3} % of a core"
+    );
     // Reported, not a timing assertion: a progress thread that never sleeps uses ~100 %, so
     // this bound only catches that, whatever the machine's noise.
     assert!(share < 5.0, "an idle engine used {share:.2} % of a core");

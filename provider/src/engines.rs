@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use libc::c_int;
 use xroce_core::transport::verbs::AsyncEvent;
 use xroce_core::transport::{CqId, Event, SrqId};
-use xroce_datapath::engine::{Engine, EngineConfig, EventSink};
+use xroce_datapath::engine::{Backend, Engine, EngineConfig, EventSink};
 
 use crate::abi::verbs::{
     async_event_desc, IBV_EVENT_CQ_ERR, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_QP_FATAL,
@@ -35,7 +35,8 @@ pub struct EngineRef {
 
 /// Environment variable naming a file to which each engine appends its counters when it
 /// stops or the process exits, whichever comes first (one line: `netdev=NAME pid=PID
-/// name=value ...`), for tests and for people who want to see what a program did on the wire.
+/// backend=af_xdp|dpdk name=value ...`), for tests and for people who want to see what a
+/// program did on the wire.
 pub const STATS_FILE_ENV: &str = "XROCE_STATS_FILE";
 
 fn stats_file() -> Option<std::ffi::OsString> {
@@ -88,9 +89,10 @@ impl EngineRef {
             return;
         }
         let line = format!(
-            "netdev={} pid={} {}\n",
+            "netdev={} pid={} backend={} {}\n",
             self.netdev,
             std::process::id(),
+            self.engine.backend(),
             self.engine.stats_line()
         );
         let written = std::fs::OpenOptions::new()
@@ -147,7 +149,11 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     config.on_event = Some(EventSink(Arc::new(move |ev| route(id, ev))));
     config.capture = capture_path(&ctx.netdev);
     config.gid_mirror = Some(ctx.ibdev_dir.clone());
-    match Engine::start(config) {
+    let started = Backend::from_env().and_then(|backend| {
+        config.backend = backend;
+        Engine::start(config)
+    });
+    match started {
         Ok(engine) => {
             let e = Arc::new(EngineRef {
                 id,
@@ -173,7 +179,8 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 ctx.name, ctx.netdev
             );
             Err(match err {
-                xroce_datapath::engine::EngineError::QueueInUse { .. } => libc::EBUSY,
+                xroce_datapath::engine::EngineError::QueueInUse { .. }
+                | xroce_datapath::engine::EngineError::InterfaceInUse { .. } => libc::EBUSY,
                 _ => libc::ENODEV,
             })
         }

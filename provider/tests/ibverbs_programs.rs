@@ -33,6 +33,8 @@ struct Rig {
     one_namespace: bool,
     xroce: PathBuf,
     provider: PathBuf,
+    /// `XROCE_BACKEND` for programs on each side ("": the default, AF_XDP).
+    backends: [&'static str; 2],
     /// Released last, after the namespaces are gone (fields drop in order).
     _serial: std::sync::MutexGuard<'static, ()>,
 }
@@ -80,6 +82,7 @@ impl Rig {
             one_namespace: true,
             xroce: built("xroce"),
             provider: built("libxroce_provider.so"),
+            backends: ["", ""],
             _serial: serial,
         };
         for side in 0..2 {
@@ -132,6 +135,7 @@ impl Rig {
             one_namespace: false,
             xroce: built("xroce"),
             provider: built("libxroce_provider.so"),
+            backends: ["", ""],
             _serial: serial,
         };
         let mut printed: [String; 2] = Default::default();
@@ -174,6 +178,9 @@ impl Rig {
             _ => cmd.args(args),
         };
         cmd.env("XROCE_PROVIDER", &self.provider);
+        if !self.backends[side].is_empty() {
+            cmd.env("XROCE_BACKEND", self.backends[side]);
+        }
         cmd
     }
 
@@ -590,6 +597,48 @@ fn perftest_programs() {
         );
         eprintln!("{args:?}: ok, {rows} rows");
     }
+}
+
+/// Unmodified programs whose client side runs on the DPDK port (`XROCE_BACKEND=dpdk`, a
+/// provider built with the `dpdk` feature) against a server on AF_XDP: the examples' own
+/// checks and perftest's runs pass, and the client's frames went past the steering program
+/// (no socket) to DPDK's driver.
+#[cfg(feature = "dpdk")]
+#[test]
+fn programs_run_over_the_dpdk_port() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut rig = Rig::new("xdk", 1500);
+    rig.backends[1] = "dpdk";
+    let runs: &[&[&str]] = &[
+        &["ibv_rc_pingpong", "-g", "1", "-n", "10000"],
+        &["ibv_rc_pingpong", "-g", "1", "-s", "65536", "-c"],
+        &["ibv_ud_pingpong", "-g", "1"],
+        &["ib_write_bw", "-x", "1"],
+        &["ib_read_bw", "-x", "1"],
+        &["ib_send_lat", "-x", "1"],
+    ];
+    for args in runs {
+        let (s, c) = rig.server_client(args);
+        for text in [&s, &c] {
+            assert!(
+                text.contains("iters in") || text.contains("#bytes"),
+                "{args:?} printed no result:\n{text}"
+            );
+        }
+        eprintln!("{args:?}: {}", c.lines().last().unwrap_or_default());
+    }
+    let counters = |side: usize| {
+        let iface = rig.pair.iface(side).to_string();
+        rig.pair.run_in(side, move || {
+            xroce_datapath::xdp::read_counters(&iface).expect("steering counters")
+        })
+    };
+    let (server, client) = (counters(0), counters(1));
+    eprintln!("steering program, server (AF_XDP): {server:?}\nclient (DPDK): {client:?}");
+    assert!(server.redirected > 10_000 && server.roce_no_socket == 0);
+    assert!(client.redirected == 0 && client.roce_no_socket > 10_000);
 }
 
 /// A program that stalls (here an `ibv_rc_pingpong` server no client ever connects to) and is

@@ -216,10 +216,23 @@ fn workspace_root() -> PathBuf {
 
 /// Runs one step, printing what it does and how long it took.
 pub(crate) fn step(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<(), String> {
-    println!("==> {what}: {program} {}", args.join(" "));
+    step_with_env(root, what, &[], program, args)
+}
+
+/// [`step`] with environment variables set for the program (and shown).
+pub(crate) fn step_with_env(
+    root: &Path,
+    what: &str,
+    env: &[(&str, &str)],
+    program: &str,
+    args: &[&str],
+) -> Result<(), String> {
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("==> {what}: {}{program} {}", shown.concat(), args.join(" "));
     let start = Instant::now();
     let status = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(root)
         .status()
         .map_err(|e| format!("{what}: cannot run {program}: {e}"))?;
@@ -277,8 +290,69 @@ fn test(root: &Path) -> Result<(), String> {
     // target/debug; build every target first so they exist whichever test runs first.
     step(root, "build", &cargo, &["build", "--workspace"])?;
     step(root, "tests", &cargo, &["test", "--workspace"])?;
+    dpdk_port_checks(root, &cargo)?;
     println!("==> all checks passed");
     Ok(())
+}
+
+/// The DPDK port (cargo feature `dpdk`, off by default): lint, then its end-to-end tests,
+/// which need the provider built with the feature (the build replaces target/debug's provider
+/// library with one that also has the DPDK port, which runs everything the default one does).
+fn dpdk_port_checks(root: &Path, cargo: &str) -> Result<(), String> {
+    const PACKAGES: [&str; 6] = [
+        "--package",
+        "xroce-datapath",
+        "--package",
+        "xroce-provider",
+        "--package",
+        "xroce-cli",
+    ];
+    let with = |args: &[&'static str], tail: &[&'static str]| {
+        let mut all = args.to_vec();
+        all.extend(PACKAGES);
+        all.extend(["--features", "dpdk"]);
+        all.extend(tail);
+        all
+    };
+    step(
+        root,
+        "lint (DPDK port)",
+        cargo,
+        &with(&["clippy", "--all-targets"], &["--", "-D", "warnings"]),
+    )?;
+    step(root, "build (DPDK port)", cargo, &with(&["build"], &[]))?;
+    step(
+        root,
+        "tests (DPDK port)",
+        cargo,
+        &with(
+            &[
+                "test",
+                "--lib",
+                "--test",
+                "engine_netns",
+                "--test",
+                "ibverbs_programs",
+            ],
+            &["dpdk"],
+        ),
+    )?;
+    // Every rdma-core example and perftest program against rdma_rxe again, xroce's side on
+    // the DPDK port (the programs inherit XROCE_BACKEND; the provider built above has it).
+    step_with_env(
+        root,
+        "rdma_rxe interop (DPDK port)",
+        &[("XROCE_BACKEND", "dpdk")],
+        cargo,
+        &[
+            "test",
+            "--package",
+            "xroce-rxe-peer",
+            "--test",
+            "interop",
+            "programs_interoperate_at_mtu_1500",
+        ],
+    )
 }
 
 /// `cargo xtask bench`: builds xroce, the provider, the guest agent and the suite in release

@@ -113,6 +113,20 @@ const TEST_PACKAGES: &[Package] = &[
         demo: false,
     },
     Package {
+        name: "libdpdk-dev",
+        alternatives: &[],
+        required: true,
+        why: "DPDK's headers, libraries and net_af_packet driver: the DPDK port (feature dpdk)",
+        demo: false,
+    },
+    Package {
+        name: "pkg-config",
+        alternatives: &["pkgconf"],
+        required: true,
+        why: "finds DPDK's compiler flags for the DPDK port's shim",
+        demo: false,
+    },
+    Package {
         name: "bpftool",
         alternatives: &[],
         required: false,

@@ -77,6 +77,63 @@ pub struct EngineConfig {
     /// there, and the engine keeps a removed address's slot empty where a regenerated tree
     /// would list the addresses afresh. `None`: no tree (tests, `xroce engine`).
     pub gid_mirror: Option<std::path::PathBuf>,
+    /// What moves the frames: an AF_XDP socket (the default) or a DPDK driver.
+    pub backend: Backend,
+}
+
+/// What moves an engine's frames (see [`EngineConfig::backend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// AF_XDP sockets on the interface's queues, fed by the XDP steering program.
+    #[default]
+    AfXdp,
+    /// DPDK's `net_af_packet` driver on the interface (cargo feature `dpdk`; see
+    /// `crate::dpdk`). The XDP program is not needed, and queue and zero-copy settings do
+    /// not apply.
+    Dpdk,
+}
+
+/// The environment variable that picks the backend: `af_xdp` (the default) or `dpdk`.
+pub const BACKEND_ENV: &str = "XROCE_BACKEND";
+
+impl Backend {
+    /// The backend `XROCE_BACKEND` names (unset or empty: AF_XDP).
+    pub fn from_env() -> Result<Backend, EngineError> {
+        match std::env::var(BACKEND_ENV) {
+            Ok(v) => v.parse(),
+            Err(_) => Ok(Backend::AfXdp),
+        }
+    }
+
+    /// Whether this build has the backend (DPDK only with the cargo feature `dpdk`).
+    pub fn built_in(self) -> bool {
+        match self {
+            Backend::AfXdp => true,
+            Backend::Dpdk => cfg!(feature = "dpdk"),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    /// The name `XROCE_BACKEND` takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::AfXdp => "af_xdp",
+            Backend::Dpdk => "dpdk",
+        })
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Backend, EngineError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "af_xdp" | "afxdp" | "af-xdp" => Ok(Backend::AfXdp),
+            "dpdk" => Ok(Backend::Dpdk),
+            other => Err(EngineError::UnknownBackend(other.to_string())),
+        }
+    }
 }
 
 /// A callback for [`Event`]s (see [`EngineConfig::on_event`]).
@@ -103,12 +160,14 @@ impl EngineConfig {
             all_rx_queues: true,
             single_buffer: false,
             gid_mirror: None,
+            backend: Backend::AfXdp,
         }
     }
 
-    /// Whether the engine's sockets carry frames larger than one UMEM frame.
+    /// Whether the engine's port carries frames larger than one UMEM frame (the DPDK port
+    /// carries whole frames of any MTU it accepts).
     pub fn multi_buffer(&self) -> bool {
-        crate::afxdp::binds_multi_buffer(self.single_buffer)
+        self.backend == Backend::Dpdk || crate::afxdp::binds_multi_buffer(self.single_buffer)
     }
 }
 
@@ -135,6 +194,18 @@ pub enum EngineError {
         /// The engine's process holding it, when its note names one that still runs.
         holder: Option<QueueHolder>,
     },
+    /// Another engine's DPDK port has the interface (its kernel UDP socket is bound there).
+    #[error(
+        "{iface} is in use by {}: xroce's DPDK port takes the whole interface, so an xroce \
+         device serves one RDMA process at a time (a server and a client on one machine need a \
+         device each, e.g. on the two ends of a veth pair: see the README, \"Both ends on one \
+         machine\")",
+        holder.as_ref().map_or_else(|| "another program (another xroce engine, or rdma_rxe?)".to_string(), |h| h.to_string())
+    )]
+    InterfaceInUse {
+        iface: String,
+        holder: Option<QueueHolder>,
+    },
     /// A receive-only socket on another queue of the interface could not be set up.
     #[error("cannot receive on queue {queue} of {iface} as well: {source}")]
     ReceiveQueue {
@@ -143,6 +214,16 @@ pub enum EngineError {
         #[source]
         source: XskError,
     },
+    #[error("unknown backend {0:?} in {BACKEND_ENV}: use af_xdp (the default) or dpdk")]
+    UnknownBackend(String),
+    #[error(
+        "this xroce was built without the DPDK backend ({BACKEND_ENV}=dpdk): build it with \
+         `--features dpdk` (needs libdpdk-dev)"
+    )]
+    DpdkNotBuilt,
+    #[cfg(feature = "dpdk")]
+    #[error(transparent)]
+    Dpdk(#[from] crate::dpdk::DpdkError),
     #[error("cannot create the engine's wake-up eventfd: {0}")]
     EventFd(std::io::Error),
     #[error("cannot create the progress thread's nap timerfd: {0}")]
@@ -361,6 +442,9 @@ impl Engine {
     /// program's socket map, builds the GID table from the interface's addresses, and starts the
     /// progress thread. The XDP program must be loaded (`cargo xtask xdp load --iface IF`).
     pub fn start(config: EngineConfig) -> Result<Engine, EngineError> {
+        if !config.backend.built_in() {
+            return Err(EngineError::DpdkNotBuilt);
+        }
         let mut neighbours = Neighbours::open(&config.iface, config.multi_buffer())?;
         // Before the socket: a capture that cannot be made stops the start, and nothing of
         // the engine has to be undone.
@@ -378,37 +462,23 @@ impl Engine {
         let ifindex = neighbours.ifindex();
         let gids = neighbours.gid_table()?;
         let mtu = neighbours.mtu();
-        let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
-        let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
-            .unwrap_or_else(|| neighbours.rx_queues());
-        let (socket, others) = open_sockets(ifindex, &config, rx_queues)?;
-        let zero_copy = socket.is_zero_copy();
-        let bound: Vec<(u32, RawFd)> = std::iter::once(&socket)
-            .chain(&others)
-            .map(|s| (s.queue(), s.as_raw_fd()))
-            .collect();
-        let queue_claims: Vec<_> = bound
-            .iter()
-            .filter_map(|&(queue, _)| queue_claim::claim(&config.iface, queue))
-            .collect();
-        let (port, wait_fd): (Box<dyn crate::port::Port>, RawFd) = if others.is_empty() {
-            let fd = socket.as_raw_fd();
-            (Box::new(socket), fd)
-        } else {
-            let set = QueueSet::new(socket, others)?;
-            let fd = set.wait_fd_raw();
-            (Box::new(set), fd)
+        let OpenedPort {
+            port,
+            wait_fd,
+            doorbell,
+            xsks,
+            queues,
+            queue_claims,
+            zero_copy,
+        } = match config.backend {
+            Backend::AfXdp => open_af_xdp(&config, ifindex, &neighbours)?,
+            Backend::Dpdk => open_dpdk(&config, mtu)?,
         };
-        // Entered once all are bound: a start that failed above left the map as it was.
-        for &(queue, fd) in &bound {
-            xsks.set(queue, fd)?;
-        }
-        let queues: Vec<u32> = bound.iter().map(|&(q, _)| q).collect();
         let watchers = progress::Watchers {
             addresses: neighbours.watch()?,
             // Without it (no pins, or bpffs out of reach) an unload is noticed only when
             // retransmissions time out.
-            pins: if config.watch_xdp_pins {
+            pins: if config.watch_xdp_pins && xsks.is_some() {
                 crate::xdp::PinWatch::open(&config.iface).unwrap_or_else(|e| {
                     log::debug!("not watching the XDP program's pins: {e}");
                     None
@@ -456,7 +526,12 @@ impl Engine {
                 io: progress::PortState::new(
                     port,
                     capture,
-                    progress::SteeringWatch::new(&config.iface),
+                    if xsks.is_some() {
+                        progress::SteeringWatch::new(&config.iface)
+                    } else {
+                        // Frames reach a DPDK port without the steering program.
+                        progress::SteeringWatch::none(&config.iface)
+                    },
                 ),
                 failed: None,
                 queue_claims,
@@ -486,7 +561,7 @@ impl Engine {
             .name(format!("xroce-progress-{ifindex}-{queue}"))
             .spawn({
                 let queues = queues.clone();
-                move || progress::run(thread_shared, watchers, xsks, queues, wait_fd)
+                move || progress::run(thread_shared, watchers, xsks, queues, wait_fd, doorbell)
             })
             .map_err(EngineError::Thread)?;
         Ok(Engine {
@@ -515,6 +590,11 @@ impl Engine {
 
     pub fn is_zero_copy(&self) -> bool {
         self.zero_copy
+    }
+
+    /// What moves this engine's frames.
+    pub fn backend(&self) -> Backend {
+        self.shared.config.backend
     }
 
     pub fn counters(&self) -> &EngineCounters {
@@ -1066,6 +1146,95 @@ fn monotonic_ns() -> u64 {
         .wrapping_add(t.tv_nsec as u64)
 }
 
+/// The port an engine drives, and what goes with it.
+struct OpenedPort {
+    port: Box<dyn crate::port::Port>,
+    /// What the progress thread sleeps on for frames.
+    wait_fd: RawFd,
+    /// `wait_fd` is a doorbell (see [`crate::port::Port::wait_fd_is_doorbell`]).
+    doorbell: bool,
+    /// The steering program's socket map the port's sockets are entered in (AF_XDP).
+    xsks: Option<crate::xdp::XsksMap>,
+    /// The queues received on, the one sent on first.
+    queues: Vec<u32>,
+    queue_claims: Vec<queue_claim::QueueClaim>,
+    zero_copy: bool,
+}
+
+/// AF_XDP sockets on the interface's queues, entered into the steering program's map.
+fn open_af_xdp(
+    config: &EngineConfig,
+    ifindex: u32,
+    neighbours: &Neighbours,
+) -> Result<OpenedPort, EngineError> {
+    let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
+    let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
+        .unwrap_or_else(|| neighbours.rx_queues());
+    let (socket, others) = open_sockets(ifindex, config, rx_queues)?;
+    let zero_copy = socket.is_zero_copy();
+    let bound: Vec<(u32, RawFd)> = std::iter::once(&socket)
+        .chain(&others)
+        .map(|s| (s.queue(), s.as_raw_fd()))
+        .collect();
+    let queue_claims: Vec<_> = bound
+        .iter()
+        .filter_map(|&(queue, _)| queue_claim::claim(&config.iface, queue))
+        .collect();
+    let (port, wait_fd): (Box<dyn crate::port::Port>, RawFd) = if others.is_empty() {
+        let fd = socket.as_raw_fd();
+        (Box::new(socket), fd)
+    } else {
+        let set = QueueSet::new(socket, others)?;
+        let fd = set.wait_fd_raw();
+        (Box::new(set), fd)
+    };
+    // Entered once all are bound: a start that failed above left the map as it was.
+    for &(queue, fd) in &bound {
+        xsks.set(queue, fd)?;
+    }
+    Ok(OpenedPort {
+        port,
+        wait_fd,
+        doorbell: false,
+        xsks: Some(xsks),
+        queues: bound.iter().map(|&(q, _)| q).collect(),
+        queue_claims,
+        zero_copy,
+    })
+}
+
+/// A DPDK `net_af_packet` device on the interface. One engine per interface, as with AF_XDP:
+/// the port's kernel UDP socket is bound to the interface, and a second engine's is refused.
+#[cfg(feature = "dpdk")]
+fn open_dpdk(config: &EngineConfig, mtu: u32) -> Result<OpenedPort, EngineError> {
+    let port = match crate::dpdk::DpdkPort::open(&config.iface, mtu) {
+        Ok(port) => port,
+        Err(crate::dpdk::DpdkError::RoceUdpPort { source, .. })
+            if source.kind() == std::io::ErrorKind::AddrInUse =>
+        {
+            return Err(EngineError::InterfaceInUse {
+                iface: config.iface.clone(),
+                holder: queue_claim::holder(&config.iface, 0),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(OpenedPort {
+        wait_fd: port.doorbell_fd(),
+        doorbell: true,
+        port: Box::new(port),
+        xsks: None,
+        queues: vec![0],
+        queue_claims: queue_claim::claim(&config.iface, 0).into_iter().collect(),
+        zero_copy: false,
+    })
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk(_config: &EngineConfig, _mtu: u32) -> Result<OpenedPort, EngineError> {
+    Err(EngineError::DpdkNotBuilt)
+}
+
 /// Binds the engine's socket on `config.queue` and, unless `config.all_rx_queues` is off, a
 /// receive-only socket on each other receive queue of the interface (see [`QueueSet`]), in
 /// ascending order of queue, so that of two engines starting together on one interface one
@@ -1229,9 +1398,48 @@ fn getrandom(out: &mut [u8]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{monotonic_ns, random_first_qpn};
+    use super::{monotonic_ns, random_first_qpn, Backend, EngineError};
     use std::time::{Duration, Instant};
     use xroce_core::transport::device::limits::FIRST_QPN;
+
+    #[test]
+    fn backends_are_named_as_users_write_them() {
+        for (text, backend) in [
+            ("", Backend::AfXdp),
+            ("af_xdp", Backend::AfXdp),
+            ("AF_XDP", Backend::AfXdp),
+            ("afxdp", Backend::AfXdp),
+            ("dpdk", Backend::Dpdk),
+            (" DPDK\n", Backend::Dpdk),
+        ] {
+            assert_eq!(text.parse::<Backend>().ok(), Some(backend), "{text:?}");
+        }
+        for backend in [Backend::AfXdp, Backend::Dpdk] {
+            assert_eq!(backend.to_string().parse::<Backend>().ok(), Some(backend));
+        }
+        let err = "rdma".parse::<Backend>().expect_err("unknown backend");
+        assert!(matches!(err, EngineError::UnknownBackend(ref b) if b == "rdma"));
+        assert!(
+            err.to_string().contains("af_xdp (the default) or dpdk"),
+            "{err}"
+        );
+    }
+
+    /// Without the `dpdk` feature, asking for DPDK fails at once with what to do, before the
+    /// interface is looked at.
+    #[cfg(not(feature = "dpdk"))]
+    #[test]
+    fn a_build_without_dpdk_says_how_to_get_it() {
+        use super::{Engine, EngineConfig};
+        let err = Engine::start(EngineConfig {
+            backend: Backend::Dpdk,
+            ..EngineConfig::new("no-such-interface")
+        })
+        .err()
+        .expect("DPDK without the feature");
+        assert!(matches!(err, EngineError::DpdkNotBuilt), "{err}");
+        assert!(err.to_string().contains("--features dpdk"), "{err}");
+    }
 
     #[test]
     fn engine_time_is_the_monotonic_clock_in_nanoseconds() {

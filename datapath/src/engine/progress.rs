@@ -133,8 +133,16 @@ pub(crate) struct SteeringWatch {
 impl SteeringWatch {
     pub(crate) fn new(iface: &str) -> SteeringWatch {
         SteeringWatch {
-            iface: iface.to_string(),
             program: crate::xdp::attached_program_id(iface).unwrap_or(0),
+            ..SteeringWatch::none(iface)
+        }
+    }
+
+    /// A watch that never looks: for a port whose frames do not go through the program.
+    pub(crate) fn none(iface: &str) -> SteeringWatch {
+        SteeringWatch {
+            iface: iface.to_string(),
+            program: 0,
             checked_at: 0,
             timeouts: 0,
         }
@@ -256,6 +264,9 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
         round = send(shared, st, now);
     }
     let requests = st.dev.ack_only_requests();
+    // Before taking frames: a doorbell that rings after this is for frames this round may
+    // not see, and the sleep after it must wake for them.
+    st.io.port.rearm_wait();
     let received = receive(shared, st, now);
     if received > 0 {
         shared
@@ -400,7 +411,7 @@ pub(crate) fn receive(shared: &Shared, st: &mut State, now: u64) -> usize {
         if let Some(c) = capture {
             c.record(frame);
         }
-        match ip_payload(frame) {
+        match ip_payload(frame).filter(|ip| carries_rocev2(ip)) {
             Some(ip) => dev.handle_packet(now, ip, mem),
             None => {
                 shared.counters.rx_not_roce.fetch_add(1, Ordering::Relaxed);
@@ -580,9 +591,10 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
 pub(crate) fn run(
     shared: Arc<Shared>,
     mut watchers: Watchers,
-    mut xsks: XsksMap,
+    mut xsks: Option<XsksMap>,
     queues: Vec<u32>,
     wait_fd: RawFd,
+    doorbell: bool,
 ) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
@@ -652,7 +664,9 @@ pub(crate) fn run(
             shared.try_state()
         };
         let Some(mut guard) = guard else {
-            let frames = frame_watch.watching().then_some(wait_fd);
+            // A doorbell may still ring for frames the application took (only this thread's
+            // rounds silence it): naps do not watch it.
+            let frames = (!doorbell && frame_watch.watching()).then_some(wait_fd);
             let woke = wake_priority.sleep(|| sleep(&shared, frames, &watchers, Wait::Nap(nap_ns)));
             long_nap_rang = woke.alarm && nap_ns >= MAX_NAP_NS;
             if woke.addresses {
@@ -789,8 +803,10 @@ pub(crate) fn run(
     }
     // Leave the queues to the kernel: with their slots empty the XDP program passes RoCE
     // frames on.
-    for queue in queues {
-        let _ = xsks.clear(queue);
+    if let Some(xsks) = &mut xsks {
+        for queue in queues {
+            let _ = xsks.clear(queue);
+        }
     }
     shared.progressed.notify_all();
 }
@@ -1185,10 +1201,57 @@ fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
     None
 }
 
+/// Whether an IP packet is UDP to port 4791. The steering program lets only those through to
+/// an AF_XDP socket, but a DPDK port receives all of the interface's frames (neighbour
+/// discovery, the kernel's own traffic): those are not the transport's to count as malformed.
+/// Lengths are the transport's to check.
+fn carries_rocev2(ip: &[u8]) -> bool {
+    const UDP: u8 = 17;
+    let udp_at = match ip.first().map(|b| b >> 4) {
+        Some(4) if ip.get(9) == Some(&UDP) => usize::from(ip[0] & 0x0f) * 4,
+        Some(6) if ip.get(6) == Some(&UDP) => 40,
+        _ => return false,
+    };
+    ip.get(udp_at + 2..udp_at + 4)
+        .is_some_and(|p| u16::from_be_bytes([p[0], p[1]]) == wire::ROCEV2_UDP_PORT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use xroce_core::wire::{EthernetFrame, Ipv4Address, Ipv6Address};
+
+    #[test]
+    fn only_udp_to_port_4791_is_rocev2() {
+        let mut v4 = vec![0u8; 28];
+        v4[0] = 0x45;
+        v4[9] = 17;
+        v4[22..24].copy_from_slice(&4791u16.to_be_bytes());
+        assert!(carries_rocev2(&v4));
+        // IPv4 options move the UDP header.
+        let mut opts = vec![0u8; 32];
+        opts[0] = 0x46;
+        opts[9] = 17;
+        opts[26..28].copy_from_slice(&4791u16.to_be_bytes());
+        assert!(carries_rocev2(&opts));
+        let mut other_port = v4.clone();
+        other_port[22..24].copy_from_slice(&53u16.to_be_bytes());
+        assert!(!carries_rocev2(&other_port));
+        let mut tcp = v4.clone();
+        tcp[9] = 6;
+        assert!(!carries_rocev2(&tcp));
+        let mut v6 = vec![0u8; 48];
+        v6[0] = 0x60;
+        v6[6] = 17;
+        v6[42..44].copy_from_slice(&4791u16.to_be_bytes());
+        assert!(carries_rocev2(&v6));
+        let mut icmp6 = v6.clone();
+        icmp6[6] = 58;
+        assert!(!carries_rocev2(&icmp6));
+        // Cut short before the port, or empty.
+        assert!(!carries_rocev2(&v4[..23]));
+        assert!(!carries_rocev2(&[]));
+    }
 
     /// Untagged, one tag, two tags (802.1Q and 802.1ad, as the steering program accepts them);
     /// a third tag, another EtherType or a cut frame is not an IP packet.
