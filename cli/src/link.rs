@@ -180,6 +180,10 @@ fn xdp_state(iface: &Interface) -> String {
             }
         }
     }
+    // A DPDK engine (`XROCE_BACKEND=dpdk`) binds no socket and holds the whole interface.
+    if let Some(h) = engine::interface_holder(&iface.name) {
+        holders.push(format!("{h} on DPDK"));
+    }
     let held = if holders.is_empty() {
         String::new()
     } else {

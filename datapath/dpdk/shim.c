@@ -31,7 +31,9 @@ int xroce_dpdk_eal_init(int argc, char **argv)
 
 	if (have)
 		pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
-	return ret < 0 ? -err : 0;
+	if (ret >= 0)
+		return 0;
+	return err > 0 ? -err : -EINVAL;
 }
 
 const char *xroce_dpdk_strerror(int err)
@@ -51,21 +53,21 @@ int xroce_dpdk_open(const char *name, const char *args, const char *pool_name, u
 	uint16_t port, rx_desc = 1024, tx_desc = 1024;
 	int ret;
 
+	/* The pool first: a device probed and then given up keeps its packet sockets open (the
+	 * driver closes them only when a started device stops). */
+	*what = "create the buffer pool";
+	pool = rte_pktmbuf_pool_create(pool_name, mbufs, 0, 0,
+				       (uint16_t)(RTE_PKTMBUF_HEADROOM + data_room), SOCKET_ID_ANY);
+	if (pool == NULL)
+		return rte_errno > 0 ? -rte_errno : -ENOMEM;
 	*what = "create the virtual device";
 	ret = rte_vdev_init(name, args);
 	if (ret < 0)
-		return ret;
+		goto free_pool;
 	*what = "find the device's port";
 	ret = rte_eth_dev_get_port_by_name(name, &port);
 	if (ret < 0)
 		goto uninit;
-	*what = "create the buffer pool";
-	pool = rte_pktmbuf_pool_create(pool_name, mbufs, 0, 0,
-				       (uint16_t)(RTE_PKTMBUF_HEADROOM + data_room), SOCKET_ID_ANY);
-	if (pool == NULL) {
-		ret = -rte_errno;
-		goto close;
-	}
 	memset(&conf, 0, sizeof(conf));
 	*what = "configure the device";
 	ret = rte_eth_dev_configure(port, 1, 1, &conf);
@@ -91,12 +93,15 @@ int xroce_dpdk_open(const char *name, const char *args, const char *pool_name, u
 	return 0;
 
 close:
-	/* The device first: its receive queue refers to the pool. */
+	/* Started and stopped, so that the driver closes its packet sockets (a start that fails
+	 * leaves them; net_af_packet's start does not fail once its queues are set up). */
+	if (rte_eth_dev_start(port) == 0)
+		rte_eth_dev_stop(port);
 	rte_eth_dev_close(port);
 uninit:
 	rte_vdev_uninit(name);
-	if (pool != NULL)
-		rte_mempool_free(pool);
+free_pool:
+	rte_mempool_free(pool);
 	return ret < 0 ? ret : -EIO;
 }
 

@@ -40,6 +40,20 @@ pub trait Port: Send {
     }
 }
 
+/// Reads what a doorbell socket holds (see [`Port::wait_fd_is_doorbell`]), without waiting:
+/// it is readable again only when something newer arrives. Bounded, so that a flood cannot
+/// hold the caller here (the socket's buffer holds a datagram or two anyway).
+pub fn silence_doorbell(fd: RawFd) {
+    let mut byte = [0u8; 1];
+    for _ in 0..64 {
+        // SAFETY: one byte of room at `byte`; a longer datagram is cut, the rest discarded.
+        let n = unsafe { libc::recv(fd, byte.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            break;
+        }
+    }
+}
+
 /// See [`Port::rx_drops`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RxDrops {

@@ -600,24 +600,32 @@ fn perftest_programs() {
 }
 
 /// Unmodified programs whose client side runs on the DPDK port (`XROCE_BACKEND=dpdk`, a
-/// provider built with the `dpdk` feature) against a server on AF_XDP: the examples' own
-/// checks and perftest's runs pass, and the client's frames went past the steering program
-/// (no socket) to DPDK's driver.
+/// provider built with the `dpdk` feature) against a server on AF_XDP, over IPv4 and IPv6
+/// (GID 0, the link-local address): the examples' own checks and perftest's runs pass, and the
+/// client's frames went past the steering program (no socket) to DPDK's driver. The runs with
+/// `-e` wait in `ibv_get_cq_event`: the client's engine sleeps, and only its doorbell (the
+/// port's kernel UDP socket) wakes it for each message, over both IP versions.
 #[cfg(feature = "dpdk")]
 #[test]
 fn programs_run_over_the_dpdk_port() {
     if !root_or_skip() {
         return;
     }
-    let mut rig = Rig::new("xdk", 1500);
+    let mut rig = Rig::with_ipv6("xdk", 1500);
+    rig.wait_ipv6_ready();
     rig.backends[1] = "dpdk";
     let runs: &[&[&str]] = &[
         &["ibv_rc_pingpong", "-g", "1", "-n", "10000"],
         &["ibv_rc_pingpong", "-g", "1", "-s", "65536", "-c"],
+        &["ibv_rc_pingpong", "-g", "1", "-e", "-n", "2000"],
+        &["ibv_rc_pingpong", "-g", "0", "-e", "-n", "2000"],
+        &["ibv_rc_pingpong", "-g", "0", "-c", "-s", "4096"],
         &["ibv_ud_pingpong", "-g", "1"],
+        &["ibv_ud_pingpong", "-g", "0"],
         &["ib_write_bw", "-x", "1"],
-        &["ib_read_bw", "-x", "1"],
+        &["ib_read_bw", "-x", "0"],
         &["ib_send_lat", "-x", "1"],
+        &["ib_write_lat", "-x", "1"],
     ];
     for args in runs {
         let (s, c) = rig.server_client(args);

@@ -90,7 +90,9 @@ fn expect_backend(stats: &str) {
         .ok()
         .filter(|b| !b.is_empty())
         .unwrap_or_else(|| "af_xdp".to_string());
-    for line in stats.lines().filter(|l| !l.trim().is_empty()) {
+    let lines: Vec<&str> = stats.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "no engine wrote its counters");
+    for line in lines {
         assert!(
             line.split_whitespace()
                 .any(|f| f == format!("backend={wanted}")),

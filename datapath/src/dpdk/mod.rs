@@ -4,14 +4,18 @@
 //! The driver is DPDK's `net_af_packet` on the engine's interface: it needs neither hugepages
 //! (the environment starts with `--no-huge`) nor a device taken from the kernel, which keeps
 //! the interface's addresses, ARP/ND and routes, as with AF_XDP. It sees every frame of the
-//! interface (the engine drops what is not RoCEv2), and the kernel sees RoCEv2 frames too:
-//! the engine binds UDP port 4791 in the kernel, as rdma_rxe does, so that the kernel does not
-//! answer each of them with an ICMP error (see `DpdkPort::open`).
+//! interface (the engine sets aside what is not RoCEv2), and the kernel sees RoCEv2 frames
+//! too: the port binds UDP port 4791 on the interface in the kernel, as rdma_rxe does, so that
+//! the kernel does not answer each of them with an ICMP error.
 //!
-//! DPDK's drivers are polled: there is no descriptor to sleep on ([`Port::wait_fd`] is `None`),
-//! so an idle engine on this port looks for frames at intervals (see the progress thread's
-//! `POLL_MODE_MAX_NAP_NS`). The DPDK calls themselves are static inline functions in DPDK's
-//! headers; `dpdk/shim.c` wraps them.
+//! DPDK's drivers are polled: they have no descriptor to sleep on. That kernel socket is one:
+//! every RoCEv2 frame the driver receives reaches it too (IPv6 ones with their zero UDP
+//! checksum included: see `bind_roce_udp_port`), so it becomes readable when frames arrive, a
+//! doorbell the progress thread sleeps on and silences before it takes frames
+//! ([`Port::wait_fd_is_doorbell`]). An idle engine on this port thus sleeps as one on AF_XDP
+//! does. A firewall that drops UDP 4791 in the kernel would silence it (AF_XDP takes frames
+//! before the kernel's firewall). The DPDK calls themselves are static inline functions in
+//! DPDK's headers; `dpdk/shim.c` wraps them.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
@@ -55,15 +59,16 @@ extern "C" {
     ) -> c_int;
 }
 
-/// Bytes of one frame slot in the driver's packet rings (`framesz`) and of one buffer: room
-/// for a 9000-byte MTU's frames with the ring's own header, whatever the interface's MTU is
-/// now (it may grow while the engine runs).
-const FRAME_SLOT: u32 = 10_240;
-/// The largest frame the port takes: a slot less the ring's per-frame header (`tpacket2_hdr`
+/// Bytes of one frame slot in the driver's packet rings (`framesz`) and of one buffer. The
+/// largest RoCEv2 frame is a 4096-byte payload with its headers (under 4 200 bytes over IPv6
+/// with two VLAN tags), whatever the interface's MTU: path MTUs stop at 4096. Longer frames
+/// (the kernel's own, on a jumbo link) reach the port cut to a slot, and are not RoCEv2.
+const FRAME_SLOT: u32 = 4_608;
+/// The largest frame the port sends: a slot less the ring's per-frame header (`tpacket2_hdr`
 /// and the link-layer address, aligned), with margin.
 pub const MAX_FRAME: usize = FRAME_SLOT as usize - 128;
-/// Slots per ring block (`blocksz` = 2 slots, a multiple of the page size), and slots per ring.
-const RING_BLOCK: u32 = 2 * FRAME_SLOT;
+/// Slots per ring block (`blocksz` = 8 slots, 9 pages of 4 KiB), and slots per ring.
+const RING_BLOCK: u32 = 8 * FRAME_SLOT;
 const RING_SLOTS: u32 = 512;
 /// Buffers in the port's pool: a receive burst, the frames queued for a flush, and what the
 /// driver holds in between.
@@ -72,7 +77,7 @@ const POOL_BUFFERS: u32 = 1024;
 const RX_BURST: usize = 64;
 /// Frames queued before [`Port::send`] asks for a flush.
 const TX_QUEUE: usize = 256;
-/// Memory DPDK reserves at start for its pools (MiB): a port's pool is about 11 MiB, and a
+/// Memory DPDK reserves at start for its pools (MiB): a port's pool is about 5 MiB, and a
 /// process may run several engines (one per device).
 const EAL_MEMORY_MB: &str = "128";
 /// Extra arguments for DPDK's environment (whitespace-separated), e.g. `--log-level=7`.
@@ -90,10 +95,6 @@ pub enum DpdkError {
         what: String,
         reason: String,
     },
-    #[error(
-        "{iface}'s MTU {mtu} is too large for xroce's DPDK port (frames up to {MAX_FRAME} bytes)"
-    )]
-    MtuTooLarge { iface: String, mtu: u32 },
     #[error(
         "cannot bind UDP port 4791 on {iface} in the kernel (is rdma_rxe using it?): {source}"
     )]
@@ -122,8 +123,8 @@ fn eal() -> Result<(), DpdkError> {
             "--no-shconf",
             "--no-telemetry",
             "--iova-mode=va",
-            // Warnings and errors only: DPDK's start-up notices would go to the application's
-            // standard error.
+            // Errors only (4 is ERR): DPDK's start-up notices and warnings would go to the
+            // application's standard error.
             "--log-level=4",
         ]
         .iter()
@@ -189,6 +190,8 @@ pub struct DpdkPort {
     port: u16,
     pool: *mut Mempool,
     mac: [u8; 6],
+    /// The interface's name (in the engine's network namespace).
+    iface: String,
     /// Frames queued for the next flush.
     tx: Vec<*mut Mbuf>,
     rx: [*mut Mbuf; RX_BURST],
@@ -207,15 +210,9 @@ pub struct DpdkPort {
 unsafe impl Send for DpdkPort {}
 
 impl DpdkPort {
-    /// Creates a `net_af_packet` device on `iface` (in the caller's network namespace), whose
-    /// MTU is `mtu`, and starts it.
-    pub fn open(iface: &str, mtu: u32) -> Result<DpdkPort, DpdkError> {
-        if mtu as usize + 18 > MAX_FRAME {
-            return Err(DpdkError::MtuTooLarge {
-                iface: iface.to_string(),
-                mtu,
-            });
-        }
+    /// Creates a `net_af_packet` device on `iface` (in the caller's network namespace) and
+    /// starts it.
+    pub fn open(iface: &str) -> Result<DpdkPort, DpdkError> {
         let roce_port = bind_roce_udp_port(iface).map_err(|source| DpdkError::RoceUdpPort {
             iface: iface.to_string(),
             source,
@@ -265,7 +262,16 @@ impl DpdkPort {
                     .to_string_lossy()
                     .into_owned()
             };
-            return Err(open_error(&what, strerror(ret)));
+            // The driver's probe says only -1 (EPERM) whatever went wrong; DPDK logged why.
+            let reason = if what == "create the virtual device" {
+                format!(
+                    "the net_af_packet driver refused it (DPDK's messages above say why; more \
+                     with {EAL_ARGS_ENV}=--log-level=8)"
+                )
+            } else {
+                strerror(ret)
+            };
+            return Err(open_error(&what, reason));
         }
         let mut mac = [0u8; 6];
         // SAFETY: `mac` has the 6 bytes the call writes.
@@ -275,6 +281,7 @@ impl DpdkPort {
             port,
             pool,
             mac,
+            iface: iface.to_string(),
             tx: Vec::with_capacity(TX_QUEUE),
             rx: [std::ptr::null_mut(); RX_BURST],
             joined: Vec::new(),
@@ -285,6 +292,29 @@ impl DpdkPort {
     /// The descriptor that becomes readable when RoCEv2 frames arrive (see the module's text).
     pub fn doorbell_fd(&self) -> RawFd {
         self.doorbell.as_raw_fd()
+    }
+
+    /// Whether the interface is up and has a carrier (`IFF_UP` and `IFF_RUNNING`). Asked
+    /// through the doorbell socket, which lives in the interface's network namespace. Unknown
+    /// (the query failed): taken as running, so that frames are tried again.
+    fn interface_running(&self) -> bool {
+        // SAFETY: an all-zero ifreq is valid; the name is copied in below.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        let name = self.iface.as_bytes();
+        if name.len() >= req.ifr_name.len() {
+            return true;
+        }
+        for (dst, &src) in req.ifr_name.iter_mut().zip(name) {
+            *dst = src as c_char;
+        }
+        // SAFETY: SIOCGIFFLAGS reads the name and writes the flags within `req`.
+        if unsafe { libc::ioctl(self.doorbell.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+            return true;
+        }
+        // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+        let flags = c_int::from(unsafe { req.ifr_ifru.ifru_flags });
+        let wanted = libc::IFF_UP | libc::IFF_RUNNING;
+        flags & wanted == wanted
     }
 
     /// The device's MAC address (the interface's).
@@ -308,6 +338,9 @@ impl DpdkPort {
     }
 }
 
+/// `UDP_NO_CHECK6_RX` (linux/udp.h), which the libc crate does not name.
+const UDP_NO_CHECK6_RX: c_int = 102;
+
 /// Binds UDP port 4791 (IPv6 and IPv4) on `iface` in the caller's network namespace, with the
 /// smallest receive buffer: the kernel then queues the RoCEv2 frames it sees there, drops them
 /// when full, and answers none with "port unreachable". Bound to the interface, it also makes
@@ -326,6 +359,10 @@ fn bind_roce_udp_port(iface: &str) -> io::Result<OwnedFd> {
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &zero),
         // The smallest the kernel allows.
         (libc::SOL_SOCKET, libc::SO_RCVBUF, &one),
+        // RoCEv2 frames carry UDP checksum 0, which IPv6 forbids: the kernel drops them
+        // before the socket unless told (rdma_rxe's socket says the same), and the doorbell
+        // would not ring for IPv6.
+        (libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, &one),
     ] {
         // SAFETY: `value` points at a c_int of the size given.
         let r = unsafe {
@@ -434,6 +471,14 @@ impl Port for DpdkPort {
             let sent = unsafe { xroce_dpdk_tx(self.port, self.tx.as_mut_ptr(), n) } as usize;
             self.tx.drain(..sent);
             if sent == 0 {
+                // The driver's ring is full, or the interface is down; then say so, as the
+                // AF_XDP socket does, so that the engine waits for the link instead of
+                // trying again at once. net_af_packet takes frames into its ring even when
+                // the kernel refuses them, so this is seen only once the ring is full, and
+                // DPDK 22.11's driver does not report the link: the kernel is asked.
+                if !self.interface_running() {
+                    return Err(io::Error::from_raw_os_error(libc::ENETDOWN));
+                }
                 break;
             }
         }
@@ -453,25 +498,11 @@ impl Port for DpdkPort {
     }
 
     fn rearm_wait(&mut self) {
-        // Its buffer holds a frame or two; a bound keeps a flood from holding this here.
-        let mut byte = [0u8; 1];
-        for _ in 0..64 {
-            // SAFETY: one byte of room, at `byte`; a datagram longer is cut (MSG_TRUNC is not
-            // needed: the rest is discarded either way).
-            let n = unsafe {
-                libc::recv(
-                    self.doorbell.as_raw_fd(),
-                    byte.as_mut_ptr().cast(),
-                    1,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n < 0 {
-                break;
-            }
-        }
+        crate::port::silence_doorbell(self.doorbell.as_raw_fd());
     }
 
+    /// What the driver reports; `net_af_packet` reports none (its ring's drops are the
+    /// kernel's, and it counts no buffer shortage), so on it these stay 0.
     fn rx_drops(&self) -> RxDrops {
         let (mut missed, mut no_mbuf, mut errors) = (0, 0, 0);
         // SAFETY: the out pointers point at locals.

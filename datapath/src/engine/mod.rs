@@ -32,7 +32,7 @@ use xroce_core::wire::IpAddress;
 
 pub use addressing::{AddressingError, Applied, Neighbours};
 pub use memory::ProcessMemory;
-pub use queue_claim::{holder as queue_holder, QueueHolder};
+pub use queue_claim::{holder as queue_holder, interface_holder, QueueHolder};
 
 use crate::afxdp::{BindMode, QueueSet, XskConfig, XskError, XskSocket, RECEIVE_ONLY};
 use crate::netlink::core_address;
@@ -472,7 +472,7 @@ impl Engine {
             zero_copy,
         } = match config.backend {
             Backend::AfXdp => open_af_xdp(&config, ifindex, &neighbours)?,
-            Backend::Dpdk => open_dpdk(&config, mtu)?,
+            Backend::Dpdk => open_dpdk(&config)?,
         };
         let watchers = progress::Watchers {
             addresses: neighbours.watch()?,
@@ -1167,6 +1167,13 @@ fn open_af_xdp(
     ifindex: u32,
     neighbours: &Neighbours,
 ) -> Result<OpenedPort, EngineError> {
+    // A DPDK engine's driver would see none of the frames this one's sockets take.
+    if let Some(holder) = queue_claim::interface_holder(&config.iface) {
+        return Err(EngineError::InterfaceInUse {
+            iface: config.iface.clone(),
+            holder: Some(holder),
+        });
+    }
     let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
     let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
         .unwrap_or_else(|| neighbours.rx_queues());
@@ -1203,19 +1210,24 @@ fn open_af_xdp(
     })
 }
 
-/// A DPDK `net_af_packet` device on the interface. One engine per interface, as with AF_XDP:
-/// the port's kernel UDP socket is bound to the interface, and a second engine's is refused.
+/// A DPDK `net_af_packet` device on the interface. One engine per interface: the port's
+/// kernel UDP socket is bound to the interface, and a second one is refused; an AF_XDP
+/// engine's sockets would take the RoCEv2 frames before the driver sees them.
 #[cfg(feature = "dpdk")]
-fn open_dpdk(config: &EngineConfig, mtu: u32) -> Result<OpenedPort, EngineError> {
-    let port = match crate::dpdk::DpdkPort::open(&config.iface, mtu) {
+fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
+    let in_use = |holder| EngineError::InterfaceInUse {
+        iface: config.iface.clone(),
+        holder,
+    };
+    if let Some(holder) = queue_claim::any_queue_holder(&config.iface) {
+        return Err(in_use(Some(holder)));
+    }
+    let port = match crate::dpdk::DpdkPort::open(&config.iface) {
         Ok(port) => port,
         Err(crate::dpdk::DpdkError::RoceUdpPort { source, .. })
             if source.kind() == std::io::ErrorKind::AddrInUse =>
         {
-            return Err(EngineError::InterfaceInUse {
-                iface: config.iface.clone(),
-                holder: queue_claim::holder(&config.iface, 0),
-            });
+            return Err(in_use(queue_claim::interface_holder(&config.iface)));
         }
         Err(e) => return Err(e.into()),
     };
@@ -1225,13 +1237,15 @@ fn open_dpdk(config: &EngineConfig, mtu: u32) -> Result<OpenedPort, EngineError>
         port: Box::new(port),
         xsks: None,
         queues: vec![0],
-        queue_claims: queue_claim::claim(&config.iface, 0).into_iter().collect(),
+        queue_claims: queue_claim::claim_interface(&config.iface)
+            .into_iter()
+            .collect(),
         zero_copy: false,
     })
 }
 
 #[cfg(not(feature = "dpdk"))]
-fn open_dpdk(_config: &EngineConfig, _mtu: u32) -> Result<OpenedPort, EngineError> {
+fn open_dpdk(_config: &EngineConfig) -> Result<OpenedPort, EngineError> {
     Err(EngineError::DpdkNotBuilt)
 }
 

@@ -664,9 +664,13 @@ pub(crate) fn run(
             shared.try_state()
         };
         let Some(mut guard) = guard else {
-            // A doorbell may still ring for frames the application took (only this thread's
-            // rounds silence it): naps do not watch it.
-            let frames = (!doorbell && frame_watch.watching()).then_some(wait_fd);
+            let frames = frame_watch.watching().then_some(wait_fd);
+            if doorbell && frames.is_some() {
+                // It may still ring for frames the application has taken since (only this
+                // thread silences it). Those not taken yet are the application's, in its
+                // verbs, or this thread's after the nap.
+                crate::port::silence_doorbell(wait_fd);
+            }
             let woke = wake_priority.sleep(|| sleep(&shared, frames, &watchers, Wait::Nap(nap_ns)));
             long_nap_rang = woke.alarm && nap_ns >= MAX_NAP_NS;
             if woke.addresses {
@@ -677,10 +681,19 @@ pub(crate) fn run(
                 // frame; if it did not (it has left for good, to spin on memory), the next
                 // round finds it quiet and takes the frame. A frame that waits for the lock
                 // (held outside the verbs loop) stays unwatched until this thread has it.
+                // A doorbell cannot say whether its frames are still waiting: an application
+                // back in its verbs after the grace is taken to have taken them.
+                if doorbell {
+                    crate::port::silence_doorbell(wait_fd);
+                }
                 let waiting = !self::app_busy(&shared, shared.now()) || {
                     let _ = wake_priority
                         .sleep(|| sleep(&shared, None, &watchers, Wait::AtMost(APP_ACTIVE_NS)));
-                    frames_waiting(wait_fd)
+                    if doorbell {
+                        !self::app_busy(&shared, shared.now())
+                    } else {
+                        frames_waiting(wait_fd)
+                    }
                 };
                 frame_watch.after_grace(waiting);
             } else {
@@ -1207,8 +1220,19 @@ fn ip_payload(frame: &[u8]) -> Option<&[u8]> {
 /// Lengths are the transport's to check.
 fn carries_rocev2(ip: &[u8]) -> bool {
     const UDP: u8 = 17;
+    // More fragments, or a fragment offset: not a whole datagram (as the steering program).
+    const FRAGMENT: u16 = 0x3fff;
     let udp_at = match ip.first().map(|b| b >> 4) {
-        Some(4) if ip.get(9) == Some(&UDP) => usize::from(ip[0] & 0x0f) * 4,
+        Some(4) => {
+            let ihl = usize::from(ip[0] & 0x0f);
+            let fragment = ip
+                .get(6..8)
+                .is_none_or(|f| u16::from_be_bytes([f[0], f[1]]) & FRAGMENT != 0);
+            if ihl < 5 || fragment || ip.get(9) != Some(&UDP) {
+                return false;
+            }
+            ihl * 4
+        }
         Some(6) if ip.get(6) == Some(&UDP) => 40,
         _ => return false,
     };
@@ -1240,6 +1264,20 @@ mod tests {
         let mut tcp = v4.clone();
         tcp[9] = 6;
         assert!(!carries_rocev2(&tcp));
+        // A header length under 5 words, a first fragment, a later fragment.
+        let mut short_header = v4.clone();
+        short_header[0] = 0x44;
+        assert!(!carries_rocev2(&short_header));
+        let mut first_fragment = v4.clone();
+        first_fragment[6] = 0x20;
+        assert!(!carries_rocev2(&first_fragment));
+        let mut later_fragment = v4.clone();
+        later_fragment[7] = 0x10;
+        assert!(!carries_rocev2(&later_fragment));
+        // Don't-fragment is not a fragment.
+        let mut dont_fragment = v4.clone();
+        dont_fragment[6] = 0x40;
+        assert!(carries_rocev2(&dont_fragment));
         let mut v6 = vec![0u8; 48];
         v6[0] = 0x60;
         v6[6] = 17;

@@ -7,6 +7,10 @@
 //! process's start time too, so a note whose process is gone (or whose PID was reused) is
 //! not believed, and the next engine on the queue overwrites it.
 //!
+//! A DPDK engine takes the whole interface (its driver sees every frame, and an AF_XDP socket
+//! on any queue would take RoCEv2 frames from it): its note is `<iface>.dpdk`, and each kind
+//! of engine refuses to start while a live note of the other kind is there.
+//!
 //! The notes sit in one directory of their own, `/run/xroce/queues/<netns-id>.<iface>.<queue>`
 //! (the network namespace's id as in the registry), not in the registry's per-namespace
 //! directories: those belong to `xroce link`, which removes them with a namespace's last link,
@@ -49,14 +53,27 @@ impl Drop for QueueClaim {
 /// Leaves a note that this process holds `queue` of `iface` (in the calling thread's network
 /// namespace). `None` when it cannot be written: the note only improves an error message.
 pub(crate) fn claim(iface: &str, queue: u32) -> Option<QueueClaim> {
-    let path = note_path(iface, queue)?;
+    claim_note(iface, &queue.to_string())
+}
+
+/// Leaves a note that this process's DPDK engine holds all of `iface`.
+#[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+pub(crate) fn claim_interface(iface: &str) -> Option<QueueClaim> {
+    claim_note(iface, DPDK_NOTE)
+}
+
+/// The note name of a DPDK engine (which takes the whole interface).
+const DPDK_NOTE: &str = "dpdk";
+
+fn claim_note(iface: &str, key: &str) -> Option<QueueClaim> {
+    let path = note_path(iface, key)?;
     let pid = std::process::id();
     let started = start_time(pid)?;
     let dir = path.parent()?;
     fs::create_dir_all(dir).ok()?;
     remove_dead_notes(dir);
     // Written aside and renamed, so that a reader never sees half a note.
-    let partial = path.with_extension(format!("{queue}.{pid}.new"));
+    let partial = path.with_extension(format!("{key}.{pid}.new"));
     fs::write(&partial, format!("{pid} {started}\n")).ok()?;
     if fs::rename(&partial, &path).is_err() {
         let _ = fs::remove_file(&partial);
@@ -87,7 +104,31 @@ fn remove_dead_notes(dir: &std::path::Path) {
 /// The process whose note says it holds `queue` of `iface` (in the calling thread's network
 /// namespace), if it still runs.
 pub fn holder(iface: &str, queue: u32) -> Option<QueueHolder> {
-    let (pid, started) = read_note(&note_path(iface, queue)?)?;
+    holder_of(&note_path(iface, &queue.to_string())?)
+}
+
+/// The process whose DPDK engine holds `iface`, if it still runs.
+pub fn interface_holder(iface: &str) -> Option<QueueHolder> {
+    holder_of(&note_path(iface, DPDK_NOTE)?)
+}
+
+/// A process whose AF_XDP engine holds a queue of `iface`, if one still runs.
+#[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+pub fn any_queue_holder(iface: &str) -> Option<QueueHolder> {
+    let any = note_path(iface, "0")?;
+    let (dir, prefix) = (any.parent()?, any.file_name()?.to_str()?.strip_suffix('0')?);
+    fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
+        let name = entry.file_name();
+        let queue = name.to_str()?.strip_prefix(prefix)?;
+        if queue.is_empty() || !queue.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        holder_of(&entry.path())
+    })
+}
+
+fn holder_of(path: &std::path::Path) -> Option<QueueHolder> {
+    let (pid, started) = read_note(path)?;
     if start_time(pid)? != started {
         return None;
     }
@@ -98,14 +139,14 @@ pub fn holder(iface: &str, queue: u32) -> Option<QueueHolder> {
     })
 }
 
-fn note_path(iface: &str, queue: u32) -> Option<PathBuf> {
+fn note_path(iface: &str, key: &str) -> Option<PathBuf> {
     // Interface names never contain '/' (the kernel refuses them), but this is a path.
     if iface.is_empty() || iface.contains('/') || iface.starts_with('.') {
         return None;
     }
     let netns = crate::registry::netns_id().ok()?;
     let dir = std::path::Path::new(crate::registry::RUN_ROOT).join("queues");
-    Some(dir.join(format!("{netns}.{iface}.{queue}")))
+    Some(dir.join(format!("{netns}.{iface}.{key}")))
 }
 
 fn read_note(path: &std::path::Path) -> Option<(u32, u64)> {
@@ -168,8 +209,8 @@ mod tests {
 
     #[test]
     fn names_that_are_not_file_names_get_no_note() {
-        assert!(note_path("../etc", 0).is_none());
-        assert!(note_path("", 0).is_none());
-        assert!(note_path("a/b", 0).is_none());
+        assert!(note_path("../etc", "0").is_none());
+        assert!(note_path("", "0").is_none());
+        assert!(note_path("a/b", "0").is_none());
     }
 }
