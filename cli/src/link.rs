@@ -133,6 +133,15 @@ fn show_link(link: &Link, out: &mut dyn Write) -> io::Result<()> {
 }
 
 fn xdp_state(iface: &Interface) -> String {
+    // A DPDK engine (`XROCE_BACKEND=dpdk`) binds no socket, needs no steering program, and
+    // holds the whole interface.
+    let dpdk = engine::interface_holder(&iface.name)
+        .map(|h| format!("; in use by {h} on DPDK"))
+        .unwrap_or_default();
+    format!("{}{dpdk}", steering_state(iface))
+}
+
+fn steering_state(iface: &Interface) -> String {
     let status = match xdp::status(Some(&iface.name)) {
         Ok(mut all) if !all.is_empty() => all.swap_remove(0),
         Ok(_) => return "not attached".to_string(),
@@ -179,10 +188,6 @@ fn xdp_state(iface: &Interface) -> String {
                 holders.push(h);
             }
         }
-    }
-    // A DPDK engine (`XROCE_BACKEND=dpdk`) binds no socket and holds the whole interface.
-    if let Some(h) = engine::interface_holder(&iface.name) {
-        holders.push(format!("{h} on DPDK"));
     }
     let held = if holders.is_empty() {
         String::new()

@@ -41,7 +41,7 @@ const char *xroce_dpdk_strerror(int err)
 	return rte_strerror(err < 0 ? -err : err);
 }
 
-/* Creates the virtual device `name` with `args` (e.g. "iface=eth0,framesz=10240"), a pool of
+/* Creates the virtual device `name` with `args` (e.g. "iface=eth0,framesz=4608"), a pool of
  * `mbufs` buffers of `data_room` bytes each, and starts the device with one receive and one
  * transmit queue. Returns 0, or a negative errno with `what` naming the step that failed. */
 int xroce_dpdk_open(const char *name, const char *args, const char *pool_name, unsigned mbufs,
@@ -93,12 +93,14 @@ int xroce_dpdk_open(const char *name, const char *args, const char *pool_name, u
 	return 0;
 
 close:
-	/* Started and stopped, so that the driver closes its packet sockets (a start that fails
-	 * leaves them; net_af_packet's start does not fail once its queues are set up). */
+	/* Started and stopped, so that the driver closes its packet sockets. DPDK refuses to start
+	 * a device whose configuration failed, which then keeps them (net_af_packet's
+	 * configuration does not fail with the arguments the port gives). */
 	if (rte_eth_dev_start(port) == 0)
 		rte_eth_dev_stop(port);
 	rte_eth_dev_close(port);
 uninit:
+	/* (Only if the device just made has no port, which DPDK does not let happen.) */
 	rte_vdev_uninit(name);
 free_pool:
 	rte_mempool_free(pool);

@@ -623,8 +623,10 @@ fn programs_run_over_the_dpdk_port() {
         &["ibv_ud_pingpong", "-g", "1"],
         &["ibv_ud_pingpong", "-g", "0"],
         &["ib_write_bw", "-x", "1"],
+        &["ib_read_bw", "-x", "1"],
         &["ib_read_bw", "-x", "0"],
         &["ib_send_lat", "-x", "1"],
+        &["ib_send_lat", "-x", "0"],
         &["ib_write_lat", "-x", "1"],
     ];
     for args in runs {

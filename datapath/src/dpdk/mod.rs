@@ -295,8 +295,9 @@ impl DpdkPort {
     }
 
     /// Whether the interface is up and has a carrier (`IFF_UP` and `IFF_RUNNING`). Asked
-    /// through the doorbell socket, which lives in the interface's network namespace. Unknown
-    /// (the query failed): taken as running, so that frames are tried again.
+    /// through the doorbell socket, which lives in the interface's network namespace. No such
+    /// interface (gone, or renamed: the engine learns which from its address watcher) counts
+    /// as down; another failure as running, so that frames are tried again.
     fn interface_running(&self) -> bool {
         // SAFETY: an all-zero ifreq is valid; the name is copied in below.
         let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -309,7 +310,7 @@ impl DpdkPort {
         }
         // SAFETY: SIOCGIFFLAGS reads the name and writes the flags within `req`.
         if unsafe { libc::ioctl(self.doorbell.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
-            return true;
+            return io::Error::last_os_error().raw_os_error() != Some(libc::ENODEV);
         }
         // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
         let flags = c_int::from(unsafe { req.ifr_ifru.ifru_flags });
@@ -338,9 +339,6 @@ impl DpdkPort {
     }
 }
 
-/// `UDP_NO_CHECK6_RX` (linux/udp.h), which the libc crate does not name.
-const UDP_NO_CHECK6_RX: c_int = 102;
-
 /// Binds UDP port 4791 (IPv6 and IPv4) on `iface` in the caller's network namespace, with the
 /// smallest receive buffer: the kernel then queues the RoCEv2 frames it sees there, drops them
 /// when full, and answers none with "port unreachable". Bound to the interface, it also makes
@@ -362,7 +360,7 @@ fn bind_roce_udp_port(iface: &str) -> io::Result<OwnedFd> {
         // RoCEv2 frames carry UDP checksum 0, which IPv6 forbids: the kernel drops them
         // before the socket unless told (rdma_rxe's socket says the same), and the doorbell
         // would not ring for IPv6.
-        (libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, &one),
+        (libc::IPPROTO_UDP, libc::UDP_NO_CHECK6_RX, &one),
     ] {
         // SAFETY: `value` points at a c_int of the size given.
         let r = unsafe {

@@ -470,9 +470,13 @@ impl Engine {
             queues,
             queue_claims,
             zero_copy,
-        } = match config.backend {
-            Backend::AfXdp => open_af_xdp(&config, ifindex, &neighbours)?,
-            Backend::Dpdk => open_dpdk(&config)?,
+        } = {
+            // Each kind checks for the other's note and leaves its own under this lock.
+            let _start = queue_claim::start_lock(&config.iface);
+            match config.backend {
+                Backend::AfXdp => open_af_xdp(&config, ifindex, &neighbours)?,
+                Backend::Dpdk => open_dpdk(&config)?,
+            }
         };
         let watchers = progress::Watchers {
             addresses: neighbours.watch()?,

@@ -9,7 +9,13 @@
 //!
 //! A DPDK engine takes the whole interface (its driver sees every frame, and an AF_XDP socket
 //! on any queue would take RoCEv2 frames from it): its note is `<iface>.dpdk`, and each kind
-//! of engine refuses to start while a live note of the other kind is there.
+//! of engine refuses to start while a live note of the other kind is there. Between the two
+//! kinds the notes are the only guard (the kernel refuses a second AF_XDP socket on a queue,
+//! and a second DPDK engine's UDP socket, but sees no conflict between the kinds), so an
+//! engine checks and writes them holding the start lock (a `flock` on the notes' directory,
+//! for every interface: starts are rare and short), and two engines starting at once cannot
+//! both pass. Where `/run/xroce` cannot be written there are
+//! no notes, and no such guard.
 //!
 //! The notes sit in one directory of their own, `/run/xroce/queues/<netns-id>.<iface>.<queue>`
 //! (the network namespace's id as in the registry), not in the registry's per-namespace
@@ -80,6 +86,26 @@ fn claim_note(iface: &str, key: &str) -> Option<QueueClaim> {
         return None;
     }
     Some(QueueClaim { path })
+}
+
+/// Held while an engine checks the other kind's note, opens its port and leaves its own note
+/// (see the module's text); dropping it lets the next start go on. `None` when the lock file
+/// cannot be made (no guard then).
+pub(crate) struct StartLock {
+    _file: fs::File,
+}
+
+pub(crate) fn start_lock(iface: &str) -> Option<StartLock> {
+    use std::os::fd::AsRawFd;
+    let path = note_path(iface, "0")?;
+    let dir = path.parent()?;
+    fs::create_dir_all(dir).ok()?;
+    let file = fs::File::open(dir).ok()?;
+    // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return None;
+    }
+    Some(StartLock { _file: file })
 }
 
 /// Removes the notes of processes that ended without removing theirs (killed, or exited
