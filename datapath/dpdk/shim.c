@@ -116,16 +116,6 @@ void xroce_dpdk_close(const char *name, uint16_t port, struct rte_mempool *pool)
 	rte_mempool_free(pool);
 }
 
-int xroce_dpdk_mac(uint16_t port, uint8_t mac[6])
-{
-	struct rte_ether_addr addr;
-	int ret = rte_eth_macaddr_get(port, &addr);
-
-	if (ret == 0)
-		memcpy(mac, addr.addr_bytes, 6);
-	return ret;
-}
-
 uint16_t xroce_dpdk_rx(uint16_t port, struct rte_mbuf **bufs, uint16_t n)
 {
 	return rte_eth_rx_burst(port, 0, bufs, n);

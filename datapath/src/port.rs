@@ -24,14 +24,12 @@ pub trait Port: Send {
     /// A descriptor that becomes readable when frames arrive, for sleeping in `poll()`.
     fn wait_fd(&self) -> Option<RawFd>;
     /// Whether [`Port::wait_fd`] is a doorbell: it rings when frames arrive but stays readable
-    /// until [`Port::rearm_wait`] silences it, whoever took the frames (an AF_XDP socket is
-    /// readable exactly while frames wait in it).
+    /// until read ([`silence_doorbell`]), whoever took the frames (an AF_XDP socket is
+    /// readable exactly while frames wait in it). The progress thread silences it before it
+    /// takes frames, so that a sleep after taking them wakes only for newer ones.
     fn wait_fd_is_doorbell(&self) -> bool {
         false
     }
-    /// Silences a doorbell (see [`Port::wait_fd_is_doorbell`]) before the frames that rang it
-    /// are taken, so that a sleep after taking them wakes only for newer ones.
-    fn rearm_wait(&mut self) {}
     /// Frames for this port that the device dropped before they could be received: with no
     /// room in the receive ring, and for any other reason. Lost frames look like loss on the
     /// path to the transport (NAKs, retransmissions); these say where they were lost.

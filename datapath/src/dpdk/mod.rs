@@ -43,7 +43,6 @@ extern "C" {
         what: *mut *const c_char,
     ) -> c_int;
     fn xroce_dpdk_close(name: *const c_char, port: u16, pool: *mut Mempool);
-    fn xroce_dpdk_mac(port: u16, mac: *mut u8) -> c_int;
     fn xroce_dpdk_rx(port: u16, bufs: *mut *mut Mbuf, n: u16) -> u16;
     fn xroce_dpdk_tx(port: u16, bufs: *mut *mut Mbuf, n: u16) -> u16;
     fn xroce_dpdk_data(m: *const Mbuf, len: *mut u32, pkt_len: *mut u32) -> *const u8;
@@ -189,7 +188,6 @@ pub struct DpdkPort {
     name: CString,
     port: u16,
     pool: *mut Mempool,
-    mac: [u8; 6],
     /// The interface's name (in the engine's network namespace).
     iface: String,
     /// Frames queued for the next flush.
@@ -273,14 +271,10 @@ impl DpdkPort {
             };
             return Err(open_error(&what, reason));
         }
-        let mut mac = [0u8; 6];
-        // SAFETY: `mac` has the 6 bytes the call writes.
-        unsafe { xroce_dpdk_mac(port, mac.as_mut_ptr()) };
         Ok(DpdkPort {
             name,
             port,
             pool,
-            mac,
             iface: iface.to_string(),
             tx: Vec::with_capacity(TX_QUEUE),
             rx: [std::ptr::null_mut(); RX_BURST],
@@ -316,11 +310,6 @@ impl DpdkPort {
         let flags = c_int::from(unsafe { req.ifr_ifru.ifru_flags });
         let wanted = libc::IFF_UP | libc::IFF_RUNNING;
         flags & wanted == wanted
-    }
-
-    /// The device's MAC address (the interface's).
-    pub fn mac(&self) -> [u8; 6] {
-        self.mac
     }
 
     /// A fresh buffer and its writable bytes, or `None` when the pool is empty.
@@ -493,10 +482,6 @@ impl Port for DpdkPort {
 
     fn wait_fd_is_doorbell(&self) -> bool {
         true
-    }
-
-    fn rearm_wait(&mut self) {
-        crate::port::silence_doorbell(self.doorbell.as_raw_fd());
     }
 
     /// What the driver reports; `net_af_packet` reports none (its ring's drops are the

@@ -465,7 +465,6 @@ impl Engine {
         let OpenedPort {
             port,
             wait_fd,
-            doorbell,
             xsks,
             queues,
             queue_claims,
@@ -478,6 +477,7 @@ impl Engine {
                 Backend::Dpdk => open_dpdk(&config)?,
             }
         };
+        let doorbell = port.wait_fd_is_doorbell();
         let watchers = progress::Watchers {
             addresses: neighbours.watch()?,
             // Without it (no pins, or bpffs out of reach) an unload is noticed only when
@@ -1155,8 +1155,6 @@ struct OpenedPort {
     port: Box<dyn crate::port::Port>,
     /// What the progress thread sleeps on for frames.
     wait_fd: RawFd,
-    /// `wait_fd` is a doorbell (see [`crate::port::Port::wait_fd_is_doorbell`]).
-    doorbell: bool,
     /// The steering program's socket map the port's sockets are entered in (AF_XDP).
     xsks: Option<crate::xdp::XsksMap>,
     /// The queues received on, the one sent on first.
@@ -1206,7 +1204,6 @@ fn open_af_xdp(
     Ok(OpenedPort {
         port,
         wait_fd,
-        doorbell: false,
         xsks: Some(xsks),
         queues: bound.iter().map(|&(q, _)| q).collect(),
         queue_claims,
@@ -1237,7 +1234,6 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
     };
     Ok(OpenedPort {
         wait_fd: port.doorbell_fd(),
-        doorbell: true,
         port: Box::new(port),
         xsks: None,
         queues: vec![0],

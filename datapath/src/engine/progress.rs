@@ -264,9 +264,6 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
         round = send(shared, st, now);
     }
     let requests = st.dev.ack_only_requests();
-    // Before taking frames: a doorbell that rings after this is for frames this round may
-    // not see, and the sleep after it must wake for them.
-    st.io.port.rearm_wait();
     let received = receive(shared, st, now);
     if received > 0 {
         shared
@@ -717,6 +714,11 @@ pub(crate) fn run(
             let st = &mut *guard;
             if st.io.failed {
                 break;
+            }
+            if doorbell {
+                // Before the round takes frames: a doorbell that rings after this is for
+                // frames the round may not see, and the sleep after it must wake for them.
+                crate::port::silence_doorbell(wait_fd);
             }
             let work = thread_round(&shared, st).work;
             if !work {

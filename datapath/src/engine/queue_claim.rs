@@ -14,8 +14,7 @@
 //! and a second DPDK engine's UDP socket, but sees no conflict between the kinds), so an
 //! engine checks and writes them holding the start lock (a `flock` on the notes' directory,
 //! for every interface: starts are rare and short), and two engines starting at once cannot
-//! both pass. Where `/run/xroce` cannot be written there are
-//! no notes, and no such guard.
+//! both pass. Where `/run/xroce` cannot be written there are no notes, and no such guard.
 //!
 //! The notes sit in one directory of their own, `/run/xroce/queues/<netns-id>.<iface>.<queue>`
 //! (the network namespace's id as in the registry), not in the registry's per-namespace
@@ -57,7 +56,8 @@ impl Drop for QueueClaim {
 }
 
 /// Leaves a note that this process holds `queue` of `iface` (in the calling thread's network
-/// namespace). `None` when it cannot be written: the note only improves an error message.
+/// namespace). `None` when it cannot be written: a second engine on the queue is then still
+/// refused by the kernel, only without its holder's name.
 pub(crate) fn claim(iface: &str, queue: u32) -> Option<QueueClaim> {
     claim_note(iface, &queue.to_string())
 }
@@ -97,10 +97,10 @@ pub(crate) struct StartLock {
 
 pub(crate) fn start_lock(iface: &str) -> Option<StartLock> {
     use std::os::fd::AsRawFd;
-    let path = note_path(iface, "0")?;
-    let dir = path.parent()?;
-    fs::create_dir_all(dir).ok()?;
-    let file = fs::File::open(dir).ok()?;
+    note_prefix(iface)?;
+    let dir = notes_dir();
+    fs::create_dir_all(&dir).ok()?;
+    let file = fs::File::open(&dir).ok()?;
     // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return None;
@@ -141,11 +141,10 @@ pub fn interface_holder(iface: &str) -> Option<QueueHolder> {
 /// A process whose AF_XDP engine holds a queue of `iface`, if one still runs.
 #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
 pub fn any_queue_holder(iface: &str) -> Option<QueueHolder> {
-    let any = note_path(iface, "0")?;
-    let (dir, prefix) = (any.parent()?, any.file_name()?.to_str()?.strip_suffix('0')?);
-    fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
+    let prefix = note_prefix(iface)?;
+    fs::read_dir(notes_dir()).ok()?.flatten().find_map(|entry| {
         let name = entry.file_name();
-        let queue = name.to_str()?.strip_prefix(prefix)?;
+        let queue = name.to_str()?.strip_prefix(prefix.as_str())?;
         if queue.is_empty() || !queue.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
@@ -166,13 +165,21 @@ fn holder_of(path: &std::path::Path) -> Option<QueueHolder> {
 }
 
 fn note_path(iface: &str, key: &str) -> Option<PathBuf> {
+    Some(notes_dir().join(format!("{}{key}", note_prefix(iface)?)))
+}
+
+fn notes_dir() -> PathBuf {
+    std::path::Path::new(crate::registry::RUN_ROOT).join("queues")
+}
+
+/// `<netns-id>.<iface>.`, the start of every note on `iface` in this network namespace.
+fn note_prefix(iface: &str) -> Option<String> {
     // Interface names never contain '/' (the kernel refuses them), but this is a path.
     if iface.is_empty() || iface.contains('/') || iface.starts_with('.') {
         return None;
     }
     let netns = crate::registry::netns_id().ok()?;
-    let dir = std::path::Path::new(crate::registry::RUN_ROOT).join("queues");
-    Some(dir.join(format!("{netns}.{iface}.{key}")))
+    Some(format!("{netns}.{iface}."))
 }
 
 fn read_note(path: &std::path::Path) -> Option<(u32, u64)> {
