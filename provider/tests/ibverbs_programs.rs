@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use xroce_datapath::netns::{root_or_skip, run_bounded, run_bounded_dumping_state, NetnsPair};
 use xroce_datapath::test_support::{self, built, read_stats};
 
+mod debian13;
+
 /// Longest one program may run.
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
 /// The device name both sides use.
@@ -596,6 +598,88 @@ fn perftest_programs() {
             "{args:?}: {rows} result rows, want {want}:\n{c}"
         );
         eprintln!("{args:?}: ok, {rows} rows");
+    }
+}
+
+/// Debian 13's libibverbs (rdma-core 56), its example programs and its perftest (25.01), as
+/// its users run them, on the devices and provider built here (see [`debian13`]): the provider
+/// registers with that libibverbs (its private symbols and struct layouts are 56's, not the
+/// machine's 44), the device and its GIDs show, and the programs' own checks pass.
+#[test]
+fn debian_13_rdma_core_and_perftest_run_over_xroce() {
+    if !root_or_skip() {
+        return;
+    }
+    let userland = debian13::ensure();
+    let release = userland.version("libibverbs1").unwrap_or_default();
+    assert!(
+        release.starts_with("56."),
+        "Debian 13's libibverbs1 is {release:?}"
+    );
+    // The programs really load the unpacked libibverbs and glibc, not the machine's.
+    let resolved = userland.resolved_libraries("ibv_devinfo");
+    for library in ["libibverbs.so.1", "libc.so.6"] {
+        let line = resolved
+            .lines()
+            .find(|l| l.trim_start().starts_with(library))
+            .unwrap_or_else(|| panic!("ibv_devinfo loads no {library}:\n{resolved}"));
+        assert!(
+            line.contains(env!("CARGO_TARGET_TMPDIR")),
+            "{library} comes from the machine, not Debian 13: {line}"
+        );
+    }
+    let rig = Rig::new("xp13", 1500);
+    let run = |program: &str, args: &[&str]| -> Vec<String> {
+        let mut line = userland.command(program);
+        line.extend(args.iter().map(|a| a.to_string()));
+        line
+    };
+    let devinfo = run("ibv_devinfo", &["-v", "-d", DEV]);
+    let out = rig.run(0, &devinfo.iter().map(String::as_str).collect::<Vec<_>>());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ipv4 = rig.pair.ipv4(0).octets();
+    let gid = format!(
+        "GID[  1]:\t\t::ffff:{}.{}.{}.{}, RoCE v2",
+        ipv4[0], ipv4[1], ipv4[2], ipv4[3]
+    );
+    assert!(
+        out.status.success()
+            && text.contains("PORT_ACTIVE")
+            && text.contains(&gid)
+            && !text.contains("xroce:"),
+        "Debian 13's ibv_devinfo -v:\n{text}"
+    );
+    let runs: &[(&str, &[&str])] = &[
+        ("ibv_rc_pingpong", &["-g", "1"]),
+        ("ibv_rc_pingpong", &["-g", "1", "-s", "65536"]),
+        ("ibv_rc_pingpong", &["-g", "1", "-e"]),
+        ("ibv_ud_pingpong", &["-g", "1"]),
+        ("ibv_srq_pingpong", &["-g", "1"]),
+        ("ib_send_bw", &["-x", "1", "-F"]),
+        ("ib_write_bw", &["-x", "1", "-F", "-q", "4"]),
+        ("ib_read_lat", &["-x", "1", "-F"]),
+        ("ib_atomic_bw", &["-x", "1", "-F"]),
+    ];
+    for (program, args) in runs {
+        let line = run(program, args);
+        let (s, c) = rig.server_client(&line.iter().map(String::as_str).collect::<Vec<_>>());
+        let done = if program.starts_with("ibv_") {
+            // The examples print a result line on both sides once their checks passed.
+            [&s, &c].iter().all(|t| t.contains("iters in"))
+        } else {
+            // perftest: a result row, starting with the size in bytes.
+            c.lines()
+                .any(|l| l.trim_start().starts_with(|ch: char| ch.is_ascii_digit()))
+        };
+        assert!(
+            done,
+            "Debian 13's {program} {args:?}:\n--- server:\n{s}\n--- client:\n{c}"
+        );
+        eprintln!("Debian 13's {program} {args:?}: ok");
     }
 }
 
