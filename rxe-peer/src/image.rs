@@ -1,7 +1,8 @@
-//! The guest image: a Debian 12 kernel and a cached base initramfs.
+//! The guest image: a Debian kernel and a cached base initramfs.
 //!
 //! Only the kernel package is downloaded (`apt-get download linux-image-<version>-amd64`, the
-//! one `linux-image-amd64` depends on). The initramfs holds the kernel modules the guests need
+//! one `linux-image-amd64` depends on): Debian 12's from the machine's own apt sources, or
+//! Debian 13's from Debian's archive ([`GuestKernel`]). The initramfs holds the kernel modules the guests need
 //! (RDMA, virtio, and `crc32_generic`, which rdma_rxe needs without declaring it) with their
 //! dependencies, and the host's own programs and libraries (the host is Debian 12 too): bash,
 //! kmod, iproute2, libibverbs with rdma-core's providers, ibverbs-utils and perftest. The result
@@ -107,20 +108,90 @@ pub struct Image {
     pub kernel_version: String,
 }
 
-/// Builds the image under `cache/` unless a current one is there, reporting progress through
-/// `say`. Needs root (apt-get), kmod (depmod) and the host programs in [`PROGRAMS`].
-pub fn ensure_image(cache: &Path, say: &mut dyn FnMut(&str)) -> Result<Image> {
-    let kernel_pkg = kernel_package()?;
-    let files = host_files()?;
-    let key = {
-        let mut h = DefaultHasher::new();
-        LAYOUT_VERSION.hash(&mut h);
-        kernel_pkg.hash(&mut h);
-        for (path, meta) in &files {
-            path.hash(&mut h);
-            meta.hash(&mut h);
+/// Which Debian kernel the guests boot (their userspace is always the host's, Debian 12's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GuestKernel {
+    /// Debian 12's kernel (6.1), from the machine's apt sources; rebuilt when they offer a
+    /// newer one.
+    #[default]
+    Debian12,
+    /// Debian 13's kernel (6.12), whose rdma_rxe is the one Debian 13 users run, from Debian's
+    /// archive ([`crate::debian::Archive`]); the one first fetched stays until the cache is
+    /// cleared.
+    Debian13,
+}
+
+impl GuestKernel {
+    /// What the cache directories of this kernel's images start with.
+    fn family(self) -> &'static str {
+        match self {
+            GuestKernel::Debian12 => "linux-image-",
+            GuestKernel::Debian13 => "debian-13-",
         }
-        format!("{kernel_pkg}-{:016x}", h.finish())
+    }
+}
+
+impl std::fmt::Display for GuestKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GuestKernel::Debian12 => "debian-12",
+            GuestKernel::Debian13 => "debian-13",
+        })
+    }
+}
+
+impl std::str::FromStr for GuestKernel {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "debian-12" => Ok(GuestKernel::Debian12),
+            "debian-13" => Ok(GuestKernel::Debian13),
+            other => Err(format!(
+                "unknown guest kernel {other:?}: debian-12 (6.1) or debian-13 (6.12)"
+            )),
+        }
+    }
+}
+
+/// [`ensure_image_for`] with Debian 12's kernel.
+pub fn ensure_image(cache: &Path, say: &mut dyn FnMut(&str)) -> Result<Image> {
+    ensure_image_for(cache, GuestKernel::Debian12, say)
+}
+
+/// Builds the image with `kernel` under `cache/` unless a current one is there, reporting
+/// progress through `say`. Needs root (apt-get), kmod (depmod) and the host programs in
+/// [`PROGRAMS`].
+pub fn ensure_image_for(
+    cache: &Path,
+    kernel: GuestKernel,
+    say: &mut dyn FnMut(&str),
+) -> Result<Image> {
+    let files = host_files()?;
+    let files_hash = |h: &mut DefaultHasher| {
+        LAYOUT_VERSION.hash(h);
+        for (path, meta) in &files {
+            path.hash(h);
+            meta.hash(h);
+        }
+    };
+    // Debian 13's archive is read only when an image must be built.
+    let mut archive = None;
+    let (key, kernel_pkg) = match kernel {
+        GuestKernel::Debian12 => {
+            let kernel_pkg = kernel_package()?;
+            let mut h = DefaultHasher::new();
+            files_hash(&mut h);
+            kernel_pkg.hash(&mut h);
+            (
+                format!("{kernel_pkg}-{:016x}", h.finish()),
+                Some(kernel_pkg),
+            )
+        }
+        GuestKernel::Debian13 => {
+            let mut h = DefaultHasher::new();
+            files_hash(&mut h);
+            (format!("{}{:016x}", kernel.family(), h.finish()), None)
+        }
     };
     let dir = cache.join(&key);
     let done = dir.join("complete");
@@ -135,33 +206,57 @@ pub fn ensure_image(cache: &Path, say: &mut dyn FnMut(&str)) -> Result<Image> {
     let start = Instant::now();
     let _ = fs::remove_dir_all(&dir);
     mkdirs(&dir)?;
+    let kernel_pkg = match kernel_pkg {
+        Some(p) => p,
+        None if kernel == GuestKernel::Debian13 => {
+            say("guest image: reading Debian 13's package index");
+            let a = crate::debian::Archive::open(crate::debian::DEBIAN_13, &dir.join("apt"))?;
+            let pkg = kernel_dependency(&a.depends("linux-image-amd64")?.join("\n"))?;
+            archive = Some(a);
+            pkg
+        }
+        None => kernel_package()?,
+    };
     say(&format!(
-        "guest image: downloading {kernel_pkg} (about 70 MB)"
+        "guest image: downloading {kernel_pkg} ({kernel}, about 70-110 MB)"
     ));
     let dl = dir.join("download");
     mkdirs(&dl)?;
-    run_checked(
-        Command::new("apt-get")
-            .args(["download", &kernel_pkg])
-            .current_dir(&dl),
-        &format!("apt-get download {kernel_pkg}"),
-    )?;
-    let deb = fs::read_dir(&dl)
-        .map_err(|e| PeerError::io("listing the download", e))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| PeerError::Command {
-            what: format!("apt-get download {kernel_pkg}"),
-            status: "no .deb".into(),
-            stderr: String::new(),
-        })?;
+    let deb = match &archive {
+        Some(a) => a.download(&[&kernel_pkg], &dl)?.remove(0),
+        None => {
+            run_checked(
+                Command::new("apt-get")
+                    .args(["download", &kernel_pkg])
+                    .current_dir(&dl),
+                &format!("apt-get download {kernel_pkg}"),
+            )?;
+            fs::read_dir(&dl)
+                .map_err(|e| PeerError::io("listing the download", e))?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "deb"))
+                .ok_or_else(|| PeerError::Command {
+                    what: format!("apt-get download {kernel_pkg}"),
+                    status: "no .deb".into(),
+                    stderr: String::new(),
+                })?
+        }
+    };
     say("guest image: extracting the kernel and its modules");
     let root = dir.join("kernel-root");
     run_checked(
         Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root),
         "dpkg-deb -x",
     )?;
+    // Debian 13's packages put modules under /usr/lib (merged /usr); depmod, modprobe and
+    // the guest's init look under /lib.
+    let merged = root.join("usr/lib/modules");
+    if merged.is_dir() && !root.join("lib/modules").exists() {
+        mkdirs(&root.join("lib"))?;
+        fs::rename(&merged, root.join("lib/modules"))
+            .map_err(|e| PeerError::io("moving the modules to /lib/modules", e))?;
+    }
     let version = kernel_version(&root)?;
     fs::copy(
         root.join(format!("boot/vmlinuz-{version}")),
@@ -179,11 +274,12 @@ pub fn ensure_image(cache: &Path, say: &mut dyn FnMut(&str)) -> Result<Image> {
     let _ = fs::remove_dir_all(&root);
     let _ = fs::remove_dir_all(&dl);
     let _ = fs::remove_dir_all(&staged);
+    let _ = fs::remove_dir_all(dir.join("apt"));
     fs::write(&done, &version).map_err(|e| PeerError::io("marking the image complete", e))?;
-    // Images of earlier kernels or host files are out of date now.
+    // Images of earlier kernels of this release, or of other host files, are out of date now.
     for old in fs::read_dir(cache).into_iter().flatten().flatten() {
         let name = old.file_name();
-        if name.to_string_lossy().starts_with("linux-image-") && name != *key {
+        if name.to_string_lossy().starts_with(kernel.family()) && name != *key {
             let _ = fs::remove_dir_all(old.path());
         }
     }
@@ -209,14 +305,25 @@ fn kernel_package() -> Result<String> {
         Command::new("apt-cache").args(["depends", "linux-image-amd64"]),
         "apt-cache depends linux-image-amd64 (run apt-get update first)",
     )?;
-    out.lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+    kernel_dependency(
+        &out.lines()
+            .filter_map(|l| l.trim().strip_prefix("Depends: "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// The `linux-image-*-amd64` among `depends` (one package name per line).
+fn kernel_dependency(depends: &str) -> Result<String> {
+    depends
+        .lines()
+        .map(str::trim)
         .find(|p| p.starts_with("linux-image-") && p.ends_with("-amd64"))
         .map(str::to_string)
         .ok_or_else(|| PeerError::Command {
             what: "finding the kernel package".into(),
             status: "no linux-image-*-amd64 dependency".into(),
-            stderr: out,
+            stderr: depends.to_string(),
         })
 }
 
@@ -600,6 +707,31 @@ pub(crate) fn write_boot_cpio(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_concrete_kernel_is_found_among_the_metapackages_dependencies() {
+        let depends = "linux-image-6.12.117+deb13-amd64\nlinux-base\n";
+        assert_eq!(
+            kernel_dependency(depends).unwrap(),
+            "linux-image-6.12.117+deb13-amd64"
+        );
+        assert!(kernel_dependency("linux-base\nlinux-image-6.1.0-57-cloud-arm64\n").is_err());
+    }
+
+    #[test]
+    fn guest_kernels_are_named_as_the_command_line_takes_them() {
+        for k in [GuestKernel::Debian12, GuestKernel::Debian13] {
+            assert_eq!(k.to_string().parse::<GuestKernel>(), Ok(k));
+        }
+        let err = "debian-14".parse::<GuestKernel>().unwrap_err();
+        assert!(
+            err.contains("debian-12") && err.contains("debian-13"),
+            "{err}"
+        );
+        // Neither release's cache clean-up takes the other's images.
+        assert!(!"debian-13-0123".starts_with(GuestKernel::Debian12.family()));
+        assert!(!"linux-image-6.1.0-57-amd64-0123".starts_with(GuestKernel::Debian13.family()));
+    }
 
     /// Guests boot in parallel, each stripping the same files: every caller gets the whole
     /// stripped file (with one temporary name per process, a guest got an empty binary).

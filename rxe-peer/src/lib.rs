@@ -1,8 +1,9 @@
 //! Real rdma_rxe peers for interoperability tests.
 //!
 //! The machines xroce is developed and tested on have no RDMA in their kernel and load no
-//! modules, so Linux's own soft-RoCE runs in QEMU guests: a Debian 12 kernel (downloaded from
-//! Debian, the only thing fetched) booted from an initramfs that carries the kernel's RDMA
+//! modules, so Linux's own soft-RoCE runs in QEMU guests: a Debian 12 kernel, or Debian 13's
+//! ([`GuestKernel`]; downloaded from Debian, the only thing fetched) booted from an initramfs
+//! that carries the kernel's RDMA
 //! modules and the host's own Debian 12 userspace (bash, kmod, iproute2, rdma-core, perftest;
 //! the same release, so the binaries run unchanged). The guests sit on a bridge inside a
 //! network namespace ([`Lab`]); a veth from the bridge into another namespace puts xroce on
@@ -10,6 +11,7 @@
 //! [`Guest::spawn`]).
 //!
 //! - [`image`]: builds and caches the kernel and the initramfs;
+//! - [`debian`]: another Debian release's packages, without touching the machine's apt;
 //! - [`cpio`]: the initramfs format;
 //! - [`lab`]: the namespace, bridge, taps and veths;
 //! - [`guest`]: QEMU, booting, the agent connection, teardown;
@@ -19,13 +21,14 @@
 //! install them).
 
 pub mod cpio;
+pub mod debian;
 pub mod guest;
 pub mod image;
 pub mod lab;
 pub mod protocol;
 
 pub use guest::{Background, Guest, GuestConfig, Output, Recovery};
-pub use image::{ensure_image, Image};
+pub use image::{ensure_image, ensure_image_for, GuestKernel, Image};
 pub use lab::{find_agent, Lab, RunningLab};
 
 /// Where images are cached: `$XROCE_RXE_PEER_CACHE`, else `target/rxe-peer` of this workspace.

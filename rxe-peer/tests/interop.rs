@@ -19,7 +19,8 @@ use xroce_datapath::netns::{self, root_or_skip, run_bounded, run_bounded_dumping
 use xroce_datapath::test_support::{self, built, compile_c, read_stats};
 use xroce_datapath::xdp;
 use xroce_rxe_peer::{
-    default_cache_dir, ensure_image, find_agent, Background, Guest, GuestConfig, Lab, Recovery,
+    default_cache_dir, ensure_image_for, find_agent, Background, Guest, GuestConfig, GuestKernel,
+    Lab, Recovery,
 };
 
 /// Longest one program may run (the rxe side is an emulated CPU).
@@ -38,11 +39,12 @@ static NS: AtomicU32 = AtomicU32::new(0);
 /// One rig at a time: the guests are emulated CPUs and the machine has two cores.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn lab(prefix: &str, mtu: u32) -> Lab {
+fn lab(prefix: &str, mtu: u32, kernel: GuestKernel) -> Lab {
     // What a run killed outright left with this prefix: its lab (guests still running) and
     // its xroce namespace.
     netns::remove_orphaned_namespaces(prefix);
-    let image = ensure_image(&default_cache_dir(), &mut |m| eprintln!("{m}")).expect("image");
+    let image =
+        ensure_image_for(&default_cache_dir(), kernel, &mut |m| eprintln!("{m}")).expect("image");
     Lab::new(prefix, mtu, image, find_agent().expect("agent")).expect("lab")
 }
 
@@ -225,17 +227,22 @@ struct Rig {
 
 impl Rig {
     fn new(prefix: &str, mtu: u32) -> Rig {
-        Rig::create(prefix, mtu, false)
+        Rig::create(prefix, mtu, false, GuestKernel::Debian12)
+    }
+
+    /// Like [`Rig::new`], the guest booting `kernel`.
+    fn with_kernel(prefix: &str, mtu: u32, kernel: GuestKernel) -> Rig {
+        Rig::create(prefix, mtu, false, kernel)
     }
 
     /// Like [`Rig::new`]; each xroce program also writes its frames to [`Rig::capture`].
     fn capturing(prefix: &str, mtu: u32) -> Rig {
-        Rig::create(prefix, mtu, true)
+        Rig::create(prefix, mtu, true, GuestKernel::Debian12)
     }
 
-    fn create(prefix: &str, mtu: u32, capture: bool) -> Rig {
+    fn create(prefix: &str, mtu: u32, capture: bool, kernel: GuestKernel) -> Rig {
         let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        let lab = lab(prefix, mtu);
+        let lab = lab(prefix, mtu, kernel);
         // Named like the lab, so that a later run reclaims it if this one is killed.
         let xroce_ns = format!(
             "{prefix}-{}-x{}",
@@ -688,12 +695,17 @@ fn in_netns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static)
     .expect("namespace thread")
 }
 
-/// Every program of the acceptance list, both ways, at one netdev MTU.
-fn programs_at(mtu: u32, extra: &[&str]) {
+/// Every program of the acceptance list, both ways, at one netdev MTU, against the rdma_rxe
+/// of `kernel`.
+fn programs_at(mtu: u32, kernel: GuestKernel, extra: &[&str]) {
     if !root_or_skip() {
         return;
     }
-    let rig = Rig::new(&format!("xri{mtu}"), mtu);
+    let prefix = match kernel {
+        GuestKernel::Debian12 => format!("xri{mtu}"),
+        GuestKernel::Debian13 => format!("xrj{mtu}"),
+    };
+    let rig = Rig::with_kernel(&prefix, mtu, kernel);
     for program in [
         "ibv_rc_pingpong -g 1 -c -s 1 -n 1000",
         "ibv_rc_pingpong -g 1 -c -s 64 -n 1000",
@@ -722,7 +734,14 @@ fn programs_at(mtu: u32, extra: &[&str]) {
 
 #[test]
 fn programs_interoperate_at_mtu_1500() {
-    programs_at(1500, &[]);
+    programs_at(1500, GuestKernel::Debian12, &[]);
+}
+
+/// The same against Debian 13's rdma_rxe (kernel 6.12, where the other tests' guests run
+/// Debian 12's 6.1): what Debian 13 users run, and rdma_rxe changed much between the two.
+#[test]
+fn programs_interoperate_with_debian_13s_rdma_rxe() {
+    programs_at(1500, GuestKernel::Debian13, &[]);
 }
 
 /// perftest takes the active MTU (4096 on a 9000-byte netdev); the pingpongs default to 1024,
@@ -737,6 +756,7 @@ fn programs_interoperate_at_mtu_9000() {
     };
     programs_at(
         9000,
+        GuestKernel::Debian12,
         &[&format!("ibv_rc_pingpong -g 1 -c -m {mtu} -s 65536 -n 300")],
     );
 }
@@ -884,7 +904,7 @@ fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
         return;
     }
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let lab = lab("xrstock", 1500);
+    let lab = lab("xrstock", 1500, GuestKernel::Debian12);
     let mut xroce_cfg = GuestConfig::rxe("xroce-guest", 20);
     xroce_cfg.rxe = false;
     xroce_cfg.extra_files = vec![

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Subcommand;
-use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab, RunningLab};
+use xroce_rxe_peer::{
+    default_cache_dir, ensure_image_for, Guest, GuestConfig, GuestKernel, Lab, RunningLab,
+};
 
 #[derive(Subcommand)]
 pub enum RxePeerCommand {
@@ -13,7 +15,12 @@ pub enum RxePeerCommand {
     /// host's rdma-core, ibverbs-utils and perftest), or report the cached one. Downloads only
     /// the kernel package (about 70 MB); cached under target/rxe-peer (or
     /// $XROCE_RXE_PEER_CACHE).
-    Image,
+    Image {
+        /// The guests' kernel: debian-12 (6.1, from this machine's apt sources) or debian-13
+        /// (6.12, from Debian's archive; the rdma_rxe Debian 13 users run).
+        #[arg(long, default_value_t = GuestKernel::Debian12)]
+        kernel: GuestKernel,
+    },
     /// Boot guests on a bridge in a new network namespace and leave them running (root; about
     /// 10-15 s under TCG, plus the image on first use). Each guest brings up rxe0 on its eth0
     /// (GID 1 is its IPv4 address: use `-g 1` with the pingpongs, `-x 1` with perftest).
@@ -50,6 +57,11 @@ pub enum RxePeerCommand {
         /// /opt/xroce/xroce exec -- ...`), your own test program.
         #[arg(long, value_name = "FILE")]
         file: Vec<PathBuf>,
+        /// The guests' kernel: debian-12 (6.1, from this machine's apt sources) or debian-13
+        /// (6.12, from Debian's archive; the rdma_rxe Debian 13 users run). The userspace is
+        /// this machine's (Debian 12) either way.
+        #[arg(long, default_value_t = GuestKernel::Debian12)]
+        kernel: GuestKernel,
     },
     /// Run a shell command in a guest and print its output; exits with the command's status
     /// (124 when it was stopped at the timeout).
@@ -83,10 +95,11 @@ fn state_file() -> PathBuf {
 
 pub fn run(root: &Path, command: RxePeerCommand) -> Result<(), String> {
     match command {
-        RxePeerCommand::Image => {
+        RxePeerCommand::Image { kernel } => {
             need_root("building the image downloads a kernel package with apt-get")?;
             crate::packages::ensure_test_packages()?;
-            let image = ensure_image(&default_cache_dir(), &mut say).map_err(|e| e.to_string())?;
+            let image = ensure_image_for(&default_cache_dir(), kernel, &mut say)
+                .map_err(|e| e.to_string())?;
             println!("kernel: {}", image.kernel.display());
             println!("initramfs: {}", image.initrd.display());
             Ok(())
@@ -99,6 +112,7 @@ pub fn run(root: &Path, command: RxePeerCommand) -> Result<(), String> {
             xroce,
             release,
             file,
+            kernel,
         } => up(
             root,
             UpOptions {
@@ -108,6 +122,7 @@ pub fn run(root: &Path, command: RxePeerCommand) -> Result<(), String> {
                 no_rxe,
                 xroce: xroce.then_some(if release { "release" } else { "debug" }),
                 files: &file,
+                kernel,
             },
         ),
         RxePeerCommand::Run {
@@ -190,6 +205,7 @@ struct UpOptions<'a> {
     xroce: Option<&'static str>,
     /// Copied into every guest under /opt/files.
     files: &'a [PathBuf],
+    kernel: GuestKernel,
 }
 
 fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
@@ -200,6 +216,7 @@ fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
         no_rxe,
         xroce,
         files,
+        kernel,
     } = opts;
     need_root("the lab is a network namespace with a bridge and taps")?;
     // Ctrl-C while the guests boot: the lab and the namespaces made for it go again (the
@@ -262,7 +279,8 @@ fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
             ));
         }
     }
-    let image = ensure_image(&default_cache_dir(), &mut say).map_err(|e| e.to_string())?;
+    let image =
+        ensure_image_for(&default_cache_dir(), kernel, &mut say).map_err(|e| e.to_string())?;
     let lab = Lab::new("xroce-peer", mtu, image, agent).map_err(|e| e.to_string())?;
     let mut created = Vec::new();
     let booted = match boot_lab(

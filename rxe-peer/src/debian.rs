@@ -1,0 +1,143 @@
+//! Packages of another Debian release, fetched without touching the machine's apt set-up.
+//!
+//! The host is Debian 12, but RDMA users run newer releases: Debian 13 ships rdma-core 56 and
+//! kernel 6.12, whose rdma_rxe differs from 6.1's. [`Archive`] reads one suite of Debian's
+//! archive through apt with a sources list, index and cache of its own (signatures checked
+//! against the machine's `debian-archive-keyring`, no lock taken on the machine's apt state,
+//! nothing installed), so that tests and guests can use that release's packages as files.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{run_checked, PeerError, Result};
+
+/// Debian 13.
+pub const DEBIAN_13: &str = "trixie";
+
+/// One suite of Debian's archive (`main`), with apt state under a directory of its own.
+pub struct Archive {
+    suite: String,
+    /// apt's options: this sources list, index and cache only.
+    options: Vec<String>,
+}
+
+impl Archive {
+    /// Reads the index of `suite` into `state` (about 15 MB for `main`; a few seconds).
+    pub fn open(suite: &str, state: &Path) -> Result<Archive> {
+        for d in [
+            state.join("lists/partial"),
+            state.join("cache/archives/partial"),
+        ] {
+            fs::create_dir_all(&d)
+                .map_err(|e| PeerError::io(format!("creating {}", d.display()), e))?;
+        }
+        let sources = state.join("sources.list");
+        fs::write(
+            &sources,
+            format!(
+                "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+                 http://deb.debian.org/debian {suite} main\n"
+            ),
+        )
+        .map_err(|e| PeerError::io("writing the sources list", e))?;
+        let options = vec![
+            format!("Dir::Etc::SourceList={}", sources.display()),
+            "Dir::Etc::SourceParts=/nonexistent".into(),
+            format!("Dir::State::Lists={}", state.join("lists").display()),
+            format!("Dir::Cache={}", state.join("cache").display()),
+            "Debug::NoLocking=1".into(),
+            // Downloads go to directories only root may write.
+            "APT::Sandbox::User=root".into(),
+            "Acquire::Languages=none".into(),
+            "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false".into(),
+            "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false".into(),
+            "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false".into(),
+        ];
+        let archive = Archive {
+            suite: suite.to_string(),
+            options,
+        };
+        run_checked(
+            &mut archive.command("apt-get", &["-q", "update"]),
+            &format!("apt-get update (Debian {suite})"),
+        )?;
+        Ok(archive)
+    }
+
+    fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new(program);
+        for o in &self.options {
+            cmd.args(["-o", o]);
+        }
+        cmd.args(args);
+        cmd
+    }
+
+    /// The packages `package` depends on directly (e.g. the concrete kernel behind
+    /// `linux-image-amd64`).
+    pub fn depends(&self, package: &str) -> Result<Vec<String>> {
+        let out = run_checked(
+            &mut self.command("apt-cache", &["depends", package]),
+            &format!("apt-cache depends {package} (Debian {})", self.suite),
+        )?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("Depends: "))
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Downloads `packages` into `into`; returns each package's `.deb`, in the order asked.
+    pub fn download(&self, packages: &[&str], into: &Path) -> Result<Vec<PathBuf>> {
+        fs::create_dir_all(into)
+            .map_err(|e| PeerError::io(format!("creating {}", into.display()), e))?;
+        let mut args = vec!["-q", "download"];
+        args.extend(packages);
+        run_checked(
+            self.command("apt-get", &args).current_dir(into),
+            &format!(
+                "apt-get download {} (Debian {})",
+                packages.join(" "),
+                self.suite
+            ),
+        )?;
+        let files: Vec<PathBuf> = fs::read_dir(into)
+            .map_err(|e| PeerError::io("listing the downloads", e))?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        packages
+            .iter()
+            .map(|p| {
+                files
+                    .iter()
+                    .find(|f| {
+                        f.file_name().is_some_and(|n| {
+                            let n = n.to_string_lossy();
+                            n.starts_with(&format!("{p}_")) && n.ends_with(".deb")
+                        })
+                    })
+                    .cloned()
+                    .ok_or_else(|| PeerError::Command {
+                        what: format!("apt-get download {p}"),
+                        status: "no .deb".into(),
+                        stderr: String::new(),
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Unpacks `deb` under `root` (`dpkg-deb -x`); returns the package's version.
+pub fn unpack(deb: &Path, root: &Path) -> Result<String> {
+    run_checked(
+        Command::new("dpkg-deb").arg("-x").arg(deb).arg(root),
+        &format!("dpkg-deb -x {}", deb.display()),
+    )?;
+    let version = run_checked(
+        Command::new("dpkg-deb").arg("-f").arg(deb).arg("Version"),
+        &format!("dpkg-deb -f {} Version", deb.display()),
+    )?;
+    Ok(version.trim().to_string())
+}
