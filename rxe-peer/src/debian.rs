@@ -4,7 +4,8 @@
 //! kernel 6.12, whose rdma_rxe differs from 6.1's. [`Archive`] reads one suite of Debian's
 //! archive through apt with a sources list, index and cache of its own (signatures checked
 //! against the machine's `debian-archive-keyring`, no lock taken on the machine's apt state,
-//! nothing installed), so that tests and guests can use that release's packages as files.
+//! nothing installed, none of the machine's apt configuration or hooks), so that tests and
+//! guests can use that release's packages as files.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -18,16 +19,33 @@ pub const DEBIAN_13: &str = "trixie";
 /// One suite of Debian's archive (`main`), with apt state under a directory of its own.
 pub struct Archive {
     suite: String,
-    /// apt's options: this sources list, index and cache only.
-    options: Vec<String>,
+    /// The configuration apt reads instead of the machine's (`APT_CONFIG`).
+    config: PathBuf,
 }
+
+/// The machine's apt settings a private configuration keeps: how this machine reaches the
+/// archive (a proxy) and how it checks the dates of what it gets (a mirror that serves a
+/// snapshot needs those checks relaxed, as the machine's own configuration says).
+const KEPT_SETTINGS: [&str; 4] = [
+    "Acquire::http::Proxy",
+    "Acquire::https::Proxy",
+    "Acquire::Check-Valid-Until",
+    "Acquire::Check-Date",
+];
 
 impl Archive {
     /// Reads the index of `suite` into `state` (about 15 MB for `main`; a few seconds).
+    ///
+    /// apt reads a configuration of its own (`APT_CONFIG`): no part of `/etc/apt` but the
+    /// settings in [`KEPT_SETTINGS`], so the machine's update hooks (appstream, packagekit,
+    /// cache clean-ups) do not run, its installed packages and pins do not steer the choice,
+    /// and no lock is taken.
     pub fn open(suite: &str, state: &Path) -> Result<Archive> {
+        let empty = state.join("empty");
         for d in [
             state.join("lists/partial"),
             state.join("cache/archives/partial"),
+            empty.clone(),
         ] {
             fs::create_dir_all(&d)
                 .map_err(|e| PeerError::io(format!("creating {}", d.display()), e))?;
@@ -41,22 +59,40 @@ impl Archive {
             ),
         )
         .map_err(|e| PeerError::io("writing the sources list", e))?;
-        let options = vec![
-            format!("Dir::Etc::SourceList={}", sources.display()),
-            "Dir::Etc::SourceParts=/nonexistent".into(),
-            format!("Dir::State::Lists={}", state.join("lists").display()),
-            format!("Dir::Cache={}", state.join("cache").display()),
-            "Debug::NoLocking=1".into(),
-            // Downloads go to directories only root may write.
-            "APT::Sandbox::User=root".into(),
-            "Acquire::Languages=none".into(),
-            "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false".into(),
-            "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false".into(),
-            "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false".into(),
-        ];
+        let host = run_checked(Command::new("apt-config").arg("dump"), "apt-config dump")?;
+        let mut config = format!(
+            "Dir::Etc::Main \"/dev/null\";\n\
+             Dir::Etc::Parts \"{empty}\";\n\
+             Dir::Etc::Preferences \"/dev/null\";\n\
+             Dir::Etc::PreferencesParts \"{empty}\";\n\
+             Dir::Etc::SourceList \"{sources}\";\n\
+             Dir::Etc::SourceParts \"{empty}\";\n\
+             Dir::State::Lists \"{lists}\";\n\
+             Dir::State::status \"/dev/null\";\n\
+             Dir::Cache \"{cache}\";\n\
+             Debug::NoLocking \"true\";\n\
+             APT::Architectures {{ \"amd64\"; }};\n\
+             APT::Sandbox::User \"root\";\n\
+             Acquire::Languages \"none\";\n\
+             Acquire::Retries \"3\";\n\
+             Acquire::http::Timeout \"60\";\n",
+            empty = empty.display(),
+            sources = sources.display(),
+            lists = state.join("lists").display(),
+            cache = state.join("cache").display(),
+        );
+        for key in KEPT_SETTINGS {
+            let prefix = format!("{key} \"");
+            if let Some(line) = host.lines().find(|l| l.starts_with(&prefix)) {
+                config.push_str(line);
+                config.push('\n');
+            }
+        }
+        let config_file = state.join("apt.conf");
+        fs::write(&config_file, config).map_err(|e| PeerError::io("writing apt.conf", e))?;
         let archive = Archive {
             suite: suite.to_string(),
-            options,
+            config: config_file,
         };
         run_checked(
             &mut archive.command("apt-get", &["-q", "update"]),
@@ -67,10 +103,7 @@ impl Archive {
 
     fn command(&self, program: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(program);
-        for o in &self.options {
-            cmd.args(["-o", o]);
-        }
-        cmd.args(args);
+        cmd.env("APT_CONFIG", &self.config).args(args);
         cmd
     }
 
@@ -121,8 +154,8 @@ impl Archive {
                     .cloned()
                     .ok_or_else(|| PeerError::Command {
                         what: format!("apt-get download {p}"),
-                        status: "no .deb".into(),
-                        stderr: String::new(),
+                        status: format!("no {p}_*.deb in {}", into.display()),
+                        stderr: "(apt-get reported success)".into(),
                     })
             })
             .collect()

@@ -2,12 +2,14 @@
 //!
 //! Only the kernel package is downloaded (`apt-get download linux-image-<version>-amd64`, the
 //! one `linux-image-amd64` depends on): Debian 12's from the machine's own apt sources, or
-//! Debian 13's from Debian's archive ([`GuestKernel`]). The initramfs holds the kernel modules the guests need
+//! Debian 13's from Debian's archive ([`GuestKernel`]). The initramfs holds the kernel modules
+//! the guests need
 //! (RDMA, virtio, and `crc32_generic`, which rdma_rxe needs without declaring it) with their
 //! dependencies, and the host's own programs and libraries (the host is Debian 12 too): bash,
 //! kmod, iproute2, libibverbs with rdma-core's providers, ibverbs-utils and perftest. The result
-//! is cached under a key made of the kernel package and the host files it copied, so it is
-//! rebuilt only when one of them changes.
+//! is cached under a key made of the host files it copied and, for Debian 12, the kernel
+//! package, so it is rebuilt only when one of them changes (built aside and published whole,
+//! [`crate::cache`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -18,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::cache::COMPLETE;
 use crate::cpio::CpioWriter;
 use crate::{run_checked, PeerError, Result};
 
@@ -116,18 +119,27 @@ pub enum GuestKernel {
     #[default]
     Debian12,
     /// Debian 13's kernel (6.12), whose rdma_rxe is the one Debian 13 users run, from Debian's
-    /// archive ([`crate::debian::Archive`]); the one first fetched stays until the cache is
-    /// cleared.
+    /// archive ([`crate::debian::Archive`]); the one current when the image is built stays
+    /// until the image is rebuilt (for new host files or layout).
     Debian13,
 }
 
 impl GuestKernel {
-    /// What the cache directories of this kernel's images start with.
+    /// What the cache directories of this kernel's images start with (Debian 12's then name
+    /// the kernel package).
     fn family(self) -> &'static str {
         match self {
             GuestKernel::Debian12 => "linux-image-",
-            GuestKernel::Debian13 => "debian-13-",
+            GuestKernel::Debian13 => "guest-debian-13-",
         }
+    }
+
+    /// Whether `name` in the image cache is an image of this kernel's (its family, then a
+    /// 16-digit hash): others' images, and anything else kept there, are never cleaned up.
+    fn owns_cache_entry(self, name: &str) -> bool {
+        name.strip_prefix(self.family())
+            .and_then(|rest| rest.rsplit('-').next())
+            .is_some_and(|hash| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
     }
 }
 
@@ -167,69 +179,92 @@ pub fn ensure_image_for(
     say: &mut dyn FnMut(&str),
 ) -> Result<Image> {
     let files = host_files()?;
-    let files_hash = |h: &mut DefaultHasher| {
-        LAYOUT_VERSION.hash(h);
-        for (path, meta) in &files {
-            path.hash(h);
-            meta.hash(h);
-        }
-    };
-    // Debian 13's archive is read only when an image must be built.
-    let mut archive = None;
-    let (key, kernel_pkg) = match kernel {
+    let mut h = DefaultHasher::new();
+    LAYOUT_VERSION.hash(&mut h);
+    // Debian 12's key names the kernel package the machine's apt offers (a newer one means a
+    // rebuild); Debian 13's archive is read only when an image must be built.
+    let kernel_pkg = match kernel {
         GuestKernel::Debian12 => {
-            let kernel_pkg = kernel_package()?;
-            let mut h = DefaultHasher::new();
-            files_hash(&mut h);
-            kernel_pkg.hash(&mut h);
-            (
-                format!("{kernel_pkg}-{:016x}", h.finish()),
-                Some(kernel_pkg),
-            )
+            let p = kernel_package()?;
+            p.hash(&mut h);
+            Some(p)
         }
-        GuestKernel::Debian13 => {
-            let mut h = DefaultHasher::new();
-            files_hash(&mut h);
-            (format!("{}{:016x}", kernel.family(), h.finish()), None)
-        }
+        GuestKernel::Debian13 => None,
     };
+    for (path, meta) in &files {
+        path.hash(&mut h);
+        meta.hash(&mut h);
+    }
+    let key = format!(
+        "{}{:016x}",
+        match &kernel_pkg {
+            Some(p) => format!("{p}-"),
+            None => kernel.family().to_string(),
+        },
+        h.finish()
+    );
     let dir = cache.join(&key);
-    let done = dir.join("complete");
-    if let Ok(version) = fs::read_to_string(&done) {
+    let image = |version: &str| Image {
+        kernel: dir.join("vmlinuz"),
+        initrd: dir.join("initrd.cpio"),
+        kernel_version: version.trim().to_string(),
+    };
+    if let Ok(version) = fs::read_to_string(dir.join(COMPLETE)) {
         say(&format!("guest image: cached in {}", dir.display()));
-        return Ok(Image {
-            kernel: dir.join("vmlinuz"),
-            initrd: dir.join("initrd.cpio"),
-            kernel_version: version.trim().to_string(),
-        });
+        return Ok(image(&version));
     }
     let start = Instant::now();
-    let _ = fs::remove_dir_all(&dir);
-    mkdirs(&dir)?;
-    let kernel_pkg = match kernel_pkg {
-        Some(p) => p,
-        None if kernel == GuestKernel::Debian13 => {
-            say("guest image: reading Debian 13's package index");
-            let a = crate::debian::Archive::open(crate::debian::DEBIAN_13, &dir.join("apt"))?;
-            let pkg = kernel_dependency(&a.depends("linux-image-amd64")?.join("\n"))?;
-            archive = Some(a);
-            pkg
+    crate::cache::build_once(&dir, |dir| {
+        build_image(dir, kernel, kernel_pkg.as_deref(), &files, say)
+    })?;
+    let version = fs::read_to_string(dir.join(COMPLETE))
+        .map_err(|e| PeerError::io("reading the image's kernel version", e))?;
+    // Images of earlier kernels of this release, or of other host files, are out of date now.
+    for old in fs::read_dir(cache).into_iter().flatten().flatten() {
+        let name = old.file_name();
+        if name != *key && kernel.owns_cache_entry(&name.to_string_lossy()) {
+            let _ = fs::remove_dir_all(old.path());
         }
-        None => kernel_package()?,
-    };
+    }
     say(&format!(
-        "guest image: downloading {kernel_pkg} ({kernel}, about 70-110 MB)"
+        "guest image: ready in {:.1} s ({})",
+        start.elapsed().as_secs_f64(),
+        dir.display()
     ));
+    Ok(image(&version))
+}
+
+/// Builds an image in `dir` (empty, private to this build): the kernel `kernel_pkg` (for
+/// Debian 13, the one its `linux-image-amd64` names), its modules and `files`; writes the
+/// kernel version to [`COMPLETE`] last.
+fn build_image(
+    dir: &Path,
+    kernel: GuestKernel,
+    kernel_pkg: Option<&str>,
+    files: &HostFiles,
+    say: &mut dyn FnMut(&str),
+) -> Result<()> {
     let dl = dir.join("download");
     mkdirs(&dl)?;
-    let deb = match &archive {
-        Some(a) => a.download(&[&kernel_pkg], &dl)?.remove(0),
-        None => {
+    let deb = match kernel {
+        GuestKernel::Debian13 => {
+            say("guest image: reading Debian 13's package index");
+            let archive = crate::debian::Archive::open(crate::debian::DEBIAN_13, &dir.join("apt"))?;
+            let pkg = kernel_dependency(&archive.depends("linux-image-amd64")?.join("\n"))?;
+            say(&format!("guest image: downloading {pkg} (about 110 MB)"));
+            archive.download(&[&pkg], &dl)?.remove(0)
+        }
+        GuestKernel::Debian12 => {
+            let pkg = match kernel_pkg {
+                Some(p) => p.to_string(),
+                None => kernel_package()?,
+            };
+            say(&format!("guest image: downloading {pkg} (about 70 MB)"));
             run_checked(
                 Command::new("apt-get")
-                    .args(["download", &kernel_pkg])
+                    .args(["download", &pkg])
                     .current_dir(&dl),
-                &format!("apt-get download {kernel_pkg}"),
+                &format!("apt-get download {pkg}"),
             )?;
             fs::read_dir(&dl)
                 .map_err(|e| PeerError::io("listing the download", e))?
@@ -237,9 +272,9 @@ pub fn ensure_image_for(
                 .map(|e| e.path())
                 .find(|p| p.extension().is_some_and(|x| x == "deb"))
                 .ok_or_else(|| PeerError::Command {
-                    what: format!("apt-get download {kernel_pkg}"),
-                    status: "no .deb".into(),
-                    stderr: String::new(),
+                    what: format!("apt-get download {pkg}"),
+                    status: format!("no .deb in {}", dl.display()),
+                    stderr: "(apt-get reported success)".into(),
                 })?
         }
     };
@@ -269,30 +304,13 @@ pub fn ensure_image_for(
         modules.len(),
         files.len()
     ));
-    let staged = stage_modules(&dir, &root, &version, &modules)?;
-    write_base_cpio(&dir.join("initrd.cpio"), &staged, &version, &files)?;
-    let _ = fs::remove_dir_all(&root);
-    let _ = fs::remove_dir_all(&dl);
-    let _ = fs::remove_dir_all(&staged);
-    let _ = fs::remove_dir_all(dir.join("apt"));
-    fs::write(&done, &version).map_err(|e| PeerError::io("marking the image complete", e))?;
-    // Images of earlier kernels of this release, or of other host files, are out of date now.
-    for old in fs::read_dir(cache).into_iter().flatten().flatten() {
-        let name = old.file_name();
-        if name.to_string_lossy().starts_with(kernel.family()) && name != *key {
-            let _ = fs::remove_dir_all(old.path());
-        }
+    let staged = stage_modules(dir, &root, &version, &modules)?;
+    write_base_cpio(&dir.join("initrd.cpio"), &staged, &version, files)?;
+    for d in [root, dl, staged, dir.join("apt")] {
+        let _ = fs::remove_dir_all(d);
     }
-    say(&format!(
-        "guest image: built in {:.1} s ({})",
-        start.elapsed().as_secs_f64(),
-        dir.display()
-    ));
-    Ok(Image {
-        kernel: dir.join("vmlinuz"),
-        initrd: dir.join("initrd.cpio"),
-        kernel_version: version,
-    })
+    fs::write(dir.join(COMPLETE), &version)
+        .map_err(|e| PeerError::io("marking the image complete", e))
 }
 
 fn mkdirs(p: &Path) -> Result<()> {
@@ -728,9 +746,23 @@ mod tests {
             err.contains("debian-12") && err.contains("debian-13"),
             "{err}"
         );
-        // Neither release's cache clean-up takes the other's images.
-        assert!(!"debian-13-0123".starts_with(GuestKernel::Debian12.family()));
-        assert!(!"linux-image-6.1.0-57-amd64-0123".starts_with(GuestKernel::Debian13.family()));
+        // Neither release's cache clean-up takes the other's images, nor anything else kept
+        // beside them (a userland unpacked there, a build under way).
+        let d12 = "linux-image-6.1.0-57-amd64-0123456789abcdef";
+        let d13 = "guest-debian-13-0123456789abcdef";
+        assert!(GuestKernel::Debian12.owns_cache_entry(d12));
+        assert!(GuestKernel::Debian13.owns_cache_entry(d13));
+        assert!(!GuestKernel::Debian12.owns_cache_entry(d13));
+        assert!(!GuestKernel::Debian13.owns_cache_entry(d12));
+        for other in [
+            "debian-13-rdma",
+            "guest-debian-13-rdma",
+            ".guest-debian-13-0123456789abcdef.building.77",
+            "running-lab",
+        ] {
+            assert!(!GuestKernel::Debian12.owns_cache_entry(other), "{other}");
+            assert!(!GuestKernel::Debian13.owns_cache_entry(other), "{other}");
+        }
     }
 
     /// Guests boot in parallel, each stripping the same files: every caller gets the whole

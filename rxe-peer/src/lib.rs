@@ -2,8 +2,8 @@
 //!
 //! The machines xroce is developed and tested on have no RDMA in their kernel and load no
 //! modules, so Linux's own soft-RoCE runs in QEMU guests: a Debian 12 kernel, or Debian 13's
-//! ([`GuestKernel`]; downloaded from Debian, the only thing fetched) booted from an initramfs
-//! that carries the kernel's RDMA
+//! ([`GuestKernel`]; downloaded from Debian, with Debian 13's package index the only things
+//! fetched) booted from an initramfs that carries the kernel's RDMA
 //! modules and the host's own Debian 12 userspace (bash, kmod, iproute2, rdma-core, perftest;
 //! the same release, so the binaries run unchanged). The guests sit on a bridge inside a
 //! network namespace ([`Lab`]); a veth from the bridge into another namespace puts xroce on
@@ -12,6 +12,7 @@
 //!
 //! - [`image`]: builds and caches the kernel and the initramfs;
 //! - [`debian`]: another Debian release's packages, without touching the machine's apt;
+//! - [`cache`]: cache directories built aside and published whole;
 //! - [`cpio`]: the initramfs format;
 //! - [`lab`]: the namespace, bridge, taps and veths;
 //! - [`guest`]: QEMU, booting, the agent connection, teardown;
@@ -20,6 +21,7 @@
 //! Needs root, `qemu-system-x86_64` and `kmod` (`cargo xtask rxe-peer ...` and the tests
 //! install them).
 
+pub mod cache;
 pub mod cpio;
 pub mod debian;
 pub mod guest;

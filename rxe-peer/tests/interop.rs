@@ -706,6 +706,16 @@ fn programs_at(mtu: u32, kernel: GuestKernel, extra: &[&str]) {
         GuestKernel::Debian13 => format!("xrj{mtu}"),
     };
     let rig = Rig::with_kernel(&prefix, mtu, kernel);
+    if kernel == GuestKernel::Debian13 {
+        let out = rig
+            .guest
+            .run("uname -r", Duration::from_secs(30))
+            .expect("uname -r in the guest");
+        assert!(
+            out.stdout.contains("+deb13-"),
+            "the guest does not run Debian 13's kernel: {out:?}"
+        );
+    }
     for program in [
         "ibv_rc_pingpong -g 1 -c -s 1 -n 1000",
         "ibv_rc_pingpong -g 1 -c -s 64 -n 1000",

@@ -13,8 +13,8 @@ use xroce_rxe_peer::{
 pub enum RxePeerCommand {
     /// Build the guest image (a Debian 12 kernel with rdma_rxe and an initramfs with the
     /// host's rdma-core, ibverbs-utils and perftest), or report the cached one. Downloads only
-    /// the kernel package (about 70 MB); cached under target/rxe-peer (or
-    /// $XROCE_RXE_PEER_CACHE).
+    /// the kernel package (about 70 MB; Debian 13's about 110 MB, and its package index);
+    /// cached under target/rxe-peer (or $XROCE_RXE_PEER_CACHE).
     Image {
         /// The guests' kernel: debian-12 (6.1, from this machine's apt sources) or debian-13
         /// (6.12, from Debian's archive; the rdma_rxe Debian 13 users run).

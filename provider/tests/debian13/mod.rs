@@ -5,19 +5,26 @@
 //! rdma-core 44 only. Debian 13 (and Ubuntu 24.04, with rdma-core 50) users run a newer
 //! libibverbs, so the tests run that one too: its packages, and those of the glibc it was built
 //! against (2.41; Debian 12 has 2.36), are downloaded from Debian's archive
-//! (`xroce_rxe_peer::debian::Archive`: nothing installed, the machine's apt state untouched) and
-//! unpacked under the test's target directory. A program then runs
-//! through Debian 13's own dynamic loader, which takes the libraries from there first:
+//! (`xroce_rxe_peer::debian::Archive`: nothing installed, the machine's apt set-up untouched)
+//! and unpacked under the test's target directory. A program then runs through Debian 13's own
+//! dynamic loader, which takes the libraries from there first:
 //! `ld-linux-x86-64.so.2 --library-path <unpacked>:<host> PROGRAM`. The xroce provider
 //! (`LD_PRELOAD`ed by `xroce exec`) is the one this workspace built; glibc runs programs built
 //! against older releases, so it loads under the newer one.
+//!
+//! Not all of it is Debian 13's: libibverbs looks for hardware providers where its build says
+//! (`/etc/libibverbs.d`, `/usr/lib/x86_64-linux-gnu/libibverbs`), so it loads the machine's
+//! rdma-core 44 providers (same private ABI; they find no device), and perftest also links
+//! Debian 13's copies of three of them. Neither touches the xroce device.
 
 use std::fs;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use xroce_datapath::netns::run_bounded;
+use xroce_rxe_peer::cache;
 use xroce_rxe_peer::debian::{unpack, Archive, DEBIAN_13};
 
 /// The packages: glibc, libibverbs and its example programs, perftest and what its programs
@@ -85,7 +92,7 @@ impl Userland {
 
     /// The version of an unpacked package, as recorded when it was fetched.
     pub fn version(&self, package: &str) -> Option<String> {
-        let versions = fs::read_to_string(self.root.parent()?.join(COMPLETE)).ok()?;
+        let versions = fs::read_to_string(self.root.parent()?.join(cache::COMPLETE)).ok()?;
         versions
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{package} ")))
@@ -93,35 +100,40 @@ impl Userland {
     }
 }
 
-/// Written last, with `package version` lines: the unpacked tree is whole.
-const COMPLETE: &str = "complete";
-
 /// The userland under `CARGO_TARGET_TMPDIR`, fetched and unpacked on first use (a few seconds;
-/// needs root and Debian's archive, as `cargo xtask test`'s package step does).
+/// needs root and Debian's archive, as `cargo xtask test`'s package step does). The directory
+/// is named after the package list, so a changed list is fetched afresh.
 pub fn ensure() -> Userland {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("debian-13-rdma");
-    let root = dir.join("root");
-    if dir.join(COMPLETE).exists() {
-        return Userland { root };
+    let mut h = DefaultHasher::new();
+    PACKAGES.hash(&mut h);
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("debian-13-rdma-{:016x}", h.finish()));
+    if !cache::is_complete(&dir) {
+        eprintln!(
+            "fetching Debian 13's rdma-core and perftest ({}) into {}",
+            PACKAGES.join(" "),
+            dir.display()
+        );
     }
-    eprintln!(
-        "fetching Debian 13's rdma-core and perftest ({}) into {}",
-        PACKAGES.join(" "),
-        dir.display()
-    );
-    let _ = fs::remove_dir_all(&dir);
-    let archive = Archive::open(DEBIAN_13, &dir.join("apt"))
-        .unwrap_or_else(|e| panic!("reading Debian 13's package index: {e}"));
-    let debs = archive
-        .download(&PACKAGES, &dir.join("debs"))
-        .unwrap_or_else(|e| panic!("downloading Debian 13's rdma-core: {e}"));
-    let mut versions = String::new();
-    for (package, deb) in PACKAGES.iter().zip(&debs) {
-        let version = unpack(deb, &root).unwrap_or_else(|e| panic!("{e}"));
-        versions.push_str(&format!("{package} {version}\n"));
+    cache::build_once(&dir, |tmp| {
+        let archive = Archive::open(DEBIAN_13, &tmp.join("apt"))?;
+        let debs = archive.download(&PACKAGES, &tmp.join("debs"))?;
+        let mut versions = String::new();
+        for (package, deb) in PACKAGES.iter().zip(&debs) {
+            let version = unpack(deb, &tmp.join("root"))?;
+            versions.push_str(&format!("{package} {version}\n"));
+        }
+        let _ = fs::remove_dir_all(tmp.join("apt"));
+        let _ = fs::remove_dir_all(tmp.join("debs"));
+        fs::write(tmp.join(cache::COMPLETE), versions).map_err(|source| {
+            xroce_rxe_peer::PeerError::Io {
+                what: "marking the userland complete".into(),
+                source,
+            }
+        })
+    })
+    .unwrap_or_else(|e| panic!("fetching Debian 13's rdma-core and perftest: {e}"));
+    Userland {
+        root: dir.join("root"),
     }
-    let _ = fs::remove_dir_all(dir.join("apt"));
-    let _ = fs::remove_dir_all(dir.join("debs"));
-    fs::write(dir.join(COMPLETE), versions).expect("mark the userland complete");
-    Userland { root }
 }
