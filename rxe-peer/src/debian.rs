@@ -114,11 +114,7 @@ impl Archive {
             &mut self.command("apt-cache", &["depends", package]),
             &format!("apt-cache depends {package} (Debian {})", self.suite),
         )?;
-        Ok(out
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("Depends: "))
-            .map(str::to_string)
-            .collect())
+        Ok(depends_in(&out))
     }
 
     /// Downloads `packages` into `into`; returns each package's `.deb`, in the order asked.
@@ -160,6 +156,15 @@ impl Archive {
             })
             .collect()
     }
+}
+
+/// The direct dependencies `apt-cache depends` printed.
+pub(crate) fn depends_in(apt_cache_output: &str) -> Vec<String> {
+    apt_cache_output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Unpacks `deb` under `root` (`dpkg-deb -x`); returns the package's version.

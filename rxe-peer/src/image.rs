@@ -182,7 +182,7 @@ pub fn ensure_image_for(
     let mut h = DefaultHasher::new();
     LAYOUT_VERSION.hash(&mut h);
     // Debian 12's key names the kernel package the machine's apt offers (a newer one means a
-    // rebuild); Debian 13's archive is read only when an image must be built.
+    // rebuild); Debian 13's archive is read only when an image must be built (`None`).
     let kernel_pkg = match kernel {
         GuestKernel::Debian12 => {
             let p = kernel_package()?;
@@ -215,7 +215,7 @@ pub fn ensure_image_for(
     }
     let start = Instant::now();
     crate::cache::build_once(&dir, |dir| {
-        build_image(dir, kernel, kernel_pkg.as_deref(), &files, say)
+        build_image(dir, kernel_pkg.as_deref(), &files, say)
     })?;
     let version = fs::read_to_string(dir.join(COMPLETE))
         .map_err(|e| PeerError::io("reading the image's kernel version", e))?;
@@ -234,35 +234,31 @@ pub fn ensure_image_for(
     Ok(image(&version))
 }
 
-/// Builds an image in `dir` (empty, private to this build): the kernel `kernel_pkg` (for
-/// Debian 13, the one its `linux-image-amd64` names), its modules and `files`; writes the
-/// kernel version to [`COMPLETE`] last.
+/// Builds an image in `dir` (empty, private to this build): the kernel package `kernel_pkg`
+/// from the machine's apt sources (Debian 12's), or with `None` the one Debian 13's
+/// `linux-image-amd64` names; its modules and `files`. Writes the kernel version to
+/// [`COMPLETE`] last.
 fn build_image(
     dir: &Path,
-    kernel: GuestKernel,
     kernel_pkg: Option<&str>,
     files: &HostFiles,
     say: &mut dyn FnMut(&str),
 ) -> Result<()> {
     let dl = dir.join("download");
     mkdirs(&dl)?;
-    let deb = match kernel {
-        GuestKernel::Debian13 => {
+    let deb = match kernel_pkg {
+        None => {
             say("guest image: reading Debian 13's package index");
             let archive = crate::debian::Archive::open(crate::debian::DEBIAN_13, &dir.join("apt"))?;
-            let pkg = kernel_dependency(&archive.depends("linux-image-amd64")?.join("\n"))?;
+            let pkg = kernel_dependency(&archive.depends("linux-image-amd64")?)?;
             say(&format!("guest image: downloading {pkg} (about 110 MB)"));
             archive.download(&[&pkg], &dl)?.remove(0)
         }
-        GuestKernel::Debian12 => {
-            let pkg = match kernel_pkg {
-                Some(p) => p.to_string(),
-                None => kernel_package()?,
-            };
+        Some(pkg) => {
             say(&format!("guest image: downloading {pkg} (about 70 MB)"));
             run_checked(
                 Command::new("apt-get")
-                    .args(["download", &pkg])
+                    .args(["download", pkg])
                     .current_dir(&dl),
                 &format!("apt-get download {pkg}"),
             )?;
@@ -323,25 +319,19 @@ fn kernel_package() -> Result<String> {
         Command::new("apt-cache").args(["depends", "linux-image-amd64"]),
         "apt-cache depends linux-image-amd64 (run apt-get update first)",
     )?;
-    kernel_dependency(
-        &out.lines()
-            .filter_map(|l| l.trim().strip_prefix("Depends: "))
-            .collect::<Vec<_>>()
-            .join("\n"),
-    )
+    kernel_dependency(&crate::debian::depends_in(&out))
 }
 
-/// The `linux-image-*-amd64` among `depends` (one package name per line).
-fn kernel_dependency(depends: &str) -> Result<String> {
+/// The `linux-image-*-amd64` among `depends` (a package's direct dependencies).
+fn kernel_dependency(depends: &[String]) -> Result<String> {
     depends
-        .lines()
-        .map(str::trim)
+        .iter()
         .find(|p| p.starts_with("linux-image-") && p.ends_with("-amd64"))
-        .map(str::to_string)
+        .cloned()
         .ok_or_else(|| PeerError::Command {
             what: "finding the kernel package".into(),
             status: "no linux-image-*-amd64 dependency".into(),
-            stderr: depends.to_string(),
+            stderr: depends.join(" "),
         })
 }
 
@@ -728,12 +718,18 @@ mod tests {
 
     #[test]
     fn the_concrete_kernel_is_found_among_the_metapackages_dependencies() {
-        let depends = "linux-image-6.12.117+deb13-amd64\nlinux-base\n";
+        let depends = crate::debian::depends_in(
+            "linux-image-amd64\n  Depends: linux-image-6.12.117+deb13-amd64\n  Depends: linux-base\n",
+        );
         assert_eq!(
-            kernel_dependency(depends).unwrap(),
+            kernel_dependency(&depends).unwrap(),
             "linux-image-6.12.117+deb13-amd64"
         );
-        assert!(kernel_dependency("linux-base\nlinux-image-6.1.0-57-cloud-arm64\n").is_err());
+        let other = [
+            "linux-base".to_string(),
+            "linux-image-6.1.0-57-cloud-arm64".into(),
+        ];
+        assert!(kernel_dependency(&other).is_err());
     }
 
     #[test]
