@@ -15,6 +15,8 @@ use super::ring::Ring;
 pub const FRAME_SIZE: u32 = 4096;
 /// Kicks one `flush` makes at most (each sends up to 32 frames in copy mode).
 const MAX_KICKS_PER_FLUSH: usize = 8;
+/// Descriptors a kick sends at most in copy mode (the kernel's `MAX_PER_SOCKET_BUDGET`).
+const COPY_MODE_KICK_BUDGET: u32 = 32;
 /// A transmit slot: two adjacent UMEM frames (see [`XskSocket::send_with`]).
 const TX_SLOT: usize = 2 * FRAME_SIZE as usize;
 
@@ -290,6 +292,10 @@ pub struct XskSocket {
     zero_copy: bool,
     /// Bound with `XDP_USE_SG` (see [`XskConfig::multi_buffer`]).
     multi_buffer: bool,
+    /// A kick that ended on its budget (EAGAIN) was seen to move the kernel's consumer index:
+    /// this kernel (6.17 and later) shows partial kicks, and a kick that shows no progress
+    /// sent nothing (see `flush`).
+    kernel_shows_partial_kicks: bool,
     ifindex: u32,
     queue: u32,
 }
@@ -439,6 +445,7 @@ impl XskSocket {
             scratch: Vec::with_capacity(16 * 1024),
             zero_copy: false,
             multi_buffer: config.multi_buffer(),
+            kernel_shows_partial_kicks: false,
             ifindex,
             queue: config.queue,
         };
@@ -677,6 +684,9 @@ impl XskSocket {
     pub fn flush(&mut self) -> io::Result<()> {
         self.tx.submit();
         self.reap_completions();
+        // Kicks that showed no progress although the kernel may have sent a budget's worth
+        // (see below).
+        let mut unseen_kicks = 0;
         for _ in 0..MAX_KICKS_PER_FLUSH {
             let before = self.tx.outstanding();
             if before == 0 || !self.tx.needs_wakeup() {
@@ -694,6 +704,7 @@ impl XskSocket {
                     0,
                 )
             };
+            let mut budget_used = false;
             if rc < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
@@ -704,14 +715,28 @@ impl XskSocket {
                     // moved frames is followed by another; one that moved none means the
                     // kernel is busy or out of buffers, and the frames stay queued for the
                     // next flush.
-                    Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
+                    Some(libc::EAGAIN) => budget_used = true,
+                    Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
                     _ => return Err(e),
                 }
             }
-            if self.tx.outstanding() >= before {
-                return Ok(()); // no progress: leave the rest for the next flush
+            let after = self.tx.outstanding();
+            if after < before {
+                self.kernel_shows_partial_kicks |= budget_used;
+                self.reap_completions();
+                continue;
             }
-            self.reap_completions();
+            // Kernels before 6.17 publish their consumer index only once they emptied the
+            // ring: a kick that ended on its budget sent 32 descriptors that do not show. Until
+            // this kernel was seen to show them, an EAGAIN kick counts as having sent a
+            // budget's worth while that many could have been queued (on a busy driver, which
+            // also answers EAGAIN, that costs at most one extra kick per 32 queued).
+            let unseen_budgets = (unseen_kicks + 1) * COPY_MODE_KICK_BUDGET;
+            if budget_used && !self.kernel_shows_partial_kicks && before > unseen_budgets {
+                unseen_kicks += 1;
+                continue;
+            }
+            return Ok(()); // no progress: leave the rest for the next flush
         }
         Ok(())
     }
