@@ -24,3 +24,15 @@ pub mod port;
 pub mod registry;
 pub mod test_support;
 pub mod xdp;
+
+/// `eprintln!` for code that runs inside applications (the engine, the provider): a standard
+/// error that cannot be written (a pipe whose reader has gone, in a program that ignores
+/// SIGPIPE) is ignored, where `eprintln!` would panic, and a panic inside a verb aborts the
+/// application.
+#[macro_export]
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr().lock(), $($arg)*);
+    }};
+}

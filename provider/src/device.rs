@@ -96,7 +96,7 @@ pub(crate) unsafe extern "C" fn alloc_device(sysfs: *mut verbs_sysfs_dev) -> *mu
     let netdev = match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
         _ => {
-            eprintln!(
+            xroce_datapath::stderr_line!(
                 "xroce: {} does not name the netdev of {name}; recreate it with xroce link add",
                 path.display()
             );

@@ -101,7 +101,7 @@ impl EngineRef {
             .open(&path)
             .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
         if let Err(e) = written {
-            eprintln!(
+            xroce_datapath::stderr_line!(
                 "xroce: cannot write counters to {}: {e}",
                 std::path::Path::new(&path).display()
             );
@@ -174,9 +174,10 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
             Ok(e)
         }
         Err(err) => {
-            eprintln!(
+            xroce_datapath::stderr_line!(
                 "xroce: cannot start device {} on netdev {}: {err}",
-                ctx.name, ctx.netdev
+                ctx.name,
+                ctx.netdev
             );
             Err(match err {
                 xroce_datapath::engine::EngineError::QueueInUse { .. }
@@ -270,7 +271,9 @@ fn report_stats_at_exit() {
         // waiting for an engine's), hands queued frames to the kernel and writes a file, which
         // is allowed during exit().
         if unsafe { libc::atexit(at_exit) } != 0 {
-            eprintln!("xroce: cannot register the exit handler; counters may not be written");
+            xroce_datapath::stderr_line!(
+                "xroce: cannot register the exit handler; counters may not be written"
+            );
         }
     });
 }
@@ -425,7 +428,7 @@ fn write_all(fd: &OwnedFd, bytes: &[u8]) -> bool {
     if n < 0 {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!(
+            xroce_datapath::stderr_line!(
                 "xroce: an event could not be queued ({}); the application is not reading its \
                  event channel",
                 std::io::Error::last_os_error()

@@ -26,7 +26,7 @@ pub const RDMA_CM_HINT: &str = "xroce: librdmacm (RDMA CM) needs the kernel's rd
 fn hint() {
     static SAID: AtomicBool = AtomicBool::new(false);
     if under_xroce_exec() && !SAID.swap(true, Ordering::Relaxed) {
-        eprintln!("{RDMA_CM_HINT}");
+        xroce_datapath::stderr_line!("{RDMA_CM_HINT}");
     }
 }
 

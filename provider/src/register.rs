@@ -87,7 +87,7 @@ static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_load() {
     if let Err(Some(why)) = register() {
-        eprintln!("{why}");
+        xroce_datapath::stderr_line!("{why}");
     }
 }
 

@@ -51,7 +51,7 @@ pub fn install_if_asked(report: fn(&mut dyn Write)) {
     };
     ONCE.call_once(|| {
         let Some(sig) = value.to_str().and_then(parse_signal) else {
-            eprintln!(
+            xroce_datapath::stderr_line!(
                 "xroce: {DUMP_SIGNAL_ENV}={} is not a signal (USR1, USR2 or a number); no state \
                  dumps",
                 value.to_string_lossy()
@@ -59,7 +59,7 @@ pub fn install_if_asked(report: fn(&mut dyn Write)) {
             return;
         };
         if let Err(e) = install(sig, report) {
-            eprintln!("xroce: cannot set up state dumps on signal {sig}: {e}");
+            xroce_datapath::stderr_line!("xroce: cannot set up state dumps on signal {sig}: {e}");
         }
     });
 }

@@ -112,7 +112,7 @@ impl Capture {
 
     fn fail(&mut self, e: io::Error) {
         self.failed = true;
-        eprintln!(
+        crate::stderr_line!(
             "xroce: capture to {} stopped: {e}; frames are no longer written",
             self.path.display()
         );

@@ -745,12 +745,15 @@ impl Engine {
     /// Runs a data-path verb that gives the progress thread nothing to send (posting a
     /// receive, arming a CQ) on the device, without waking it: a wake-up per `post_recv`
     /// would take the core of an application that polls (one per iteration of
-    /// `ib_send_lat`).
+    /// `ib_send_lat`). The events the verb caused go out from this thread: a receive posted
+    /// to a QP in error completes at once, and with the progress thread asleep (an error QP
+    /// has no timers) an application waiting on its completion channel would not hear of it
+    /// until something else woke the thread.
     pub fn with_device_quiet<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
         let _in_verbs = self.shared.enter_verbs();
         let mut guard = self.lock();
         let r = f(&mut guard.dev);
-        Self::dispatch_if_failed(&self.shared, &mut guard);
+        progress::dispatch_events(&self.shared, &mut guard.dev);
         r
     }
 
@@ -1269,7 +1272,7 @@ fn open_sockets(
     let steerable = crate::xdp::abi::XSKS_MAP_ENTRIES;
     let others_up_to = if config.all_rx_queues {
         if rx_queues > steerable {
-            eprintln!(
+            crate::stderr_line!(
                 "xroce: {} uses {rx_queues} receive queues; xroce's XDP program steers RoCEv2 \
                  frames from the first {steerable} only (frames on the others go to the kernel)",
                 config.iface

@@ -346,7 +346,7 @@ fn is_link_change(noticed: &Noticed) -> bool {
 fn report_too_long(shared: &Shared, tx: &Transmit, mtu: u32, port_mtu: PathMtu) {
     if shared.counters.tx_too_long.fetch_add(1, Ordering::Relaxed) == 0 {
         let (iface, qpn, len, active) = (&shared.config.iface, tx.qpn, tx.len, port_mtu.bytes());
-        eprintln!(
+        crate::stderr_line!(
             "xroce: netdev {iface}: QP {qpn:#x} sends a {len}-byte packet, longer than the \
              interface's MTU ({mtu}); the link will drop it and the QP resend it. Its path MTU \
              is above the port's active MTU ({active}): ask for a path MTU of at most {active} \
@@ -364,7 +364,7 @@ fn report_too_long(shared: &Shared, tx: &Transmit, mtu: u32, port_mtu: PathMtu) 
 /// MTU there is 2048.
 fn report_too_big(shared: &Shared, port_mtu: PathMtu) {
     let (iface, active) = (&shared.config.iface, port_mtu.bytes());
-    eprintln!(
+    crate::stderr_line!(
         "xroce: netdev {iface}: a packet did not fit a transmit frame, so its work request \
          failed (local QP operation error) or, for a READ response, the READ was refused: a \
          QP's path MTU is above what the engine's AF_XDP sockets carry (frames of more than \
@@ -384,7 +384,7 @@ pub(crate) fn fail_port(shared: &Shared, st: &mut State, why: String) {
     if st.io.failed {
         return;
     }
-    eprintln!(
+    crate::stderr_line!(
         "xroce: netdev {}: {why}; the device has failed, and its QPs are in the error state",
         shared.config.iface
     );
@@ -565,7 +565,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             }
             if !io.link_down {
                 if !down {
-                    eprintln!(
+                    crate::stderr_line!(
                         "xroce: netdev {}: the kernel refused frames ({e}); they wait, and \
                          the QPs retransmit, until it takes them again",
                         shared.config.iface

@@ -31,7 +31,7 @@ pub unsafe extern "C" fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *m
     // SAFETY: libibverbs passes one of our PDs and the application's attributes.
     let (x, a) = unsafe { (pd(p), &*attr) };
     let Some(av) = address_vector(a) else {
-        eprintln!("xroce: address handle: {NO_GRH}");
+        xroce_datapath::stderr_line!("xroce: address handle: {NO_GRH}");
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
@@ -50,7 +50,7 @@ pub unsafe extern "C" fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *m
             std::ptr::null_mut()
         }
         Err(VerbError::Addressing(e)) => {
-            eprintln!("xroce: address handle: {e}");
+            xroce_datapath::stderr_line!("xroce: address handle: {e}");
             set_errno(libc::EHOSTUNREACH);
             std::ptr::null_mut()
         }

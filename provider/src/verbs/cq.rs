@@ -44,7 +44,7 @@ pub unsafe extern "C" fn create_cq(
     // SAFETY: libibverbs passes the application's channel or NULL.
     let notify = unsafe { crate::comp_channel::writer(channel) };
     if !channel.is_null() && notify.is_none() {
-        eprintln!(
+        xroce_datapath::stderr_line!(
             "xroce: this completion channel was not made by xroce; run the program with \
              `xroce exec -- PROGRAM` so that ibv_create_comp_channel reaches xroce"
         );

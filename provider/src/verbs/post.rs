@@ -9,9 +9,9 @@ use super::errno;
 use super::qp::qp;
 use super::srq::srq;
 use crate::abi::verbs::{
-    ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, IBV_QPT_UD, IBV_WR_ATOMIC_CMP_AND_SWP,
-    IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM,
-    IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
+    ibv_pd, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, IBV_QPT_UD,
+    IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
+    IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 };
 
 /// The scatter/gather list of a work request, as the transport's WRs hold it.
@@ -43,11 +43,13 @@ unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
     })
 }
 
-/// The transport's send WR for a verbs one.
+/// The transport's send WR for a verbs one, for a QP of type `qp_type` in protection domain
+/// `qp_pd`.
 ///
 /// # Safety
-/// `wr` must be a valid send WR of a QP of type `qp_type`.
-unsafe fn send_wr(wr: &ibv_send_wr, qp_type: u32) -> Result<SendWr, c_int> {
+/// `wr` must be a valid send WR; for a UD QP its `ah` must be null or point at an `ibv_ah`
+/// (of any provider: only its public header is read before it is known to be ours).
+unsafe fn send_wr(wr: &ibv_send_wr, qp_type: u32, qp_pd: *mut ibv_pd) -> Result<SendWr, c_int> {
     // Immediate data is a __be32 holding the wire bytes; the transport keeps the big-endian
     // value.
     let imm = u32::from_be(wr.imm_data);
@@ -83,11 +85,16 @@ unsafe fn send_wr(wr: &ibv_send_wr, qp_type: u32) -> Result<SendWr, c_int> {
     };
     let ud = if qp_type == IBV_QPT_UD {
         let handle = wr.ud_ah();
-        if handle.is_null() {
+        // Verbs wants the AH in the QP's protection domain (rdma_rxe fails the request
+        // otherwise). Checked before the handle is taken as an xroce AH: one of another
+        // device, or of another xroce context, has another PD, and reading it as ours would
+        // read past its end or look up its number in the wrong engine.
+        // SAFETY: a non-null `ah` is an `ibv_ah`, whose public header holds its PD.
+        if handle.is_null() || unsafe { (*handle).pd } != qp_pd {
             return Err(libc::EINVAL);
         }
         Some(UdDest {
-            // SAFETY: an AH the application created on this device.
+            // SAFETY: an AH in this QP's PD, which only this device's AHs are.
             ah: unsafe { ah(handle) }.id,
             remote_qpn: wr.ud_remote_qpn(),
             remote_qkey: wr.ud_remote_qkey(),
@@ -116,7 +123,7 @@ pub unsafe extern "C" fn post_send(
         // SAFETY: the application's WR chain.
         let w = unsafe { &*wr };
         // SAFETY: as above.
-        let r = unsafe { send_wr(w, x.qp.qp_type) }.and_then(|s| {
+        let r = unsafe { send_wr(w, x.qp.qp_type, x.qp.pd) }.and_then(|s| {
             // SAFETY: inline SGEs point at memory the application keeps valid during the call.
             unsafe { x.engine.engine.post_send_caller_inline(x.qp.qp_num, s) }
                 .map_err(|e| errno(&e))

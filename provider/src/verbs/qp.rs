@@ -219,7 +219,7 @@ fn qp_attr(a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
     }
     if mask.contains(AttrMask::AV) {
         out.av = Some(address_vector(&a.ah_attr).ok_or_else(|| {
-            eprintln!("xroce: QP attributes: {NO_GRH}");
+            xroce_datapath::stderr_line!("xroce: QP attributes: {NO_GRH}");
             libc::EINVAL
         })?);
     }
@@ -256,7 +256,7 @@ pub unsafe extern "C" fn modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask:
         Ok(()) => 0,
         Err(VerbError::Verbs(e)) => errno(&e),
         Err(VerbError::Addressing(e)) => {
-            eprintln!("xroce: QP {:#x}: {e}", x.qp.qp_num);
+            xroce_datapath::stderr_line!("xroce: QP {:#x}: {e}", x.qp.qp_num);
             libc::EHOSTUNREACH
         }
     }

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,6 +195,10 @@ static int wait_async(enum ibv_event_type type, void *element)
 
 int main(int argc, char **argv)
 {
+    /* As many servers do: a write to a pipe whose reader has gone then fails with EPIPE
+     * instead of killing the process. xroce's messages on stderr must not turn such a failed
+     * write into an abort. */
+    signal(SIGPIPE, SIG_IGN);
     gid_index = argc > 1 ? atoi(argv[1]) : 1;
     struct ibv_device **list = ibv_get_device_list(NULL);
     if (!list || !list[0]) {
@@ -574,6 +579,110 @@ int main(int argc, char **argv)
         CHECK("deregistered_lkey", ok, "post returned %d, status %d (%s)", r, wc.status,
               ibv_wc_status_str(wc.status));
         free_pair(&p);
+    }
+
+    /* An address handle without a GRH cannot address anything on RoCE: refused (xroce also
+     * says why on stderr). */
+    {
+        struct ibv_ah_attr no_grh = {.is_global = 0, .port_num = 1};
+        errno = 0;
+        struct ibv_ah *a = ibv_create_ah(pd, &no_grh);
+        CHECK("create_ah_without_grh", a == NULL && errno == EINVAL, "got %p errno %d",
+              (void *)a, errno);
+        if (a)
+            ibv_destroy_ah(a);
+    }
+
+    /* A UD send names an AH of another PD: refused (verbs wants the QP's PD; rdma_rxe fails
+     * such a request), with bad_wr pointing at it. */
+    {
+        struct ibv_pd *other_pd = ibv_alloc_pd(ctx);
+        struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+        struct ibv_qp_init_attr ia = {
+            .send_cq = cq,
+            .recv_cq = cq,
+            .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+            .qp_type = IBV_QPT_UD,
+        };
+        struct ibv_qp *qp = cq ? ibv_create_qp(pd, &ia) : NULL;
+        struct ibv_qp_attr qa = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11111111};
+        int ready = qp && !ibv_modify_qp(qp, &qa,
+                                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                             IBV_QP_QKEY);
+        qa.qp_state = IBV_QPS_RTR;
+        ready = ready && !ibv_modify_qp(qp, &qa, IBV_QP_STATE);
+        qa.qp_state = IBV_QPS_RTS;
+        qa.sq_psn = 0;
+        ready = ready && !ibv_modify_qp(qp, &qa, IBV_QP_STATE | IBV_QP_SQ_PSN);
+        struct ibv_ah_attr aa = {
+            .is_global = 1,
+            .port_num = 1,
+            .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 64},
+        };
+        struct ibv_ah *foreign = other_pd ? ibv_create_ah(other_pd, &aa) : NULL;
+        struct ibv_ah *own = ibv_create_ah(pd, &aa);
+        struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+        struct ibv_send_wr wr = {.sg_list = &sge,
+                                 .num_sge = 1,
+                                 .opcode = IBV_WR_SEND,
+                                 .send_flags = IBV_SEND_SIGNALED,
+                                 .wr.ud = {.ah = foreign, .remote_qpn = 1, .remote_qkey = 1}};
+        struct ibv_send_wr *bad = NULL;
+        int r = ready && foreign ? ibv_post_send(qp, &wr, &bad) : -1;
+        /* The same request with the QP's own PD's AH goes (to a QPN nobody has: dropped). */
+        wr.wr.ud.ah = own;
+        int r_own = ready && own ? ibv_post_send(qp, &wr, &bad) : -1;
+        int sent = r_own == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS;
+        CHECK("ud_ah_of_another_pd", r == EINVAL && bad == &wr && sent,
+              "ready %d, returned %d (own PD's AH: %d, completed %d)", ready, r, r_own, sent);
+        if (own)
+            ibv_destroy_ah(own);
+        if (foreign)
+            ibv_destroy_ah(foreign);
+        if (qp)
+            ibv_destroy_qp(qp);
+        if (cq)
+            ibv_destroy_cq(cq);
+        if (other_pd)
+            ibv_dealloc_pd(other_pd);
+    }
+
+    /* A receive posted to a QP in the error state completes at once, flushed; an application
+     * waiting on its completion channel hears of it (nothing else happens on the device to
+     * carry the event along). */
+    {
+        struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+        struct ibv_cq *cq = ch ? ibv_create_cq(ctx, 16, NULL, ch, 0) : NULL;
+        struct ibv_qp *qp = cq ? create_rc(cq, cq, 4, 0) : NULL;
+        struct ibv_qp_attr qa = {.qp_state = IBV_QPS_ERR};
+        int in_error = qp && !to_init(qp) && !ibv_modify_qp(qp, &qa, IBV_QP_STATE);
+        int armed = in_error && ibv_req_notify_cq(cq, 0) == 0;
+        /* Long enough for the engine's progress thread to have gone to sleep. */
+        usleep(200 * 1000);
+        struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+        struct ibv_recv_wr rwr = {.wr_id = 7, .sg_list = &sge, .num_sge = 1};
+        struct ibv_recv_wr *rbad = NULL;
+        int posted = armed && ibv_post_recv(qp, &rwr, &rbad) == 0;
+        struct pollfd pf = {.fd = ch ? ch->fd : -1, .events = POLLIN};
+        struct ibv_cq *ev_cq = NULL;
+        void *ev_ctx;
+        /* The event is written during ibv_post_recv; 20 ms is margin, far below the engine's
+         * next wake-up of its own. */
+        int heard = posted && poll(&pf, 1, 20) == 1 &&
+                    ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq;
+        if (heard)
+            ibv_ack_cq_events(ev_cq, 1);
+        int flushed = heard && ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 7 &&
+                      wc.status == IBV_WC_WR_FLUSH_ERR;
+        CHECK("post_recv_in_error_notifies_the_channel", flushed,
+              "in error %d, armed %d, posted %d, event %d, flushed %d", in_error, armed, posted,
+              heard, flushed);
+        if (qp)
+            ibv_destroy_qp(qp);
+        if (cq)
+            ibv_destroy_cq(cq);
+        if (ch)
+            ibv_destroy_comp_channel(ch);
     }
 
     /* A PD still holding an MR cannot be freed. */
