@@ -961,6 +961,7 @@ fn application_errors_get_verbs_errors() {
         "create_ah_without_grh",
         "ud_ah_of_another_pd",
         "post_recv_in_error_notifies_the_channel",
+        "cyclic_wr_chain_on_a_qp_in_error_ends",
         "destroy_cq_after_its_events_were_acknowledged",
         "destroyed_qp_async_events_dropped",
         "reg_mr_unmapped_memory",

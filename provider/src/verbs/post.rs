@@ -112,6 +112,15 @@ unsafe fn send_wr(wr: &ibv_send_wr, qp_type: u32, qp_pd: *mut ibv_pd) -> Result<
     })
 }
 
+/// Counts a WR of one post call; true once the call took more than any queue holds. A queue
+/// in the error state completes each WR at once (flushed) and so never fills: without the
+/// bound, a chain whose last WR points back into it would keep the call going forever, where
+/// a hardware provider answers ENOMEM once its queue is full.
+fn chain_too_long(taken: &mut u32) -> bool {
+    *taken += 1;
+    *taken > limits::MAX_QP_WR.max(limits::MAX_SRQ_WR)
+}
+
 pub unsafe extern "C" fn post_send(
     q: *mut ibv_qp,
     mut wr: *mut ibv_send_wr,
@@ -119,7 +128,15 @@ pub unsafe extern "C" fn post_send(
 ) -> c_int {
     // SAFETY: libibverbs passes one of our QPs.
     let x = unsafe { qp(q) };
+    let mut taken = 0;
     while !wr.is_null() {
+        if chain_too_long(&mut taken) {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = wr };
+            }
+            return libc::ENOMEM;
+        }
         // SAFETY: the application's WR chain.
         let w = unsafe { &*wr };
         // SAFETY: as above.
@@ -149,7 +166,15 @@ unsafe fn post_recv_chain(
     bad_wr: *mut *mut ibv_recv_wr,
     mut post: impl FnMut(RecvWr) -> Result<(), c_int>,
 ) -> c_int {
+    let mut taken = 0;
     while !wr.is_null() {
+        if chain_too_long(&mut taken) {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = wr };
+            }
+            return libc::ENOMEM;
+        }
         // SAFETY: per the contract.
         let w = unsafe { &*wr };
         // SAFETY: the WR's own list.

@@ -677,6 +677,16 @@ int main(int argc, char **argv)
         CHECK("post_recv_in_error_notifies_the_channel", flushed,
               "in error %d, armed %d, posted %d, event %d, flushed %d", in_error, armed, posted,
               heard, flushed);
+        /* A chain whose last WR points back into it (an application's bug) ends with ENOMEM
+         * on a QP in error too, whose WRs complete at once and never fill the queue. Last
+         * among the checks on this QP: its CQ overflows. */
+        struct ibv_recv_wr loop_b = {.wr_id = 9, .sg_list = &sge, .num_sge = 1};
+        struct ibv_recv_wr loop_a = {.wr_id = 8, .sg_list = &sge, .num_sge = 1, .next = &loop_b};
+        loop_b.next = &loop_a;
+        rbad = NULL;
+        int r = in_error ? ibv_post_recv(qp, &loop_a, &rbad) : -1;
+        CHECK("cyclic_wr_chain_on_a_qp_in_error_ends", r == ENOMEM && rbad != NULL,
+              "returned %d", r);
         if (qp)
             ibv_destroy_qp(qp);
         if (cq)
