@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use xroce_datapath::netlink::{self, AddressWatcher, Change, NetlinkError};
 
 use crate::abi::verbs::{IBV_EVENT_GID_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR};
-use crate::engines::{post_async, post_device_fatal};
+use crate::engines::{post_async, post_device_fatal, with_routes};
 
 /// The watcher thread of one context; dropping it stops the thread.
 pub struct PortWatch {
@@ -101,7 +101,10 @@ impl PortWatch {
                     Err(true) => {
                         // The netdev is gone, and the device with it (rdma_rxe unregisters
                         // its device then). An engine on it has failed its QPs too.
-                        post_device_fatal(&async_tx, &fatal_posted);
+                        // Under the routes lock, as every write to the async pipe: a
+                        // destroy taking its object's events out of the pipe (and writing
+                        // the others back) must not have a record slip in between.
+                        with_routes(|_| post_device_fatal(&async_tx, &fatal_posted));
                         return;
                     }
                     Err(false) => continue,
@@ -112,10 +115,10 @@ impl PortWatch {
                     } else {
                         IBV_EVENT_PORT_ERR
                     };
-                    post_async(&async_tx, 1, ty);
+                    with_routes(|_| post_async(&async_tx, 1, ty));
                 }
                 if now.gids != last.gids {
-                    post_async(&async_tx, 1, IBV_EVENT_GID_CHANGE);
+                    with_routes(|_| post_async(&async_tx, 1, IBV_EVENT_GID_CHANGE));
                 }
                 last = now;
             })
