@@ -3599,3 +3599,46 @@ fn a_request_too_big_for_the_transmit_buffer_fails_its_work_request_and_is_count
         QpState::Error
     );
 }
+
+/// Two ends set up with different path MTUs (perftest takes each side's port MTU, so two
+/// netdevs of different MTUs do this): the responder cuts a READ's response by its own MTU, so
+/// the packets do not sit at the PSNs the requester gave the READ. The READ fails with
+/// BAD_RESP_ERR at once. Before, a smaller responder MTU's MIDDLE packets fell beyond the
+/// READ's PSNs and were dropped as strays, nothing was left outstanding for the retransmission
+/// timer, and the READ waited forever; a larger one's ONLY packet completed it with the next
+/// WQE's PSNs out of step.
+#[test]
+fn a_read_answered_at_another_path_mtu_fails_instead_of_waiting() {
+    for (requester, responder) in [
+        (PathMtu::Mtu4096, PathMtu::Mtu1024),
+        (PathMtu::Mtu1024, PathMtu::Mtu4096),
+    ] {
+        let mut sim = Sim::new(83, 2, LinkConfig::default());
+        let ro = ConnectOptions {
+            path_mtu: requester,
+            ..ConnectOptions::default()
+        };
+        let so = ConnectOptions {
+            path_mtu: responder,
+            ..ConnectOptions::default()
+        };
+        let a = create_qp(&mut sim, 0, &ro);
+        let b = create_qp(&mut sim, 1, &so);
+        bring_up(&mut sim, a, b, &ro, ro.psn.0, ro.psn.1);
+        bring_up(&mut sim, b, a, &so, ro.psn.1, ro.psn.0);
+        let local = sim.nodes[0].alloc(16384, RW);
+        let remote = sim.nodes[1].alloc(16384, RW);
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(1, read_op(&remote, 0), vec![sge(&local, 0, 16384)]),
+            )
+            .unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+        assert_eq!(
+            ids_and_status(&sc),
+            [(1, WcStatus::BadRespErr)],
+            "requester {requester:?}, responder {responder:?}"
+        );
+    }
+}

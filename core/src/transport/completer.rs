@@ -166,6 +166,18 @@ impl Qp {
                     self.fail_head(sh, WcStatus::BadRespErr);
                     return;
                 }
+                // Each response packet sits at the PSN its bytes have in the READ, as this
+                // side's path MTU cut it: FIRST and MIDDLE full packets before the last PSN,
+                // LAST or ONLY at it. A peer segmenting by another path MTU (the two ends set
+                // up differently) breaks this; unchecked, a smaller MTU's MIDDLE packets fell
+                // beyond the READ's PSNs and were dropped as strays, with nothing left
+                // outstanding to time out, and the READ waited forever.
+                let at_last = p == last_psn;
+                let full = frame.payload.len() == self.mtu(sh);
+                if pos.ends_message() != at_last || (!pos.ends_message() && !full) {
+                    self.fail_head(sh, WcStatus::BadRespErr);
+                    return;
+                }
                 if pos != Position::Middle && !matches!(syndrome, Some(AethSyndrome::Ack { .. })) {
                     self.fail_head(sh, WcStatus::BadRespErr);
                     return;
