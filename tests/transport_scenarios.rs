@@ -3642,3 +3642,77 @@ fn a_read_answered_at_another_path_mtu_fails_instead_of_waiting() {
         );
     }
 }
+
+/// rdma_rxe NAKs a failure in the midst of a READ's reply (its region deregistered after the
+/// first packets went) at the READ request's PSN, behind where the responses that arrived moved
+/// the requester. The NAK fails the READ at once with the NAK's status. Before, it was taken
+/// as a stale duplicate and dropped, and the READ was retried against a QP in error until the
+/// retries ran out (forever with `retry_cnt` 7).
+#[test]
+fn an_error_nak_behind_a_reads_arrived_responses_fails_it() {
+    let mut sim = Sim::new(89, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(16384, RW);
+    let dst = sim.nodes[1].alloc(16384, RW);
+
+    // A WRITE's ACK, kept as the model of the NAK.
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 64)]),
+        )
+        .unwrap();
+    assert_eq!(
+        wait_cq(&mut sim, 0, a.send_cq, 1)[0].status,
+        WcStatus::Success
+    );
+
+    // A READ of eight packets whose reply stops after its FIRST packet.
+    let lost = drop_matching(&mut sim, 1, 100, |op, _| {
+        op == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE || op == Opcode::RC_RDMA_READ_RESPONSE_LAST
+    });
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(2, read_op(&dst, 0), vec![sge(&src, 0, 8192)]),
+        )
+        .unwrap();
+    let data = pattern(1024, 89);
+    sim.nodes[1].bytes_mut(&dst)[..1024].copy_from_slice(&data);
+    // Until the FIRST packet's bytes have landed: the requester has moved past the READ
+    // request's PSN.
+    let landed = |sim: &mut Sim| sim.nodes[0].bytes(&src)[..1024] == data[..];
+    sim.run_until(SEC, |sim| lost.get() == 7 && landed(sim));
+    assert!(
+        lost.get() == 7 && landed(&mut sim),
+        "the reply was not cut after its FIRST packet"
+    );
+    let trace = sim.trace.take().unwrap();
+    let ack = trace
+        .iter()
+        .find(|(from, p)| *from == 1 && bth_of(p).0 == Opcode::RC_ACKNOWLEDGE)
+        .expect("the WRITE's ACK")
+        .1
+        .clone();
+    let read_psn = trace
+        .iter()
+        .find(|(from, p)| *from == 0 && bth_of(p).0 == Opcode::RC_RDMA_READ_REQUEST)
+        .map(|(_, p)| bth_of(p).1)
+        .expect("the READ request");
+    assert_eq!(counters(&sim, 0).timeouts, 0);
+
+    let mut nak = ack;
+    // BTH PSN: bytes 9..12 of the BTH, after 20 bytes of IPv4 and 8 of UDP; the AETH's
+    // syndrome follows the BTH: 0x62 is a remote access error NAK.
+    nak[37..40].copy_from_slice(&read_psn.to_be_bytes()[1..]);
+    nak[40] = 0x62;
+    xroce_core::icrc::fill(&mut nak).unwrap();
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    node.dev.handle_packet(now, &nak, &mut node.mem);
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(2, WcStatus::RemAccessErr)]);
+    let c = counters(&sim, 0);
+    assert_eq!((c.error_naks_received, c.timeouts), (1, 0));
+}

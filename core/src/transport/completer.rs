@@ -12,6 +12,15 @@ use crate::wire::{AethSyndrome, NakCode, Operation, Position, RoceFrame};
 /// rdma_rxe treats a retry count of 7 as infinite, for `retry_cnt` as for `rnr_retry`.
 pub const INFINITE_RETRY: u8 = 7;
 
+/// The completion status for the head WQE that an error NAK fails.
+fn nak_status(code: NakCode) -> WcStatus {
+    match code {
+        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
 impl Qp {
     /// Handles an ACK, NAK, READ response or atomic ACK addressed to this QP.
     pub(crate) fn handle_response(
@@ -84,8 +93,23 @@ impl Qp {
             return;
         };
         let op = w.wr.op;
-        let last_psn = w.last_psn;
+        let (first_psn, last_psn) = (w.first_psn, w.last_psn);
         let d = psn::diff(p, self.comp.psn);
+        if let (SendOp::RdmaRead { .. }, Some(AethSyndrome::Nak(code))) = (op, syndrome) {
+            // An error NAK for the READ at the head may lie anywhere in its PSNs: rdma_rxe
+            // NAKs a failure in the midst of its reply (the region deregistered, say) at the
+            // READ request's PSN, behind where the responses already moved `comp.psn`, and a
+            // responder NAKing at a response's PSN may be ahead of one that was lost. Either way
+            // the responder has given up: taken as a stale duplicate, the NAK was dropped and
+            // the READ retried against a QP in error until the retries ran out, forever with
+            // `retry_cnt` 7.
+            let in_read = psn::diff(p, first_psn) >= 0 && psn::diff(p, last_psn) <= 0;
+            if in_read && code != NakCode::PsnSequenceError && d != 0 {
+                sh.counters.error_naks_received += 1;
+                self.fail_head(sh, nak_status(code));
+                return;
+            }
+        }
         if d < 0 {
             // A duplicate (retried) response: only the one ending the head SEND/WRITE counts.
             if p == last_psn && !op.is_read_or_atomic() && info.operation == Operation::Acknowledge
@@ -140,12 +164,7 @@ impl Qp {
                 }
                 Some(AethSyndrome::Nak(code)) => {
                     sh.counters.error_naks_received += 1;
-                    let status = match code {
-                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                        _ => WcStatus::RemOpErr,
-                    };
-                    self.fail_head(sh, status);
+                    self.fail_head(sh, nak_status(code));
                 }
                 Some(AethSyndrome::Reserved(_)) | None => self.fail_head(sh, WcStatus::BadRespErr),
             },
