@@ -3720,44 +3720,46 @@ fn an_error_nak_behind_a_reads_arrived_responses_fails_it() {
 /// A receiver out of receive buffers costs only RNR retries. After its RNR NAK the responder
 /// also answers the packets behind the NAKed one with a sequence NAK for the same PSN (as
 /// rdma_rxe does); the requester, already waiting to resend from there, does not count it as a
-/// retry. Counted, each RNR round would use up one of `retry_cnt`'s retries, and a receiver
-/// unready for longer than `retry_cnt` rounds would fail the SEND with RETRY_EXC_ERR although
-/// `rnr_retry` 7 asks for retrying forever.
+/// retry. Before, the first such NAK was counted: with `retry_cnt` 0 a SEND to a receiver not
+/// ready failed with RETRY_EXC_ERR on the first round although `rnr_retry` 7 asks for retrying
+/// forever (rdma_rxe's requester does the same).
 #[test]
 fn rnr_rounds_do_not_use_up_the_retry_count() {
-    let mut sim = Sim::new(97, 2, LinkConfig::default());
-    let o = ConnectOptions {
-        min_rnr_timer: 12, // 640 µs
-        retry_cnt: 1,
-        ..ConnectOptions::default()
-    };
-    let (a, b) = connect(&mut sim, 0, 1, &o);
-    let src = sim.nodes[0].alloc(8192, RW);
-    let dst = sim.nodes[1].alloc(8192, RW);
-    let data = pattern(3000, 97);
-    sim.nodes[0].bytes_mut(&src)[..3000].copy_from_slice(&data);
-    // Three packets at MTU 1024: the FIRST draws the RNR NAK, the two behind it a sequence NAK.
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 3000)]),
-        )
-        .unwrap();
-    assert!(!sim.run_until(5_000_000, |s| cq_len(s, 0, a.send_cq) > 0));
-    let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
-    assert!(c1.rnr_naks_sent >= 4, "{c1:?}");
-    assert!(
-        c0.seq_naks_received >= 4,
-        "no sequence NAKs behind the RNR NAKs: {c0:?}"
-    );
-    assert_eq!(state(&sim, a), QpState::Rts);
+    for retry_cnt in [0, 1] {
+        let mut sim = Sim::new(97, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            min_rnr_timer: 12, // 640 µs
+            retry_cnt,
+            ..ConnectOptions::default()
+        };
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(8192, RW);
+        let dst = sim.nodes[1].alloc(8192, RW);
+        let data = pattern(3000, 97);
+        sim.nodes[0].bytes_mut(&src)[..3000].copy_from_slice(&data);
+        // Three packets at MTU 1024: the FIRST draws the RNR NAK, the two behind it a sequence NAK.
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 3000)]),
+            )
+            .unwrap();
+        assert!(!sim.run_until(5_000_000, |s| cq_len(s, 0, a.send_cq) > 0));
+        let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+        assert!(c1.rnr_naks_sent >= 4, "{c1:?}");
+        assert!(
+            c0.seq_naks_received >= 4,
+            "no sequence NAKs behind the RNR NAKs: {c0:?}"
+        );
+        assert_eq!(state(&sim, a), QpState::Rts);
 
-    sim.nodes[1]
-        .post_recv(b.qpn, recv_wr(7, &dst, 0, 4096))
-        .unwrap();
-    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
-    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
-    settle(&mut sim);
-    assert_eq!(&sim.nodes[1].bytes(&dst)[..3000], &data[..]);
-    assert_eq!(counters(&sim, 0).retry_exceeded, 0);
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(7, &dst, 0, 4096))
+            .unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+        assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+        settle(&mut sim);
+        assert_eq!(&sim.nodes[1].bytes(&dst)[..3000], &data[..]);
+        assert_eq!(counters(&sim, 0).retry_exceeded, 0);
+    }
 }

@@ -157,6 +157,14 @@ impl Qp {
                 }
                 Some(AethSyndrome::Nak(NakCode::PsnSequenceError)) => {
                     sh.counters.seq_naks_received += 1;
+                    if d == 0 && self.comp.rnr_deadline.is_some() {
+                        // The packets behind an RNR-NAKed one draw a sequence NAK for its PSN
+                        // (rdma_rxe's responder does this): this side already waits to resend
+                        // from there. Counted as a retry, each RNR round would use up
+                        // `retry_cnt` (at 0, the first round failed the WQE with RETRY_EXC_ERR
+                        // although `rnr_retry` 7 asks to retry forever).
+                        return;
+                    }
                     if d > 0 {
                         self.comp.psn = p;
                     }

@@ -296,6 +296,8 @@ pub struct XskSocket {
     /// this kernel (6.17 and later) shows partial kicks, and a kick that shows no progress
     /// sent nothing (see `flush`).
     kernel_shows_partial_kicks: bool,
+    /// The last `flush` left descriptors in the TX ring.
+    left_queued: bool,
     ifindex: u32,
     queue: u32,
 }
@@ -446,6 +448,7 @@ impl XskSocket {
             zero_copy: false,
             multi_buffer: config.multi_buffer(),
             kernel_shows_partial_kicks: false,
+            left_queued: false,
             ifindex,
             queue: config.queue,
         };
@@ -682,6 +685,12 @@ impl XskSocket {
     /// In copy mode a kick sends at most 32 descriptors, so a batch larger than that takes
     /// several; the loop stops when the ring is empty or the kernel pushes back.
     pub fn flush(&mut self) -> io::Result<()> {
+        let flushed = self.flush_kicking();
+        self.left_queued = self.tx.outstanding() != 0;
+        flushed
+    }
+
+    fn flush_kicking(&mut self) -> io::Result<()> {
         self.tx.submit();
         self.reap_completions();
         // Kicks that showed no progress although the kernel may have sent a budget's worth
@@ -722,7 +731,10 @@ impl XskSocket {
             }
             let after = self.tx.outstanding();
             if after < before {
-                self.kernel_shows_partial_kicks |= budget_used;
+                // A kernel that hides partial kicks still shows, on an EAGAIN kick, the rest
+                // of a range it took in an earlier kick, so only a flush that began with the
+                // ring empty can tell which kind of kernel this is.
+                self.kernel_shows_partial_kicks |= budget_used && !self.left_queued;
                 self.reap_completions();
                 continue;
             }
