@@ -170,29 +170,56 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 
 // ----- 1. RNR NAK -----
 
-/// A SEND finding no receive is RNR-NAKed (class B: the responder stays in RTS) and retried
-/// every RNR timer period; once a receive is posted the retry lands and the data arrives.
-#[test]
-fn rnr_nak_then_recovery_when_a_receive_is_posted() {
-    let mut sim = Sim::new(11, 2, LinkConfig::default());
-    // RNR timer code 12 = 640 µs (digest §4.6 table), far above the simulated RTT.
+/// Two connected RC QPs (nodes 0 and 1) whose RNR timer is 640 µs (code 12, digest §4.6 table:
+/// far above the simulated RTT), and a 3000-byte SEND (WR 1) posted on node 0's while node 1's
+/// has no receive: three packets at MTU 1024, the FIRST draws the RNR NAK.
+struct UnreadyReceiver {
+    sim: Sim,
+    a: QpEnd,
+    b: QpEnd,
+    /// The receive buffer to post on node 1, and what must land in it.
+    dst: MemoryRegion,
+    data: Vec<u8>,
+}
+
+fn send_to_an_unready_receiver(seed: u64, retry_cnt: u8) -> UnreadyReceiver {
+    let mut sim = Sim::new(seed, 2, LinkConfig::default());
     let o = ConnectOptions {
         min_rnr_timer: 12,
+        retry_cnt,
         ..ConnectOptions::default()
     };
     let (a, b) = connect(&mut sim, 0, 1, &o);
     let src = sim.nodes[0].alloc(8192, RW);
     let dst = sim.nodes[1].alloc(8192, RW);
-    let data = pattern(3000, 5);
+    let data = pattern(3000, seed as u8);
     sim.nodes[0].bytes_mut(&src)[..3000].copy_from_slice(&data);
-
-    // Three packets at MTU 1024: the FIRST draws the RNR NAK.
     sim.nodes[0]
         .post_send(
             a.qpn,
             SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 3000)]),
         )
         .unwrap();
+    UnreadyReceiver {
+        sim,
+        a,
+        b,
+        dst,
+        data,
+    }
+}
+
+/// A SEND finding no receive is RNR-NAKed (class B: the responder stays in RTS) and retried
+/// every RNR timer period; once a receive is posted the retry lands and the data arrives.
+#[test]
+fn rnr_nak_then_recovery_when_a_receive_is_posted() {
+    let UnreadyReceiver {
+        mut sim,
+        a,
+        b,
+        dst,
+        data,
+    } = send_to_an_unready_receiver(11, 7);
     let window: Nanos = 3_000_000;
     assert!(!sim.run_until(window, |s| cq_len(s, 0, a.send_cq) > 0));
 
@@ -3726,24 +3753,14 @@ fn an_error_nak_behind_a_reads_arrived_responses_fails_it() {
 #[test]
 fn rnr_rounds_do_not_use_up_the_retry_count() {
     for retry_cnt in [0, 1] {
-        let mut sim = Sim::new(97, 2, LinkConfig::default());
-        let o = ConnectOptions {
-            min_rnr_timer: 12, // 640 µs
-            retry_cnt,
-            ..ConnectOptions::default()
-        };
-        let (a, b) = connect(&mut sim, 0, 1, &o);
-        let src = sim.nodes[0].alloc(8192, RW);
-        let dst = sim.nodes[1].alloc(8192, RW);
-        let data = pattern(3000, 97);
-        sim.nodes[0].bytes_mut(&src)[..3000].copy_from_slice(&data);
-        // Three packets at MTU 1024: the FIRST draws the RNR NAK, the two behind it a sequence NAK.
-        sim.nodes[0]
-            .post_send(
-                a.qpn,
-                SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 3000)]),
-            )
-            .unwrap();
+        let UnreadyReceiver {
+            mut sim,
+            a,
+            b,
+            dst,
+            data,
+        } = send_to_an_unready_receiver(97, retry_cnt);
+        // The two packets behind the RNR-NAKed FIRST draw a sequence NAK.
         assert!(!sim.run_until(5_000_000, |s| cq_len(s, 0, a.send_cq) > 0));
         let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
         assert!(c1.rnr_naks_sent >= 4, "{c1:?}");
