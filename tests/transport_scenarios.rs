@@ -115,6 +115,18 @@ fn bth_of(packet: &[u8]) -> (Opcode, u32) {
     (f.headers.transport.bth.opcode, f.headers.transport.bth.psn)
 }
 
+/// An IPv4 ACK packet (as the simulator carries it) rewritten to acknowledge `psn` with AETH
+/// syndrome `syndrome`, its ICRC made good again.
+fn ack_rewritten(ack: &[u8], psn: u32, syndrome: u8) -> Vec<u8> {
+    let mut p = ack.to_vec();
+    // BTH PSN: bytes 9..12 of the BTH, after 20 bytes of IPv4 and 8 of UDP; the AETH's
+    // syndrome follows the BTH.
+    p[37..40].copy_from_slice(&(psn & 0x00ff_ffff).to_be_bytes()[1..]);
+    p[40] = syndrome;
+    xroce_core::icrc::fill(&mut p).unwrap();
+    p
+}
+
 /// The frames node `from` sent, in the order they left, from a simulator trace.
 fn frames_sent_by(trace: &[(usize, Vec<u8>)], from: usize) -> Vec<RoceFrame<'_>> {
     trace
@@ -2942,11 +2954,7 @@ fn an_ack_for_a_psn_never_sent_completes_nothing() {
         .unwrap();
     sim.run_until(SEC, |_| lost.get() == 1);
     assert_eq!(lost.get(), 1);
-    let mut stray = ack;
-    let psn = (first_psn + 1000) & 0x00ff_ffff;
-    // BTH PSN: bytes 9..12 of the BTH, after 20 bytes of IPv4 and 8 of UDP.
-    stray[37..40].copy_from_slice(&psn.to_be_bytes()[1..]);
-    xroce_core::icrc::fill(&mut stray).unwrap();
+    let stray = ack_rewritten(&ack, first_psn + 1000, ack[40]);
     let now = sim.now;
     let node = &mut sim.nodes[0];
     node.dev.handle_packet(now, &stray, &mut node.mem);
@@ -3729,12 +3737,8 @@ fn an_error_nak_behind_a_reads_arrived_responses_fails_it() {
         .expect("the READ request");
     assert_eq!(counters(&sim, 0).timeouts, 0);
 
-    let mut nak = ack;
-    // BTH PSN: bytes 9..12 of the BTH, after 20 bytes of IPv4 and 8 of UDP; the AETH's
-    // syndrome follows the BTH: 0x62 is a remote access error NAK.
-    nak[37..40].copy_from_slice(&read_psn.to_be_bytes()[1..]);
-    nak[40] = 0x62;
-    xroce_core::icrc::fill(&mut nak).unwrap();
+    // Syndrome 0x62: a remote access error NAK.
+    let nak = ack_rewritten(&ack, read_psn, 0x62);
     let now = sim.now;
     let node = &mut sim.nodes[0];
     node.dev.handle_packet(now, &nak, &mut node.mem);
