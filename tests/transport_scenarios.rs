@@ -1810,6 +1810,30 @@ fn ud_send(wr_id: u64, ah: AhId, to: QpEnd, qkey: u32, sg: Sge) -> SendWr {
     wr
 }
 
+/// A UD destination QPN must fit the BTH's 24 bits: refused at post, not failed when built
+/// (which counted it as a frame too big for its buffer).
+#[test]
+fn ud_remote_qpn_above_24_bits_is_refused() {
+    let mut sim = Sim::new(62, 2, LinkConfig::default());
+    let (a, b, ah) = ud_pair(&mut sim);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let wide = QpEnd {
+        qpn: b.qpn | 0x100_0000,
+        ..b
+    };
+    let r = sim.nodes[0].post_send(a.qpn, ud_send(1, ah, wide, QKEY, sge(&src, 0, 60)));
+    assert!(matches!(r, Err(VerbsError::Invalid(_))), "{r:?}");
+    sim.nodes[0]
+        .post_send(a.qpn, ud_send(2, ah, b, QKEY, sge(&src, 0, 60)))
+        .unwrap();
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(2, WcStatus::Success)]
+    );
+    assert_eq!(counters(&sim, 0).tx_too_big_for_buffer, 0);
+}
+
 /// UD on IPv4: a datagram with the wrong Q_Key is dropped and counted, leaving the receive
 /// WQE for the next one; the right Q_Key delivers it behind the 40-byte GRH area, which for
 /// IPv4 is 20 zero bytes and the IPv4 header as received (digest §9.1).
@@ -2539,6 +2563,10 @@ fn sqd_drains_started_work_and_holds_the_rest() {
         dev.modify_qp(a.qpn, &rts, AttrMask::STATE).is_err(),
         "SQD → RTS while draining"
     );
+    assert!(
+        dev.modify_qp(a.qpn, &sqd, AttrMask::STATE).is_err(),
+        "SQD → SQD while draining"
+    );
     assert_eq!(events(&mut sim, 0), []);
     settle(&mut sim);
     assert_eq!(
@@ -2551,12 +2579,21 @@ fn sqd_drains_started_work_and_holds_the_rest() {
     );
     assert_eq!(counters(&sim, 0).tx_requests, 3, "WQE 2 held back");
     assert_eq!(state(&sim, a), QpState::Sqd);
+    back_to_rts_sends_the_held_wqe(&mut sim, a, 2);
+}
+
+/// SQD → RTS on `a`, after which the held WQE `wr_id` is sent and completes.
+fn back_to_rts_sends_the_held_wqe(sim: &mut Sim, a: QpEnd, wr_id: u64) {
+    let rts = QpAttr {
+        state: QpState::Rts,
+        ..QpAttr::default()
+    };
     sim.nodes[0]
         .dev
         .modify_qp(a.qpn, &rts, AttrMask::STATE)
         .unwrap();
-    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
-    assert_eq!(ids_and_status(&sc), [(2, WcStatus::Success)]);
+    let sc = wait_cq(sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(wr_id, WcStatus::Success)]);
 }
 
 /// post_send before RTS is refused, and nothing refused is sent later.
@@ -3783,4 +3820,138 @@ fn rnr_rounds_do_not_use_up_the_retry_count() {
         assert_eq!(&sim.nodes[1].bytes(&dst)[..3000], &data[..]);
         assert_eq!(counters(&sim, 0).retry_exceeded, 0);
     }
+}
+
+/// The sequence NAK behind an RNR NAK can arrive after the RNR timer ran out: a message of
+/// several 4 KiB packets on a 1 Gbit/s link, with an RNR timer of 10 µs. It is part of the
+/// RNR round's go-back-N, not a retry of its own: at `retry_cnt` 0 it failed the SEND with
+/// RETRY_EXC_ERR after one round.
+#[test]
+fn a_sequence_nak_after_the_rnr_timer_ran_out_is_no_retry() {
+    let link = LinkConfig {
+        ns_per_byte: 8.0,
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(11, 2, link);
+    let o = ConnectOptions {
+        min_rnr_timer: 1,
+        retry_cnt: 0,
+        path_mtu: PathMtu::Mtu4096,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(16384, RW);
+    let dst = sim.nodes[1].alloc(16384, RW);
+    let data = pattern(12000, 11);
+    sim.nodes[0].bytes_mut(&src)[..12000].copy_from_slice(&data);
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 12000)]),
+        )
+        .unwrap();
+    assert!(!sim.run_until(2_000_000, |s| cq_len(s, 0, a.send_cq) > 0));
+    let c0 = counters(&sim, 0);
+    assert!(
+        c0.rnr_naks_received >= 2 && c0.seq_naks_received >= 2,
+        "{c0:?}"
+    );
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(7, &dst, 0, 16384))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    settle(&mut sim);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..12000], &data[..]);
+}
+
+/// A message whose last packet left the AckReq to the next one, which SQD then holds back:
+/// entering SQD resends what is unacknowledged, asking for the ACK, so the message completes
+/// and the drain ends. Before, only the retransmission timer recovered it (a retry used:
+/// RETRY_EXC_ERR at `retry_cnt` 0), and with `timeout` 0 the QP waited in SQD for ever.
+#[test]
+fn sqd_asks_for_the_ack_the_held_back_message_would_have_asked_for() {
+    for (timeout, retry_cnt) in [(0, 7), (8, 0)] {
+        let mut sim = Sim::new(5, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            timeout,
+            retry_cnt,
+            ..ConnectOptions::default()
+        };
+        let (a, _b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(8192, RW);
+        for i in 0..2u64 {
+            sim.nodes[0]
+                .post_send(
+                    a.qpn,
+                    SendWr::new(i + 1, write_op(&dst, i * 1024), vec![sge(&src, 0, 100)]),
+                )
+                .unwrap();
+        }
+        let now = sim.now;
+        let mut buf = vec![0u8; 9000];
+        let node = &mut sim.nodes[0];
+        let t = node.dev.poll_transmit(now, &node.mem, &mut buf).unwrap();
+        let first = buf[..t.len].to_vec();
+        assert!(!bth_ack_req(&first), "WRITE 1 left the AckReq to WRITE 2");
+        let sqd = QpAttr {
+            state: QpState::Sqd,
+            en_sqd_async_notify: true,
+            ..QpAttr::default()
+        };
+        node.dev
+            .modify_qp(a.qpn, &sqd, AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY)
+            .unwrap();
+        let peer = &mut sim.nodes[1];
+        peer.dev.handle_packet(now, &first, &mut peer.mem);
+        assert!(sim.run_idle(10 * SEC));
+        assert_eq!(
+            ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+            [(1, WcStatus::Success)],
+            "timeout {timeout}, retry_cnt {retry_cnt}"
+        );
+        assert_eq!(
+            events(&mut sim, 0),
+            [Event::Async(AsyncEvent::SqDrained(a.qpn))]
+        );
+        assert_eq!(counters(&sim, 0).timeouts, 0);
+        back_to_rts_sends_the_held_wqe(&mut sim, a, 2);
+    }
+}
+
+/// A WRITE followed by a READ that cannot start (no initiator depth: `max_rd_atomic` 0)
+/// asks for its own ACK: it completes, and only the READ waits, as with rdma_rxe. Before, the
+/// WRITE left the AckReq to the READ and was recovered only by a timeout (at `retry_cnt` 0 it
+/// failed with RETRY_EXC_ERR).
+#[test]
+fn a_write_before_a_read_without_initiator_depth_asks_for_its_ack() {
+    let mut sim = Sim::new(9, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        max_rd_atomic: 0,
+        retry_cnt: 0,
+        ..ConnectOptions::default()
+    };
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
+        )
+        .unwrap();
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(2, read_op(&dst, 0), vec![sge(&src, 1024, 100)]),
+        )
+        .unwrap();
+    sim.run_idle(10 * SEC);
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(1, WcStatus::Success)]
+    );
+    assert_eq!(counters(&sim, 0).timeouts, 0);
+    assert_eq!(state(&sim, a), QpState::Rts);
 }

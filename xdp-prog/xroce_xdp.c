@@ -6,12 +6,17 @@
  *
  *   Ethernet, then up to two VLAN tags (802.1Q 0x8100 / 802.1ad 0x88A8,
  *   in any order), then
- *     IPv4: any IHL (options skipped); fragments (MF set or non-zero
+ *     IPv4: any IHL (options skipped to find the port; the engine then
+ *           drops such frames, whose ICRC rdma_rxe would not match either,
+ *           as it computes it over a 20-byte header); fragments (MF set or non-zero
  *           offset) are not steered, since only the first fragment carries
  *           the UDP header and xroce sends with DF anyway;
  *     IPv6: the fixed header only; a next header other than UDP (including
  *           any extension header) is not steered;
- *   then UDP with destination port 4791 (RoCEv2):
+ *   then UDP with destination port 4791 (RoCEv2) and, once the engine has
+ *   set XROCE_STEER_ONLY_LOCAL in steer_config, a destination address in
+ *   local_addrs (the xroce device's own; RoCE for other devices and hosts
+ *   stays the kernel's):
  *     -> bpf_redirect_map(&xsks_map, ctx->rx_queue_index, XDP_PASS)
  *        i.e. to the AF_XDP socket registered for the receive queue, or to
  *        the kernel (XDP_PASS) when that slot is empty.
@@ -25,7 +30,8 @@
  * entries, key = rx queue), "counters" (per-CPU array, index 0 redirected,
  * 1 passed, 2 malformed, 3 dropped_by_knob, 4 roce_no_socket; each frame
  * bumps exactly one), "drop_config" (array, 1 u32: drop 1 in N RoCEv2
- * frames, 0 = never).
+ * frames, 0 = never), "local_addrs" (hash of the device's addresses) and
+ * "steer_config" (array, 1 u32 of flags).
  *
  * Two builds come from this file (see build.sh):
  *   default       SEC("xdp")        program "xroce_xdp"
@@ -87,6 +93,26 @@ struct {
 	__type(value, __u32);
 } drop_config SEC(".maps");
 
+/* The xroce device's addresses (IPv4 as ::ffff:a.b.c.d), written by its engine. */
+struct xroce_addr {
+	__u8 bytes[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XROCE_LOCAL_ADDRS_ENTRIES);
+	__type(key, struct xroce_addr);
+	__type(value, __u32);
+} local_addrs SEC(".maps");
+
+/* Flags (XROCE_STEER_ONLY_LOCAL), 0 after load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} steer_config SEC(".maps");
+
 /* 802.1Q / 802.1ad tag as it follows the outer EtherType (not in uapi). */
 struct xroce_vlan_hdr {
 	__be16 tci;
@@ -112,7 +138,9 @@ static __always_inline void xroce_count(__u32 index)
 		*value += 1;
 }
 
-static __always_inline enum xroce_class xroce_classify(struct xdp_md *ctx)
+/* Classifies the frame; for RoCEv2 also fills *dst with its destination. */
+static __always_inline enum xroce_class xroce_classify(struct xdp_md *ctx,
+						       struct xroce_addr *dst)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -153,6 +181,9 @@ static __always_inline enum xroce_class xroce_classify(struct xdp_md *ctx)
 		/* ihl is 4 bits: the offset is 20..60, which the verifier
 		 * tracks; the UDP bounds check below covers the options. */
 		cursor = (void *)ip + ip->ihl * 4;
+		dst->bytes[10] = 0xff;
+		dst->bytes[11] = 0xff;
+		__builtin_memcpy(&dst->bytes[12], &ip->daddr, 4);
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = cursor;
 
@@ -163,6 +194,7 @@ static __always_inline enum xroce_class xroce_classify(struct xdp_md *ctx)
 		if (ip6->nexthdr != IPPROTO_UDP)
 			return XROCE_CLASS_OTHER;
 		cursor = ip6 + 1;
+		__builtin_memcpy(dst->bytes, &ip6->daddr, 16);
 	} else {
 		/* ARP, LLDP, a third VLAN tag, ...: not ours. */
 		return XROCE_CLASS_OTHER;
@@ -191,11 +223,23 @@ static __always_inline int xroce_knob_drops(void)
 	return bpf_get_prandom_u32() % n == 0;
 }
 
+/* False when the engine asked for its own addresses only and dst is not one. */
+static __always_inline int xroce_for_engine(const struct xroce_addr *dst)
+{
+	__u32 key = XROCE_STEER_CONFIG_KEY;
+	__u32 *flags = bpf_map_lookup_elem(&steer_config, &key);
+
+	if (!flags || !(*flags & XROCE_STEER_ONLY_LOCAL))
+		return 1;
+	return bpf_map_lookup_elem(&local_addrs, dst) != NULL;
+}
+
 static __always_inline int xroce_steer(struct xdp_md *ctx)
 {
+	struct xroce_addr dst = {};
 	long action;
 
-	switch (xroce_classify(ctx)) {
+	switch (xroce_classify(ctx, &dst)) {
 	case XROCE_CLASS_MALFORMED:
 		xroce_count(XROCE_CNT_MALFORMED);
 		return XDP_PASS;
@@ -204,6 +248,11 @@ static __always_inline int xroce_steer(struct xdp_md *ctx)
 		return XDP_PASS;
 	case XROCE_CLASS_ROCE:
 		break;
+	}
+
+	if (!xroce_for_engine(&dst)) {
+		xroce_count(XROCE_CNT_PASSED);
+		return XDP_PASS;
 	}
 
 	if (xroce_knob_drops()) {

@@ -29,6 +29,22 @@
  *                  (bpf_get_prandom_u32() % N == 0) before the redirect.
  *                  N = 0 (the value after load) never drops. N = 100 drops
  *                  about 1 %, N = 1 drops every RoCEv2 frame.
+ *
+ *   "local_addrs"  BPF_MAP_TYPE_HASH, key 16 bytes = a destination address
+ *                  of this interface's xroce device (an IPv6 address, or an
+ *                  IPv4 address as ::ffff:a.b.c.d), value u32 (ignored),
+ *                  XROCE_LOCAL_ADDRS_ENTRIES entries. Written by the engine:
+ *                  its GID table, kept up to date as addresses change.
+ *
+ *   "steer_config" BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value u32
+ *                  flags. XROCE_STEER_ONLY_LOCAL: a RoCEv2 frame whose
+ *                  destination address is not in local_addrs goes to the
+ *                  kernel (counted PASSED): RoCE for a macvlan or VLAN device
+ *                  on this interface, for an address on another device, or
+ *                  routed through this host is not the engine's. 0 (the
+ *                  value after load) steers every RoCEv2 frame, as raw
+ *                  AF_XDP users of the program expect; an engine sets the
+ *                  flag once it has filled local_addrs.
  */
 #ifndef XROCE_XDP_MAPS_H
 #define XROCE_XDP_MAPS_H
@@ -44,6 +60,11 @@
 #define XROCE_XSKS_MAP_NAME "xsks_map"
 #define XROCE_COUNTERS_MAP_NAME "counters"
 #define XROCE_DROP_CONFIG_MAP_NAME "drop_config"
+#define XROCE_LOCAL_ADDRS_MAP_NAME "local_addrs"
+#define XROCE_STEER_CONFIG_MAP_NAME "steer_config"
+
+/* local_addrs size: the addresses of one interface (a GID table's worth). */
+#define XROCE_LOCAL_ADDRS_ENTRIES 64
 
 /* xsks_map size: queue indices 0 .. 63 can be steered. */
 #define XROCE_XSKS_MAP_ENTRIES 64
@@ -62,7 +83,9 @@
  * 1 PASSED          Frame that is not RoCEv2 and was returned to the kernel
  *                   (XDP_PASS): non-IP, IPv4 fragments, IPv6 with extension
  *                   headers, non-UDP, UDP to another port, more than
- *                   XROCE_MAX_VLAN_TAGS tags.
+ *                   XROCE_MAX_VLAN_TAGS tags; and, with
+ *                   XROCE_STEER_ONLY_LOCAL, RoCEv2 to an address not in
+ *                   local_addrs.
  * 2 MALFORMED       Frame too short for a header the program had to read
  *                   (Ethernet, a VLAN tag, IPv4, IPv6, UDP), or an IPv4 header
  *                   with version != 4 or IHL < 5, or IPv6 with version != 6.
@@ -87,6 +110,10 @@
 
 /* The single key of drop_config. */
 #define XROCE_DROP_CONFIG_KEY 0
+
+/* The single key of steer_config, and its flag. */
+#define XROCE_STEER_CONFIG_KEY 0
+#define XROCE_STEER_ONLY_LOCAL 1
 
 /*
  * Program names and ELF sections of the two builds of xroce_xdp.c.

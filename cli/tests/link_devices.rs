@@ -701,3 +701,36 @@ fn a_namespace_deleted_without_link_del_keeps_no_device_node() {
     );
     let _ = std::fs::remove_dir_all(&gone_dir);
 }
+
+/// A link whose XDP program is gone (its interface deleted and made again, or the program
+/// unloaded by hand) is repaired by adding it again, as the engines' error message says; a
+/// link whose program is there is still refused.
+#[test]
+fn adding_a_link_again_reloads_a_lost_program() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xlr", 1500).expect("netns pair");
+    let name = unique_name();
+    let iface = pair.iface(0).to_string();
+    let (_guard, _) = add_link(&pair, 0, &name);
+    let unloaded = {
+        let iface = iface.clone();
+        pair.run_in(0, move || xdp::unload(&iface))
+    };
+    assert!(
+        matches!(unloaded, Ok(xdp::UnloadOutcome::Unloaded)),
+        "{unloaded:?}"
+    );
+    assert!(!xdp_attached(&pair, 0));
+    let o = xroce(&pair, 0, &["link", "add", &name, "netdev", &iface]);
+    assert_ok(&o, "link add of the same link, its program gone");
+    assert!(
+        stdout(&o).contains(&format!("{name}: netdev {iface}, XDP program loaded")),
+        "{}",
+        stdout(&o)
+    );
+    assert!(xdp_attached(&pair, 0));
+    let o = xroce(&pair, 0, &["link", "add", &name, "netdev", &iface]);
+    assert_clear_error(&o, "link add of the same link again", "already exists");
+}

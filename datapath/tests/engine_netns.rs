@@ -1955,21 +1955,7 @@ fn gid_table_follows_address_changes() {
             matches!(before[0], Some(IpAddress::V6(a)) if a.0[0] == 0xfe && a.0[1] == 0x80),
             "GID 0 is the link-local default: {before:?}"
         );
-        let extra: std::net::Ipv6Addr = "fd00:4:4::9".parse().unwrap();
-        let out = std::process::Command::new("ip")
-            .args([
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                "fd00:4:4::9/64",
-                "dev",
-                &iface,
-                "nodad",
-            ])
-            .output()
-            .expect("ip addr add");
-        assert!(out.status.success(), "{out:?}");
+        let extra = add_extra_v6(&ns, &iface);
         let deadline = Instant::now() + Duration::from_secs(5);
         let index = loop {
             if let Some(i) = engine.gid_index(extra.into()) {
@@ -2329,6 +2315,21 @@ fn post_writes(engine: &Engine, qp: &Qp, buf: &Buffer, peer: &Endpoint, count: u
     }
 }
 
+/// Adds fd00:4:4::9/64 (no duplicate address detection) to `iface` in namespace `ns`.
+fn add_extra_v6(ns: &str, iface: &str) -> std::net::Ipv6Addr {
+    ip(&[
+        "-n",
+        ns,
+        "addr",
+        "add",
+        "fd00:4:4::9/64",
+        "dev",
+        iface,
+        "nodad",
+    ]);
+    std::net::Ipv6Addr::new(0xfd00, 4, 4, 0, 0, 0, 0, 9)
+}
+
 /// Runs `ip ARGS` in the calling thread's network namespace; it must succeed.
 fn ip(args: &[&str]) {
     let out = std::process::Command::new("ip")
@@ -2577,5 +2578,171 @@ fn an_engine_receives_on_every_queue_of_its_interface() {
             );
             assert_eq!(engine.failure(), None);
         },
+    );
+}
+
+/// A SEND posted from the application's thread to an idle RC QP starts its retransmission
+/// timer there, while the progress thread sleeps with no timer to wait for. When the packet
+/// is lost and the application then waits outside its verbs (blocked in
+/// `ibv_get_cq_event`), only the progress thread can resend it: it must learn of the timer.
+/// No engine answers at the peer's address, so every resend is lost too, and the QP (with
+/// `retry_cnt` 7, which never runs out) must keep resending about every 16 ms without the
+/// application having polled. (Before the fix: not one resend in the whole wait.)
+#[test]
+fn a_lost_send_is_resent_while_the_application_waits_outside_its_verbs() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    let local = IpAddress::V4(setup.pair.ipv4(0).into());
+    let peer = IpAddress::V4(setup.pair.ipv4(1).into());
+    setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let pd = engine.with_device(|d| d.alloc_pd());
+        let buf = Buffer::new(&engine, pd, 4096);
+        let qp = create_qp(&engine, pd, QpType::Rc);
+        to_init(&engine, &qp);
+        let nobody = Endpoint {
+            qpn: 0x12345,
+            psn: 0,
+            ip: peer,
+            va: 0,
+            rkey: 0,
+        };
+        bring_up(&engine, &qp, local, &nobody, 0, PathMtu::Mtu1024);
+        // The progress thread spins a little after the set-up, then sleeps for events. Wait
+        // past the new interfaces' IPv6 duplicate address detection (1 s): its end is an
+        // address change, which wakes the thread and would let it see the timer anyway.
+        std::thread::sleep(Duration::from_secs(3));
+        engine
+            .post_send(qp.qpn, SendWr::new(1, SendOp::Send, vec![buf.sge(0, 64)]))
+            .expect("post_send");
+        // Away from the verbs for about 120 retransmission timeouts.
+        std::thread::sleep(Duration::from_secs(2));
+        let c = engine.with_device(|d| d.counters());
+        assert!(
+            c.timeouts >= 2 && c.retransmissions >= 2,
+            "timeouts and resends while the application waited: {}",
+            engine.stats_line()
+        );
+        drop(buf);
+    });
+}
+
+/// An address added while an application thread keeps polling a CQ enters the GID table
+/// (the progress thread leaves such changes for a moment while the application is busy in
+/// its verbs, but not for as long as it polls; before, they waited for the polls to stop).
+#[test]
+fn gid_table_follows_an_address_added_while_an_application_polls() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    let ns = setup.pair.ns_name(0).to_string();
+    setup.pair.run_in(0, move || {
+        let engine = Arc::new(Engine::start(EngineConfig::new(&iface)).expect("engine"));
+        let cq = engine.with_device(|d| d.create_cq(16).expect("create_cq"));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let poller = {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    engine.poll_cq(cq, 16, &mut out).expect("poll_cq");
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let added = add_extra_v6(&ns, &iface);
+        let start = Instant::now();
+        let mut seen = false;
+        while !seen && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+            seen = engine.gid_index(added.into()).is_some();
+        }
+        let polling = !poller.is_finished();
+        stop.store(true, Ordering::Relaxed);
+        poller.join().expect("poller");
+        assert!(polling, "the poller stopped early");
+        assert!(
+            seen,
+            "{added} not in the GID table after 5 s: {:?}",
+            engine.gids()
+        );
+    });
+}
+
+/// Sends `n` 64-byte UDP datagrams to `to` from namespace `side`, 5 ms apart.
+fn send_udp_from(pair: &NetnsPair, side: usize, to: std::net::SocketAddr, n: u8) {
+    pair.spawn_in(side, move || {
+        let s = std::net::UdpSocket::bind(("0.0.0.0", 0)).expect("udp");
+        for i in 0..n {
+            s.send_to(&[i; 64], to).expect("send");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+    .join()
+    .expect("sender");
+}
+
+/// RoCEv2 for an address that is not the xroce device's stays with the kernel while an
+/// engine runs: here a kernel UDP socket on port 4791 of an address on the namespace's
+/// loopback, reached through the engine's interface (as a macvlan's or a VLAN device's
+/// address would be, or a route through the host). The steering program takes only what is
+/// addressed to the device's GIDs, and follows them: an address added to the interface is
+/// steered. Before, every datagram went to the engine, which dropped it.
+#[test]
+fn roce_for_another_address_stays_with_the_kernel() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    let [a, b, c, _] = setup.pair.ipv4(0).octets();
+    let other = std::net::Ipv4Addr::new(a, b, c, 50);
+    let ns = setup.pair.ns_name(0);
+    ip(&["-n", ns, "addr", "add", &format!("{other}/32"), "dev", "lo"]);
+    let pair = &setup.pair;
+    let (received, taken, to_engine) = pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let listener = std::net::UdpSocket::bind((other, 4791)).expect("bind 4791");
+        listener
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        send_udp_from(pair, 1, (other, 4791).into(), 10);
+        let mut received = 0;
+        let mut buf = [0u8; 128];
+        while received < 10 && listener.recv_from(&mut buf).is_ok() {
+            received += 1;
+        }
+        let taken = engine.with_device(|d| d.counters()).rx_packets;
+
+        // An address added to the interface is the device's: the program follows the GID
+        // table, and frames to it reach the engine.
+        let added = std::net::Ipv4Addr::new(a, b, c, 51);
+        ip(&["addr", "add", &format!("{added}/24"), "dev", &iface]);
+        let start = Instant::now();
+        while engine.gid_index(added.into()).is_none() && start.elapsed() < WAIT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        send_udp_from(pair, 1, (added, 4791).into(), 5);
+        let start = Instant::now();
+        let mut to_engine = 0;
+        while to_engine < 5 && start.elapsed() < WAIT {
+            std::thread::sleep(Duration::from_millis(10));
+            to_engine = engine.with_device(|d| d.counters()).rx_packets - taken;
+        }
+        (received, taken, to_engine)
+    });
+    assert_eq!(
+        (received, taken),
+        (10, 0),
+        "datagrams the kernel's socket received, frames the engine took"
+    );
+    assert_eq!(
+        to_engine, 5,
+        "frames to the added address that reached the engine"
     );
 }

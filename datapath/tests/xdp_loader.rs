@@ -661,6 +661,7 @@ fn larger_peer_mtu_falls_back_to_the_frags_build() {
     )
     .expect_err("plain build with a jumbo peer");
     assert!(matches!(err, XdpError::MtuTooLarge { .. }), "{err:?}");
+    assert!(err.to_string().contains("its veth peer's"), "{err}");
     assert!(status_of(&pair, 1).stale_pins.is_none());
 
     let loaded = load(&pair, 1, LoadOptions::new(&iface)).expect("load");

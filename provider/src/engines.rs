@@ -164,10 +164,10 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 stats_written: AtomicBool::new(false),
             });
             all.push((ctx.netdev.clone(), Arc::downgrade(&e)));
-            if stats_file().is_some() || capture_path(&ctx.netdev).is_some() {
-                // Also for a capture: its last frames are still buffered.
-                report_stats_at_exit();
-            }
+            // Always: the ACKs a process's last poll held are sent then (the peer would
+            // resend into a dead engine until its retries ran out), and a capture's last
+            // frames are still buffered.
+            flush_at_exit();
             crate::state_dump::install_if_asked(write_state_reports);
             attach_context(&e, ctx);
             *mine = Some(e.clone());
@@ -249,9 +249,15 @@ fn write_state_reports(out: &mut dyn std::io::Write) {
 /// Programs that exit without closing their device (perftest's `ib_atomic_lat` server does)
 /// never stop their engine; what it has left to send is sent, its capture written out and its
 /// counters are written when the process exits instead.
-fn report_stats_at_exit() {
+fn flush_at_exit() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
+    /// The process that registered the handler: a child forked from it inherits the handler
+    /// and the mapped rings, which are its parent's to use.
+    static REGISTERED_BY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     extern "C" fn at_exit() {
+        if REGISTERED_BY.load(Ordering::SeqCst) != std::process::id() {
+            return;
+        }
         // try_lock: exit() may run while another thread is inside engine_for; then its
         // engines' counters are lost rather than the exit hanging.
         let all = match ENGINES.try_lock() {
@@ -267,6 +273,7 @@ fn report_stats_at_exit() {
         }
     }
     REGISTERED.call_once(|| {
+        REGISTERED_BY.store(std::process::id(), Ordering::SeqCst);
         // SAFETY: registers a function with no captured state; it only takes locks (never
         // waiting for an engine's), hands queued frames to the kernel and writes a file, which
         // is allowed during exit().

@@ -335,9 +335,13 @@ impl Qp {
     pub(crate) fn handle_timeout(&mut self, now: Nanos, sh: &mut Shared) {
         if let Some(t) = self.comp.rnr_deadline {
             if t <= now {
-                // The RNR wait is over: go back N from the NAKed PSN.
+                // The RNR wait is over: go back N from the NAKed PSN. That is a retry under
+                // way: the sequence NAK the packets behind the RNR-NAKed one drew may arrive
+                // only now (a long message on a slow link, a short RNR timer), and must not
+                // count as another retry (at `retry_cnt` 0 it failed the WQE).
                 self.comp.rnr_deadline = None;
                 self.req.need_retry = true;
+                self.comp.started_retry = true;
             }
         }
         if let Some(t) = self.comp.retrans_deadline {

@@ -746,6 +746,15 @@ impl Device {
         if length > MAX_MSG_SIZE {
             return Err(VerbsError::Invalid("message larger than 2 GiB"));
         }
+        if matches!(wr.op, SendOp::RdmaRead { .. })
+            && length.div_ceil(qp.attr.path_mtu.bytes() as u64) >= 1 << 23
+        {
+            // Half the PSN space: PSN comparisons (modulo 2^24) could no longer tell the
+            // READ's later responses from earlier ones (2 GiB at path MTU 256).
+            return Err(VerbsError::Invalid(
+                "READ of 2^23 or more packets at this path MTU",
+            ));
+        }
         if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } =
             wr.op
         {
@@ -759,6 +768,11 @@ impl Device {
             let ud = wr
                 .ud
                 .ok_or(VerbsError::Invalid("UD send without a destination"))?;
+            if ud.remote_qpn > 0xff_ffff {
+                // A BTH holds 24 bits: the send would fail when built, reported as a frame
+                // too big for its buffer.
+                return Err(VerbsError::Invalid("UD remote QPN above 24 bits"));
+            }
             let (_, av) = self
                 .sh
                 .ahs

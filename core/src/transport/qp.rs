@@ -313,8 +313,10 @@ impl Qp {
         }
         check_transition(cur, next, self.ty, mask)?;
         self.check_attr_values(sh, attr, mask)?;
-        if cur == QpState::Sqd && next != QpState::Sqd && next != QpState::Error && self.draining()
-        {
+        // As rdma_rxe: while draining, only ERROR (SQD to SQD too would change the limits the
+        // requests in flight were counted against: a lower `max_rd_atomic` then let more
+        // READs start than it allows).
+        if cur == QpState::Sqd && next != QpState::Error && self.draining() {
             return Err(ModifyError::InvalidAttribute("the send queue is still draining").into());
         }
 
@@ -394,6 +396,18 @@ impl Qp {
                 }
                 QpState::Sqd => {
                     self.attr.state = QpState::Sqd;
+                    let between_messages = self
+                        .sq
+                        .get(self.req.wqe_index)
+                        .is_none_or(|w| w.state == WqeState::Posted);
+                    if cur == QpState::Rts && self.req.noack_msgs > 0 && between_messages {
+                        // The last message sent left the AckReq to the next one, which SQD
+                        // now holds back: nothing would acknowledge it but the retransmission
+                        // timer (never, at `timeout` 0), and the drain would wait for it. Go
+                        // back over what is unacknowledged now; the resent last packet asks
+                        // (a resend, not a retry: no `retry_cnt` is used).
+                        self.req.need_retry = true;
+                    }
                     self.drain_notify = true;
                     self.check_drained(sh);
                 }

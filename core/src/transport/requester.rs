@@ -100,6 +100,19 @@ impl Qp {
         }
     }
 
+    /// Whether the WQE at `idx` is posted and `start_wqe` would start it now, behind a
+    /// message that is not a READ or atomic (so no initiator-depth slot is taken between):
+    /// not held by a fence or for a READ/atomic slot, and passing its local checks.
+    fn starts_at_once(&mut self, idx: usize, sh: &mut Shared) -> bool {
+        let Some(w) = self.sq.get(idx) else {
+            return false;
+        };
+        let fenced = w.wr.flags.contains(SendFlags::FENCE)
+            && self.req.rd_atomic_avail < self.req.rd_atomic_max;
+        let no_slot = w.wr.op.is_read_or_atomic() && self.req.rd_atomic_avail == 0;
+        w.state == WqeState::Posted && !fenced && !no_slot && self.passes_local_checks(idx, sh)
+    }
+
     /// First look at a WQE: limits, local checks, PSN assignment.
     fn start_wqe(&mut self, idx: usize, sh: &mut Shared) -> Start {
         let mtu = self.mtu(sh) as u64;
@@ -323,11 +336,7 @@ impl Qp {
                 && self.req.noack_msgs + 1 < MAX_MSGS_PER_ACK
                 && !self.sq[idx].wr.op.is_read_or_atomic()
                 && self.attr.state == QpState::Rts
-                && self
-                    .sq
-                    .get(idx + 1)
-                    .is_some_and(|w| w.state == WqeState::Posted)
-                && self.passes_local_checks(idx + 1, sh);
+                && self.starts_at_once(idx + 1, sh);
             if (ends && !more_behind) || periodic {
                 t.bth.ack_req = true;
                 self.req.noack_pkts = 0;

@@ -137,6 +137,19 @@ impl Default for XskConfig {
 }
 
 /// Why a socket could not be opened, in words a user can act on.
+/// An interface as messages name it: its name when this thread's namespace still has it.
+fn iface_label(ifindex: u32) -> String {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname may write.
+    let name = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if name.is_null() {
+        return format!("interface index {ifindex}");
+    }
+    // SAFETY: on success the kernel wrote a NUL-terminated name into `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    name.to_string_lossy().into_owned()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum XskError {
     #[error("cannot create an AF_XDP socket: {0} (needs root or CAP_NET_RAW, and a kernel with CONFIG_XDP_SOCKETS)")]
@@ -148,14 +161,15 @@ pub enum XskError {
         step: &'static str,
         source: io::Error,
     },
-    #[error("queue {queue} of interface index {ifindex} already has an AF_XDP socket bound (is another xroce engine running on it?)")]
+    #[error("queue {queue} of {} already has an AF_XDP socket bound (is another xroce engine running on it?)", iface_label(*ifindex))]
     QueueBusy { ifindex: u32, queue: u32 },
-    #[error("interface index {ifindex} has no queue {queue}")]
+    #[error("{} has no queue {queue}", iface_label(*ifindex))]
     NoSuchQueue { ifindex: u32, queue: u32 },
-    #[error("the driver of interface index {ifindex} does not support zero-copy AF_XDP")]
+    #[error("the driver of {} does not support zero-copy AF_XDP", iface_label(*ifindex))]
     ZeroCopyUnsupported { ifindex: u32 },
     #[error(
-        "cannot bind the AF_XDP socket to queue {queue} of interface index {ifindex}: {source}"
+        "cannot bind the AF_XDP socket to queue {queue} of {}: {source}",
+        iface_label(*ifindex)
     )]
     Bind {
         ifindex: u32,
@@ -948,5 +962,17 @@ mod tests {
         assert_eq!(single, PathMtu::Mtu2048);
         // The largest frame then fits one UMEM frame.
         assert!(single.bytes() + 14 + 40 + 8 + 12 + 16 + 4 <= FRAME_SIZE as usize);
+    }
+
+    #[test]
+    fn errors_name_the_interface() {
+        // Index 1 is every network namespace's loopback.
+        let e = XskError::NoSuchQueue {
+            ifindex: 1,
+            queue: 5,
+        };
+        assert_eq!(e.to_string(), "lo has no queue 5");
+        let e = XskError::ZeroCopyUnsupported { ifindex: u32::MAX };
+        assert!(e.to_string().contains("interface index 4294967295"), "{e}");
     }
 }

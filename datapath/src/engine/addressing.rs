@@ -94,6 +94,8 @@ pub struct Neighbours {
     /// Where the device's GID files are kept equal to the engine's table (see
     /// `EngineConfig::gid_mirror`).
     gid_mirror: Option<std::path::PathBuf>,
+    /// The steering program's copy of the device's addresses (AF_XDP), and what it holds.
+    steered: Option<(crate::xdp::LocalAddrs, Vec<IpAddr>)>,
 }
 
 /// A resolution the caller waits for without holding the engine lock.
@@ -203,6 +205,7 @@ impl Neighbours {
             iface: netlink.interface_by_name(iface)?,
             multi_buffer,
             gid_mirror: None,
+            steered: None,
             cache: HashMap::default(),
             netlink,
             changes: 0,
@@ -403,6 +406,28 @@ impl Neighbours {
                 self.write_gid_mirror(&gids);
             }
             dev.set_gids(gids);
+            self.steer_addresses(&now);
+        }
+    }
+
+    /// From now on the steering program takes RoCEv2 frames for the device's addresses only
+    /// (`addrs` holds them now), and follows them as they change.
+    pub fn steer_only_to(&mut self, map: crate::xdp::LocalAddrs, addrs: Vec<IpAddr>) {
+        self.steered = Some((map, addrs));
+    }
+
+    fn steer_addresses(&mut self, now: &[IpAddr]) {
+        let Some((map, held)) = &mut self.steered else {
+            return;
+        };
+        if held == now {
+            return;
+        }
+        match map.set(now) {
+            Ok(()) => *held = now.to_vec(),
+            // Frames to a new address go to the kernel until the next change tries again;
+            // nothing else is lost.
+            Err(e) => log::warn!("the steering program's addresses could not follow: {e}"),
         }
     }
 

@@ -287,6 +287,12 @@ pub(crate) struct Shared {
     pub(crate) wake: OwnedFd,
     pub(crate) kick: AtomicBool,
     pub(crate) sleeping: AtomicBool,
+    /// When the progress thread's sleep ends by itself if nothing wakes it (engine
+    /// nanoseconds; `u64::MAX`: only an event ends it; 0: awake, or napping next to an
+    /// application that runs the timers itself). Stored under the state lock, so that an
+    /// application thread that arms an earlier timer afterwards sees it and wakes the thread
+    /// (see `Engine::wake_for_sooner_deadline`).
+    pub(crate) sleep_until: AtomicU64,
     pub(crate) stop: AtomicBool,
     /// Signalled after progress made completions (for `wait_cq`).
     pub(crate) progressed: Condvar,
@@ -466,6 +472,7 @@ impl Engine {
             port,
             wait_fd,
             xsks,
+            local_addrs,
             queues,
             queue_claims,
             zero_copy,
@@ -473,10 +480,13 @@ impl Engine {
             // Each kind checks for the other's note and leaves its own under this lock.
             let _start = queue_claim::start_lock(&config.iface);
             match config.backend {
-                Backend::AfXdp => open_af_xdp(&config, ifindex, &neighbours)?,
+                Backend::AfXdp => open_af_xdp(&config, ifindex, &neighbours, &gids)?,
                 Backend::Dpdk => open_dpdk(&config)?,
             }
         };
+        if let Some(map) = local_addrs {
+            neighbours.steer_only_to(map, gids.clone());
+        }
         let doorbell = port.wait_fd_is_doorbell();
         let watchers = progress::Watchers {
             addresses: neighbours.watch()?,
@@ -546,6 +556,7 @@ impl Engine {
             wake,
             kick: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
+            sleep_until: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             progressed: Condvar::new(),
             progress_waiters: AtomicUsize::new(0),
@@ -760,7 +771,16 @@ impl Engine {
     /// `ibv_req_notify_cq`: arms `cq` for its next completion (or next solicited one). The
     /// application will wait for the event outside its verbs; see `NapAlarm::app_waits`.
     pub fn req_notify_cq(&self, cq: CqId, solicited_only: bool) -> Result<(), VerbsError> {
-        self.with_device_quiet(|d| d.req_notify_cq(cq, solicited_only))?;
+        {
+            let _in_verbs = self.shared.enter_verbs();
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            st.dev.req_notify_cq(cq, solicited_only)?;
+            progress::dispatch_events(&self.shared, &mut st.dev);
+            // The application is about to block: what its polls would have sent (ACKs held
+            // for its answer) and the timers its own verbs started are the thread's now.
+            self.wake_for_sooner_deadline(st, true);
+        }
         self.shared.nap_alarm.app_waits();
         Ok(())
     }
@@ -914,9 +934,36 @@ impl Engine {
     fn send_now(&self, mut guard: MutexGuard<'_, State>) {
         let st = &mut *guard;
         // Send at once from this thread: no hand-off, no wake-up on the latency path. The
-        // progress thread is woken only for what this round left over (a long message).
+        // progress thread is woken only for what this round left over (a long message), or
+        // for the retransmission timer the send started, when it sleeps past it.
         if progress::progress_once(&self.shared, st).more {
             drop(guard);
+            self.shared.wake();
+        } else {
+            self.wake_for_sooner_deadline(st, false);
+        }
+    }
+
+    /// Wakes the progress thread when the transport has a timer due (with `held_acks`, or
+    /// ACKs held for an answer to send) before the thread's sleep ends by itself. The
+    /// application armed it from its own thread and may block on its completion channel
+    /// next: a lost packet would then never be resent, and its application would wait for
+    /// ever. Costs a load per verb; the thread wakes only for a deadline earlier than every
+    /// one it knew (not for each send of a ping-pong, whose timers restart later each turn).
+    fn wake_for_sooner_deadline(&self, st: &State, held_acks: bool) {
+        let until = self.shared.sleep_until.load(Ordering::SeqCst);
+        if until == 0 {
+            return;
+        }
+        let held = match st.deferred {
+            Deferred::AcksUntil { until, .. } if held_acks => Some(until),
+            _ => None,
+        };
+        let due = match (st.dev.poll_timeout(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if due.is_some_and(|t| t < until) {
             self.shared.wake();
         }
     }
@@ -968,6 +1015,22 @@ impl Engine {
             Self::dispatch_if_failed(&self.shared, st);
             return st.dev.poll_cq(cq, max, out);
         }
+        let polled = self.poll_cq_round(st, now, cq, max, out);
+        // ACKs held here wait for this application's next verb; a timer this round armed
+        // (an RNR NAK taken, say) must not wait for an application that leaves to block.
+        self.wake_for_sooner_deadline(st, false);
+        polled
+    }
+
+    /// `poll_cq` on a working device, at `now` (see there).
+    fn poll_cq_round(
+        &self,
+        st: &mut State,
+        now: u64,
+        cq: CqId,
+        max: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<usize, VerbsError> {
         let holding = matches!(st.deferred, Deferred::AcksUntil { until, .. } if now < until);
         match st.deferred {
             Deferred::Requests => {
@@ -1160,6 +1223,8 @@ struct OpenedPort {
     wait_fd: RawFd,
     /// The steering program's socket map the port's sockets are entered in (AF_XDP).
     xsks: Option<crate::xdp::XsksMap>,
+    /// The steering program's copy of the device's addresses (AF_XDP, a program that has it).
+    local_addrs: Option<crate::xdp::LocalAddrs>,
     /// The queues received on, the one sent on first.
     queues: Vec<u32>,
     queue_claims: Vec<queue_claim::QueueClaim>,
@@ -1171,6 +1236,7 @@ fn open_af_xdp(
     config: &EngineConfig,
     ifindex: u32,
     neighbours: &Neighbours,
+    gids: &[IpAddr],
 ) -> Result<OpenedPort, EngineError> {
     // A DPDK engine's driver would see none of the frames this one's sockets take.
     if let Some(holder) = queue_claim::interface_holder(&config.iface) {
@@ -1180,6 +1246,7 @@ fn open_af_xdp(
         });
     }
     let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
+    let mut local_addrs = crate::xdp::LocalAddrs::open(&config.iface)?;
     let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
         .unwrap_or_else(|| neighbours.rx_queues());
     let (socket, others) = open_sockets(ifindex, config, rx_queues)?;
@@ -1200,6 +1267,11 @@ fn open_af_xdp(
         let fd = set.wait_fd_raw();
         (Box::new(set), fd)
     };
+    // Before the sockets: from their first frame on, the program steers only what is the
+    // device's (a previous engine's addresses are replaced).
+    if let Some(map) = &mut local_addrs {
+        map.set(gids)?;
+    }
     // Entered once all are bound: a start that failed above left the map as it was.
     for &(queue, fd) in &bound {
         xsks.set(queue, fd)?;
@@ -1208,6 +1280,7 @@ fn open_af_xdp(
         port,
         wait_fd,
         xsks: Some(xsks),
+        local_addrs,
         queues: bound.iter().map(|&(q, _)| q).collect(),
         queue_claims,
         zero_copy,
@@ -1239,6 +1312,7 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
         wait_fd: port.doorbell_fd(),
         port: Box::new(port),
         xsks: None,
+        local_addrs: None,
         queues: vec![0],
         queue_claims: queue_claim::claim_interface(&config.iface)
             .into_iter()

@@ -613,6 +613,8 @@ pub(crate) fn run(
     // must be read at once: the watcher's socket stays readable until they are, and every
     // nap would return at once (this thread spun for as long as the application polled).
     let mut address_changes = Vec::new();
+    // Since when changes other than the links' have waited for the lock.
+    let mut changes_waiting_since: Option<u64> = None;
     let mut frame_watch = FrameWatch::default();
     // The last nap was a long one and ended on the alarm, which polls postpone.
     let mut long_nap_rang = false;
@@ -653,9 +655,21 @@ pub(crate) fn run(
         // an application polling for its peer sends nothing, and would neither resume the
         // frames held while the interface was down nor learn that it was removed.
         let link_changed = address_changes.iter().any(is_link_change);
+        // Other changes (addresses, neighbours, routes) wait while the application is busy,
+        // but not for as long as it polls: a new address would never enter the GID table,
+        // nor a peer's new MAC the neighbour cache, and the list would keep growing. After a
+        // while the lock is tried anyway (a polling application leaves it free between its
+        // polls), never waited for (see `sleep`).
+        changes_waiting_since = if address_changes.is_empty() {
+            None
+        } else {
+            Some(changes_waiting_since.unwrap_or(now))
+        };
+        let changes_overdue =
+            changes_waiting_since.is_some_and(|t| now.saturating_sub(t) >= WATCH_EVERY_NS);
         let guard = if link_changed {
             Some(shared.state.lock().unwrap_or_else(|p| p.into_inner()))
-        } else if app_busy {
+        } else if app_busy && !changes_overdue {
             None
         } else {
             shared.try_state()
@@ -1046,7 +1060,19 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watchers: &Watchers, wait: Wait
                 _ => None,
             };
             let due = earliest(st.dev.poll_timeout(), held);
-            timer_wait(wait, due.map(|t| t.saturating_sub(shared.now())))
+            let now = shared.now();
+            let timer_ns = timer_wait(wait, due.map(|t| t.saturating_sub(now)));
+            // Noted under the lock: a timer an application thread arms after this (a send
+            // from its own thread, then a wait on its completion channel) is earlier than
+            // this sleep's end, and the application wakes the thread for it. A nap ends soon
+            // anyway, and the application next to it runs the timers in its polls.
+            let until = match wait {
+                Wait::Nap(_) => 0,
+                Wait::AtMost(ns) => now.saturating_add(earliest(timer_ns, Some(ns)).unwrap_or(ns)),
+                Wait::Events => timer_ns.map_or(u64::MAX, |ns| now.saturating_add(ns)),
+            };
+            shared.sleep_until.store(until, Ordering::SeqCst);
+            timer_ns
         }
         None => Some(MAX_NAP_NS),
     };
@@ -1083,6 +1109,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watchers: &Watchers, wait: Wait
     // SAFETY: `fds` holds at least `nfds` valid pollfds and `ts_ptr` is null or points at a
     // timespec that lives across the call; no signal mask is changed.
     unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, ts_ptr, std::ptr::null()) };
+    shared.sleep_until.store(0, Ordering::SeqCst);
     shared.sleeping.store(false, Ordering::SeqCst);
     shared.kick.store(false, Ordering::SeqCst);
     if fds[3].revents != 0 {

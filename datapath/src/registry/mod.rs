@@ -227,9 +227,36 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> Result<Added, Reg
     let store = Store::open_exclusive()?;
     let links = store.links()?;
     if let Some(l) = links.iter().find(|l| l.name == name) {
-        return Err(RegistryError::NameInUse {
+        let in_use = || RegistryError::NameInUse {
             name: name.to_string(),
             netdev: l.netdev.clone(),
+        };
+        if l.netdev != netdev {
+            return Err(in_use());
+        }
+        // The same link again: a repair when its program is gone (the interface was deleted
+        // and made again, say), which is what engines then tell the user to run.
+        let mut load = LoadOptions::new(netdev);
+        load.mode = mode;
+        let xdp = xdp::load(&load)?;
+        if matches!(xdp, LoadOutcome::AlreadyLoaded(_)) {
+            return Err(in_use());
+        }
+        let dev_node_created = store::ensure_dev_node(name)?;
+        let tree = regenerate_locked(&store, &mut nl)?;
+        let device = tree
+            .devices
+            .iter()
+            .find(|d| d.link.name == name)
+            .cloned()
+            .ok_or_else(|| RegistryError::NoSuchNetdev {
+                netdev: netdev.to_string(),
+            })?;
+        return Ok(Added {
+            device,
+            xdp,
+            tree,
+            dev_node_created,
         });
     }
     if let Some(l) = links.iter().find(|l| l.netdev == netdev) {

@@ -16,6 +16,13 @@ pub const XSKS_MAP_NAME: &str = "xsks_map";
 pub const COUNTERS_MAP_NAME: &str = "counters";
 /// `BPF_MAP_TYPE_ARRAY`, one `u32`: the test-only drop knob (`XROCE_DROP_CONFIG_MAP_NAME`).
 pub const DROP_CONFIG_MAP_NAME: &str = "drop_config";
+/// `BPF_MAP_TYPE_HASH` of the device's addresses (16-byte keys, IPv4 as `::ffff:a.b.c.d`),
+/// written by the engine (`XROCE_LOCAL_ADDRS_MAP_NAME`).
+pub const LOCAL_ADDRS_MAP_NAME: &str = "local_addrs";
+/// `BPF_MAP_TYPE_ARRAY`, one `u32` of flags (`XROCE_STEER_CONFIG_MAP_NAME`).
+pub const STEER_CONFIG_MAP_NAME: &str = "steer_config";
+/// Entries of `local_addrs` (`XROCE_LOCAL_ADDRS_ENTRIES`).
+pub const LOCAL_ADDRS_ENTRIES: u32 = 64;
 
 /// Entries of `xsks_map`: queues 0 .. 63 can be steered (`XROCE_XSKS_MAP_ENTRIES`).
 pub const XSKS_MAP_ENTRIES: u32 = 64;
@@ -36,6 +43,11 @@ pub const CNT_MAX: u32 = 5;
 
 /// The single key of `drop_config` (`XROCE_DROP_CONFIG_KEY`).
 pub const DROP_CONFIG_KEY: u32 = 0;
+/// The single key of `steer_config` (`XROCE_STEER_CONFIG_KEY`).
+pub const STEER_CONFIG_KEY: u32 = 0;
+/// `steer_config` flag: steer only RoCEv2 frames to an address in `local_addrs`
+/// (`XROCE_STEER_ONLY_LOCAL`).
+pub const STEER_ONLY_LOCAL: u32 = 1;
 
 /// Program name of the single-buffer build (`XROCE_PROG_NAME_PLAIN`).
 pub const PROG_NAME_PLAIN: &str = "xroce_xdp";
@@ -121,6 +133,26 @@ mod tests {
             number(&d, "XROCE_DROP_CONFIG_KEY"),
             u64::from(DROP_CONFIG_KEY)
         );
+        assert_eq!(
+            string(&d, "XROCE_LOCAL_ADDRS_MAP_NAME"),
+            LOCAL_ADDRS_MAP_NAME
+        );
+        assert_eq!(
+            string(&d, "XROCE_STEER_CONFIG_MAP_NAME"),
+            STEER_CONFIG_MAP_NAME
+        );
+        assert_eq!(
+            number(&d, "XROCE_LOCAL_ADDRS_ENTRIES"),
+            u64::from(LOCAL_ADDRS_ENTRIES)
+        );
+        assert_eq!(
+            number(&d, "XROCE_STEER_CONFIG_KEY"),
+            u64::from(STEER_CONFIG_KEY)
+        );
+        assert_eq!(
+            number(&d, "XROCE_STEER_ONLY_LOCAL"),
+            u64::from(STEER_ONLY_LOCAL)
+        );
         assert_eq!(string(&d, "XROCE_PROG_NAME_PLAIN"), PROG_NAME_PLAIN);
         assert_eq!(string(&d, "XROCE_PROG_SEC_PLAIN"), PROG_SEC_PLAIN);
         assert_eq!(string(&d, "XROCE_PROG_NAME_FRAGS"), PROG_NAME_FRAGS);
@@ -145,6 +177,11 @@ mod tests {
             "XROCE_CNT_ROCE_NO_SOCKET",
             "XROCE_CNT_MAX",
             "XROCE_DROP_CONFIG_KEY",
+            "XROCE_LOCAL_ADDRS_MAP_NAME",
+            "XROCE_STEER_CONFIG_MAP_NAME",
+            "XROCE_LOCAL_ADDRS_ENTRIES",
+            "XROCE_STEER_CONFIG_KEY",
+            "XROCE_STEER_ONLY_LOCAL",
             "XROCE_PROG_NAME_PLAIN",
             "XROCE_PROG_SEC_PLAIN",
             "XROCE_PROG_NAME_FRAGS",

@@ -57,12 +57,7 @@ pub enum XdpError {
     },
 
     /// The interface's MTU is above what the chosen build of the program accepts.
-    #[error(
-        "the MTU of {iface} ({mtu}) is too large for the {build} build of the XDP program \
-         (single-buffer XDP takes frames up to MTU {limit}; on veth the peer's MTU counts too). \
-         Load the frags build (`--build frags`, or leave `--build` out to choose by MTU), or \
-         lower the MTU"
-    )]
+    #[error("{}", mtu_too_large(iface, *mtu, *build, *limit))]
     MtuTooLarge {
         /// The interface.
         iface: String,
@@ -125,7 +120,8 @@ pub enum XdpError {
     #[error(
         "xroce's XDP program is not loaded on {iface}; load it first (as root, in the \
          interface's network namespace) with `xroce link add NAME netdev {iface}`, which also \
-         makes an RDMA device, or from the source tree with `cargo xtask xdp load --iface {iface}`"
+         makes an RDMA device (with the name of a device already on {iface}, it reloads the \
+         program for it), or from the source tree with `cargo xtask xdp load --iface {iface}`"
     )]
     NotLoaded {
         /// The interface.
@@ -215,5 +211,23 @@ impl fmt::Display for ProgramName<'_> {
             (id, Some(name)) if !name.is_empty() => write!(f, "'{name}' (program id {id})"),
             (id, _) => write!(f, "program id {id}"),
         }
+    }
+}
+
+/// The text of [`XdpError::MtuTooLarge`]. The kernel refuses with the same error when a veth's
+/// peer has the large MTU, and then the interface's own MTU is not the one to lower.
+fn mtu_too_large(iface: &str, mtu: u32, build: ProgramBuild, limit: u32) -> String {
+    let fix = "Load the frags build (`--build frags`, or leave `--build` out to choose by MTU)";
+    if mtu > limit {
+        format!(
+            "the MTU of {iface} ({mtu}) is too large for the {build} build of the XDP program \
+             (single-buffer XDP takes frames up to MTU {limit}). {fix}, or lower the MTU"
+        )
+    } else {
+        format!(
+            "the kernel refused the {build} build of the XDP program on {iface}: its MTU \
+             ({mtu}) is within single-buffer XDP's limit (MTU {limit}), so the MTU above it is \
+             its veth peer's. {fix}, or lower the peer's MTU"
+        )
     }
 }

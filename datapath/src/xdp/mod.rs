@@ -7,7 +7,7 @@
 //!
 //! - [`load`] attaches it to an interface through a BPF link pinned in bpffs, so it stays
 //!   attached after the loading process exits, and pins its maps next to the link:
-//!   `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config}`, where
+//!   `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config,local_addrs,steer_config}`, where
 //!   `<netns-id>` is the inode number of the caller's network namespace (interface names repeat
 //!   across namespaces; bpffs does not). Loading what is already loaded changes nothing.
 //! - [`unload`] detaches it and removes the pins. [`status`] reports what is attached and the
@@ -473,6 +473,8 @@ fn attach_and_pin(
         abi::XSKS_MAP_NAME,
         abi::COUNTERS_MAP_NAME,
         abi::DROP_CONFIG_MAP_NAME,
+        abi::LOCAL_ADDRS_MAP_NAME,
+        abi::STEER_CONFIG_MAP_NAME,
     ] {
         let map = ebpf.map(name).ok_or_else(|| XdpError::Load {
             iface: iface.to_string(),
@@ -775,6 +777,108 @@ pub fn drop_one_in(iface: &str) -> Result<u32, XdpError> {
     drop_knob_from(iface, &map)
 }
 
+/// The pinned `local_addrs` and `steer_config` of an interface's program: an engine enters
+/// its device's addresses, then asks the program to steer only RoCEv2 frames addressed to
+/// them. The rest (RoCE for a macvlan or VLAN device on the interface, for an address of
+/// another device, or routed through the host) stays with the kernel, as before the engine.
+#[derive(Debug)]
+pub struct LocalAddrs {
+    addrs: OwnedFd,
+    config: OwnedFd,
+    iface: String,
+}
+
+impl LocalAddrs {
+    /// Opens the maps of xroce's program on `iface`. `None` when that program has none: it
+    /// was loaded by an xroce before them, and steers every RoCEv2 frame until reloaded.
+    pub fn open(iface: &str) -> Result<Option<LocalAddrs>, XdpError> {
+        let open = |name| match open_loaded_map(iface, name) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(XdpError::NotLoaded { .. }) => Ok(None),
+            Err(e) => Err(e),
+        };
+        let (Some(addrs), Some(config)) = (
+            open(abi::LOCAL_ADDRS_MAP_NAME)?,
+            open(abi::STEER_CONFIG_MAP_NAME)?,
+        ) else {
+            log::warn!(
+                "the XDP program on {iface} predates local_addrs: it steers RoCEv2 frames for \
+                 every address to this engine (`xroce link del` and `link add` reload it)"
+            );
+            return Ok(None);
+        };
+        Ok(Some(LocalAddrs {
+            addrs,
+            config,
+            iface: iface.to_string(),
+        }))
+    }
+
+    /// Makes `addrs` the device's addresses and steers only frames to them. Addresses are
+    /// entered before stale ones leave, so no frame of the device goes to the kernel
+    /// meanwhile. More addresses than the map holds: every RoCEv2 frame is steered again.
+    pub fn set(&mut self, addrs: &[std::net::IpAddr]) -> Result<(), XdpError> {
+        let keys: Vec<[u8; 16]> = addrs.iter().map(|a| address_key(*a)).collect();
+        let mut full = false;
+        for key in &keys {
+            match sys::map_update_key(self.addrs.as_fd(), key, &1u32.to_ne_bytes()) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::E2BIG) => full = true,
+                Err(e) => return Err(self.error("entering an address into local_addrs", e)),
+            }
+        }
+        let mut stale = Vec::new();
+        let mut at: Option<[u8; 16]> = None;
+        // Bounded: the map holds at most its entries (a key deleted under the walk restarts it).
+        for _ in 0..=abi::LOCAL_ADDRS_ENTRIES * 2 {
+            let mut next = [0u8; 16];
+            let more =
+                sys::map_next_key(self.addrs.as_fd(), at.as_ref().map(|k| &k[..]), &mut next)
+                    .map_err(|e| self.error("reading local_addrs", e))?;
+            if !more {
+                break;
+            }
+            if !keys.contains(&next) && !stale.contains(&next) {
+                stale.push(next);
+            }
+            at = Some(next);
+        }
+        for key in &stale {
+            match sys::map_delete_key(self.addrs.as_fd(), key) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(self.error("removing an address from local_addrs", e)),
+            }
+        }
+        if full {
+            log::warn!(
+                "{} has more than {} addresses: RoCEv2 frames to any address are steered",
+                self.iface,
+                abi::LOCAL_ADDRS_ENTRIES
+            );
+        }
+        let flags = if full { 0 } else { abi::STEER_ONLY_LOCAL };
+        sys::map_update(
+            self.config.as_fd(),
+            abi::STEER_CONFIG_KEY,
+            &flags.to_ne_bytes(),
+        )
+        .map_err(|e| self.error("setting steer_config", e))
+    }
+
+    fn error(&self, what: &str, e: io::Error) -> XdpError {
+        XdpError::kernel(&self.iface, what, e)
+    }
+}
+
+/// An address as `local_addrs` keys it: IPv6 as is, IPv4 mapped (`::ffff:a.b.c.d`).
+fn address_key(addr: std::net::IpAddr) -> [u8; 16] {
+    match addr {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
 /// The pinned `xsks_map` of an interface: engines enter their AF_XDP sockets here, one per
 /// receive queue. Opened from the pin, so any process (of the interface's network namespace)
 /// can use it while the program is loaded.
@@ -1066,6 +1170,7 @@ fn check_map_type(
     let expected = match name {
         abi::XSKS_MAP_NAME => sys::BPF_MAP_TYPE_XSKMAP,
         abi::COUNTERS_MAP_NAME => sys::BPF_MAP_TYPE_PERCPU_ARRAY,
+        abi::LOCAL_ADDRS_MAP_NAME => sys::BPF_MAP_TYPE_HASH,
         _ => sys::BPF_MAP_TYPE_ARRAY,
     };
     if info.type_ != expected {
@@ -1413,6 +1518,8 @@ mod tests {
                 abi::XSKS_MAP_NAME,
                 abi::COUNTERS_MAP_NAME,
                 abi::DROP_CONFIG_MAP_NAME,
+                abi::LOCAL_ADDRS_MAP_NAME,
+                abi::STEER_CONFIG_MAP_NAME,
             ] {
                 assert!(has(map), "{build} lacks {map}");
             }

@@ -22,6 +22,7 @@ use std::path::Path;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
@@ -36,6 +37,7 @@ const BPF_XDP: u32 = 37;
 /// `enum bpf_link_type`: `BPF_LINK_TYPE_XDP`.
 pub(crate) const BPF_LINK_TYPE_XDP: u32 = 6;
 /// `enum bpf_map_type` values the loader checks pins against.
+pub(crate) const BPF_MAP_TYPE_HASH: u32 = 1;
 pub(crate) const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub(crate) const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub(crate) const BPF_MAP_TYPE_XSKMAP: u32 = 17;
@@ -294,14 +296,52 @@ struct MapElemAttr {
 
 /// `BPF_MAP_UPDATE_ELEM` with `BPF_ANY`, for maps with `u32` keys.
 pub(crate) fn map_update(map: BorrowedFd<'_>, key: u32, value: &[u8]) -> io::Result<()> {
+    map_update_key(map, &key.to_ne_bytes(), value)
+}
+
+/// `BPF_MAP_UPDATE_ELEM` with `BPF_ANY`; `key` and `value` must be the map's sizes.
+pub(crate) fn map_update_key(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
     let mut attr = MapElemAttr {
         map_fd: fd_u32(map),
         _pad: 0,
-        key: &key as *const u32 as u64,
+        key: key.as_ptr() as u64,
         value: value.as_ptr() as u64,
         flags: 0,
     };
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_DELETE_ELEM`; `key` must be the map's key size.
+pub(crate) fn map_delete_key(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+    let mut attr = MapElemAttr {
+        map_fd: fd_u32(map),
+        _pad: 0,
+        key: key.as_ptr() as u64,
+        value: 0,
+        flags: 0,
+    };
+    bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first with `None`) into `next`; false
+/// when there is none. Both must be the map's key size.
+pub(crate) fn map_next_key(
+    map: BorrowedFd<'_>,
+    key: Option<&[u8]>,
+    next: &mut [u8],
+) -> io::Result<bool> {
+    let mut attr = MapElemAttr {
+        map_fd: fd_u32(map),
+        _pad: 0,
+        key: key.map_or(0, |k| k.as_ptr() as u64),
+        value: next.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// `BPF_MAP_LOOKUP_ELEM` for maps with `u32` keys. `value` must be the map's value size (for
