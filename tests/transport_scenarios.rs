@@ -3866,8 +3866,8 @@ fn a_sequence_nak_after_the_rnr_timer_ran_out_is_no_retry() {
 }
 
 /// A message whose last packet left the AckReq to the next one, which SQD then holds back:
-/// entering SQD resends what is unacknowledged, asking for the ACK, so the message completes
-/// and the drain ends. Before, only the retransmission timer recovered it (a retry used:
+/// entering SQD sends that last packet once more, asking for the ACK, so the message
+/// completes and the drain ends. Before, only the retransmission timer recovered it (a retry used:
 /// RETRY_EXC_ERR at `retry_cnt` 0), and with `timeout` 0 the QP waited in SQD for ever.
 #[test]
 fn sqd_asks_for_the_ack_the_held_back_message_would_have_asked_for() {
@@ -3915,7 +3915,12 @@ fn sqd_asks_for_the_ack_the_held_back_message_would_have_asked_for() {
             events(&mut sim, 0),
             [Event::Async(AsyncEvent::SqDrained(a.qpn))]
         );
-        assert_eq!(counters(&sim, 0).timeouts, 0);
+        let c = counters(&sim, 0);
+        assert_eq!(
+            (c.timeouts, c.retransmissions, c.tx_requests),
+            (0, 0, 2),
+            "WRITE 1's one packet went twice, and nothing else"
+        );
         back_to_rts_sends_the_held_wqe(&mut sim, a, 2);
     }
 }
@@ -3954,4 +3959,48 @@ fn a_write_before_a_read_without_initiator_depth_asks_for_its_ack() {
     );
     assert_eq!(counters(&sim, 0).timeouts, 0);
     assert_eq!(state(&sim, a), QpState::Rts);
+}
+
+/// The same with a READ in flight ahead of that message: only the message's last packet goes
+/// again (one duplicate at the responder), not the READ, whose reply would come twice.
+#[test]
+fn sqd_behind_a_read_in_flight_resends_only_the_last_packet() {
+    let mut sim = Sim::new(6, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let local = sim.nodes[0].alloc(16384, RW);
+    let remote = sim.nodes[1].alloc(16384, RW);
+    let posts = [
+        SendWr::new(1, read_op(&remote, 0), vec![sge(&local, 0, 8192)]),
+        SendWr::new(2, write_op(&remote, 8192), vec![sge(&local, 8192, 100)]),
+        SendWr::new(3, write_op(&remote, 9216), vec![sge(&local, 8192, 100)]),
+    ];
+    for wr in posts {
+        sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    }
+    let now = sim.now;
+    let mut buf = vec![0u8; 9000];
+    let mut sent = Vec::new();
+    let node = &mut sim.nodes[0];
+    for _ in 0..2 {
+        let t = node.dev.poll_transmit(now, &node.mem, &mut buf).unwrap();
+        sent.push(buf[..t.len].to_vec());
+    }
+    assert!(!bth_ack_req(&sent[1]), "WRITE 2 left the AckReq to WRITE 3");
+    let sqd = QpAttr {
+        state: QpState::Sqd,
+        ..QpAttr::default()
+    };
+    node.dev.modify_qp(a.qpn, &sqd, AttrMask::STATE).unwrap();
+    let peer = &mut sim.nodes[1];
+    for frame in &sent {
+        peer.dev.handle_packet(now, frame, &mut peer.mem);
+    }
+    assert!(sim.run_idle(10 * SEC));
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(counters(&sim, 1).duplicates, 1, "{:?}", counters(&sim, 1));
+    assert_eq!(counters(&sim, 0).timeouts, 0);
+    back_to_rts_sends_the_held_wqe(&mut sim, a, 3);
 }

@@ -31,6 +31,9 @@ pub struct EngineRef {
     contexts: AtomicUsize,
     finished: AtomicBool,
     stats_written: AtomicBool,
+    /// The process that started it: a child forked from that one inherits the record (and
+    /// the exit handler), but the rings are its parent's to use.
+    pid: u32,
 }
 
 /// Environment variable naming a file to which each engine appends its counters when it
@@ -162,6 +165,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
                 contexts: AtomicUsize::new(1),
                 finished: AtomicBool::new(false),
                 stats_written: AtomicBool::new(false),
+                pid: std::process::id(),
             });
             all.push((ctx.netdev.clone(), Arc::downgrade(&e)));
             // Always: the ACKs a process's last poll held are sent then (the peer would
@@ -251,13 +255,7 @@ fn write_state_reports(out: &mut dyn std::io::Write) {
 /// counters are written when the process exits instead.
 fn flush_at_exit() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
-    /// The process that registered the handler: a child forked from it inherits the handler
-    /// and the mapped rings, which are its parent's to use.
-    static REGISTERED_BY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     extern "C" fn at_exit() {
-        if REGISTERED_BY.load(Ordering::SeqCst) != std::process::id() {
-            return;
-        }
         // try_lock: exit() may run while another thread is inside engine_for; then its
         // engines' counters are lost rather than the exit hanging.
         let all = match ENGINES.try_lock() {
@@ -265,7 +263,14 @@ fn flush_at_exit() {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return,
         };
-        for e in all.iter().filter_map(|(_, w)| w.upgrade()) {
+        let me = std::process::id();
+        // A forked child inherits the handler and its parent's records: only the engines
+        // this process started are its own.
+        for e in all
+            .iter()
+            .filter_map(|(_, w)| w.upgrade())
+            .filter(|e| e.pid == me)
+        {
             // The ACKs for the last messages received, which the last poll left for later:
             // the peer is waiting for them.
             e.engine.flush();
@@ -273,7 +278,6 @@ fn flush_at_exit() {
         }
     }
     REGISTERED.call_once(|| {
-        REGISTERED_BY.store(std::process::id(), Ordering::SeqCst);
         // SAFETY: registers a function with no captured state; it only takes locks (never
         // waiting for an engine's), hands queued frames to the kernel and writes a file, which
         // is allowed during exit().

@@ -313,10 +313,12 @@ impl Qp {
         }
         check_transition(cur, next, self.ty, mask)?;
         self.check_attr_values(sh, attr, mask)?;
-        // As rdma_rxe: while draining, only ERROR (SQD to SQD too would change the limits the
-        // requests in flight were counted against: a lower `max_rd_atomic` then let more
-        // READs start than it allows).
-        if cur == QpState::Sqd && next != QpState::Error && self.draining() {
+        // While draining, no transition but to ERROR (rdma_rxe's rule), and no new initiator
+        // depth: the READs and atomics in flight were counted against the old one, and a lower
+        // `max_rd_atomic` then let more start than it allows. Other attributes may change.
+        let transition_or_depth =
+            mask.contains(AttrMask::STATE) || mask.contains(AttrMask::MAX_QP_RD_ATOMIC);
+        if cur == QpState::Sqd && next != QpState::Error && self.draining() && transition_or_depth {
             return Err(ModifyError::InvalidAttribute("the send queue is still draining").into());
         }
 
@@ -403,10 +405,10 @@ impl Qp {
                     if cur == QpState::Rts && self.req.noack_msgs > 0 && between_messages {
                         // The last message sent left the AckReq to the next one, which SQD
                         // now holds back: nothing would acknowledge it but the retransmission
-                        // timer (never, at `timeout` 0), and the drain would wait for it. Go
-                        // back over what is unacknowledged now; the resent last packet asks
-                        // (a resend, not a retry: no `retry_cnt` is used).
-                        self.req.need_retry = true;
+                        // timer (never, at `timeout` 0), and the drain would wait for it. Its
+                        // last packet goes again, asking (a duplicate, which the responder
+                        // acknowledges with everything before it; no retry is used).
+                        self.resend_last_packet(sh);
                     }
                     self.drain_notify = true;
                     self.check_drained(sh);

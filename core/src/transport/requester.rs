@@ -435,6 +435,25 @@ impl Qp {
         sh.counters.retransmissions += 1;
     }
 
+    /// Points the requester back at the last packet of the last message it sent, a SEND or
+    /// WRITE not yet acknowledged, to send it once more; it then carries on where it was.
+    pub(crate) fn resend_last_packet(&mut self, sh: &Shared) {
+        let Some(idx) = self.req.wqe_index.checked_sub(1) else {
+            return;
+        };
+        let mtu = self.mtu(sh) as u64;
+        let Some(w) = self.sq.get(idx) else {
+            return;
+        };
+        if w.state != WqeState::Pending || w.wr.op.is_read_or_atomic() {
+            return;
+        }
+        let into = psn::diff(w.last_psn, w.first_psn).max(0) as u64;
+        self.req.offset = (into * mtu).min(w.length);
+        self.req.psn = w.last_psn;
+        self.req.wqe_index = idx;
+    }
+
     /// Points the requester at the oldest unacknowledged PSN, in the head WQE at the offset
     /// that PSN stands for.
     pub(crate) fn resume_from_comp_psn(&mut self, sh: &Shared) {

@@ -136,8 +136,8 @@ impl Default for XskConfig {
     }
 }
 
-/// Why a socket could not be opened, in words a user can act on.
-/// An interface as messages name it: its name when this thread's namespace still has it.
+/// An interface as messages name it: its name when the displaying thread's namespace has it
+/// (errors are shown where the engine starts, in the interface's namespace).
 fn iface_label(ifindex: u32) -> String {
     let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname may write.
@@ -150,6 +150,7 @@ fn iface_label(ifindex: u32) -> String {
     name.to_string_lossy().into_owned()
 }
 
+/// Why a socket could not be opened, in words a user can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum XskError {
     #[error("cannot create an AF_XDP socket: {0} (needs root or CAP_NET_RAW, and a kernel with CONFIG_XDP_SOCKETS)")]

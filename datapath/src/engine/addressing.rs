@@ -416,6 +416,18 @@ impl Neighbours {
         self.steered = Some((map, addrs));
     }
 
+    /// The engine stops: the steering program takes every RoCEv2 frame again, as after
+    /// load (its sockets are gone, so the kernel gets them; a raw AF_XDP user of the program
+    /// after this engine gets them all).
+    pub fn stop_steering(&mut self) {
+        if let Some((map, _)) = &mut self.steered {
+            if let Err(e) = map.steer_all() {
+                log::debug!("leaving the steering program's address filter on: {e}");
+            }
+        }
+        self.steered = None;
+    }
+
     fn steer_addresses(&mut self, now: &[IpAddr]) {
         let Some((map, held)) = &mut self.steered else {
             return;

@@ -466,6 +466,9 @@ impl Engine {
             None => None,
         };
         let ifindex = neighbours.ifindex();
+        // Watching before reading: an address that appears in between (IPv6 duplicate address
+        // detection ending as the application starts) is a change the thread applies.
+        let address_watch = neighbours.watch()?;
         let gids = neighbours.gid_table()?;
         let mtu = neighbours.mtu();
         let OpenedPort {
@@ -489,7 +492,7 @@ impl Engine {
         }
         let doorbell = port.wait_fd_is_doorbell();
         let watchers = progress::Watchers {
-            addresses: neighbours.watch()?,
+            addresses: address_watch,
             // Without it (no pins, or bpffs out of reach) an unload is noticed only when
             // retransmissions time out.
             pins: if config.watch_xdp_pins && xsks.is_some() {
@@ -775,11 +778,17 @@ impl Engine {
             let _in_verbs = self.shared.enter_verbs();
             let mut guard = self.lock();
             let st = &mut *guard;
-            st.dev.req_notify_cq(cq, solicited_only)?;
+            let armed = st.dev.req_notify_cq(cq, solicited_only);
             progress::dispatch_events(&self.shared, &mut st.dev);
+            armed?;
             // The application is about to block: what its polls would have sent (ACKs held
-            // for its answer) and the timers its own verbs started are the thread's now.
-            self.wake_for_sooner_deadline(st, true);
+            // for its answer, requests left for its next poll) and the timers its own verbs
+            // started are the thread's now.
+            if st.deferred == Deferred::Requests {
+                self.shared.wake();
+            } else {
+                self.wake_for_sooner_deadline(st, true);
+            }
         }
         self.shared.nap_alarm.app_waits();
         Ok(())

@@ -836,6 +836,11 @@ pub(crate) fn run(
         for queue in queues {
             let _ = xsks.clear(queue);
         }
+        // Best effort: an application inside a verb now may hold the lock; a later engine
+        // sets the filter afresh anyway.
+        if let Some(mut st) = shared.try_state() {
+            st.neighbours.stop_steering();
+        }
     }
     shared.progressed.notify_all();
 }

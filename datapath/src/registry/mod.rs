@@ -236,28 +236,37 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> Result<Added, Reg
         }
         // The same link again: a repair when its program is gone (the interface was deleted
         // and made again, say), which is what engines then tell the user to run.
+        store::check_dev_node(name)?;
         let mut load = LoadOptions::new(netdev);
         load.mode = mode;
         let xdp = xdp::load(&load)?;
         if matches!(xdp, LoadOutcome::AlreadyLoaded(_)) {
             return Err(in_use());
         }
-        let dev_node_created = store::ensure_dev_node(name)?;
-        let tree = regenerate_locked(&store, &mut nl)?;
-        let device = tree
-            .devices
-            .iter()
-            .find(|d| d.link.name == name)
-            .cloned()
-            .ok_or_else(|| RegistryError::NoSuchNetdev {
-                netdev: netdev.to_string(),
-            })?;
-        return Ok(Added {
-            device,
-            xdp,
-            tree,
-            dev_node_created,
-        });
+        let repaired = (|| {
+            let dev_node_created = store::ensure_dev_node(name)?;
+            let tree = regenerate_locked(&store, &mut nl)?;
+            let device = tree
+                .devices
+                .iter()
+                .find(|d| d.link.name == name)
+                .cloned()
+                .ok_or_else(|| RegistryError::NoSuchNetdev {
+                    netdev: netdev.to_string(),
+                })?;
+            Ok(Added {
+                device,
+                xdp: xdp.clone(),
+                tree,
+                dev_node_created,
+            })
+        })();
+        if repaired.is_err() {
+            // As it was: the link recorded, its program gone (so that the repair can be
+            // run again).
+            let _ = xdp::unload(netdev);
+        }
+        return repaired;
     }
     if let Some(l) = links.iter().find(|l| l.netdev == netdev) {
         return Err(RegistryError::NetdevInUse {

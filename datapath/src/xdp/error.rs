@@ -225,9 +225,10 @@ fn mtu_too_large(iface: &str, mtu: u32, build: ProgramBuild, limit: u32) -> Stri
         )
     } else {
         format!(
-            "the kernel refused the {build} build of the XDP program on {iface}: its MTU \
-             ({mtu}) is within single-buffer XDP's limit (MTU {limit}), so the MTU above it is \
-             its veth peer's. {fix}, or lower the peer's MTU"
+            "the kernel refused the {build} build of the XDP program on {iface} for frames too \
+             large: its MTU ({mtu}) is within single-buffer XDP's limit (MTU {limit}), so on a \
+             veth it is its veth peer's MTU that is above it (other drivers may have a lower \
+             limit of their own). {fix}, or lower the peer's MTU"
         )
     }
 }

@@ -819,29 +819,30 @@ impl LocalAddrs {
     /// meanwhile. More addresses than the map holds: every RoCEv2 frame is steered again.
     pub fn set(&mut self, addrs: &[std::net::IpAddr]) -> Result<(), XdpError> {
         let keys: Vec<[u8; 16]> = addrs.iter().map(|a| address_key(*a)).collect();
-        let mut full = false;
+        // Those that did not fit beside the stale ones: tried again once these are out.
+        let mut left = Vec::new();
         for key in &keys {
-            match sys::map_update_key(self.addrs.as_fd(), key, &1u32.to_ne_bytes()) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::E2BIG) => full = true,
-                Err(e) => return Err(self.error("entering an address into local_addrs", e)),
+            if !self.enter(key)? {
+                left.push(*key);
             }
         }
         let mut stale = Vec::new();
-        let mut at: Option<[u8; 16]> = None;
+        // The walk starts from a key that is never entered (`::` is no interface's address):
+        // the kernel then returns the first key. (A null key does the same, but memory
+        // checkers such as valgrind take the null pointer for a bad one.)
+        let mut at = [0u8; 16];
         // Bounded: the map holds at most its entries (a key deleted under the walk restarts it).
         for _ in 0..=abi::LOCAL_ADDRS_ENTRIES * 2 {
             let mut next = [0u8; 16];
-            let more =
-                sys::map_next_key(self.addrs.as_fd(), at.as_ref().map(|k| &k[..]), &mut next)
-                    .map_err(|e| self.error("reading local_addrs", e))?;
+            let more = sys::map_next_key(self.addrs.as_fd(), &at, &mut next)
+                .map_err(|e| self.error("reading local_addrs", e))?;
             if !more {
                 break;
             }
             if !keys.contains(&next) && !stale.contains(&next) {
                 stale.push(next);
             }
-            at = Some(next);
+            at = next;
         }
         for key in &stale {
             match sys::map_delete_key(self.addrs.as_fd(), key) {
@@ -849,6 +850,10 @@ impl LocalAddrs {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(e) => return Err(self.error("removing an address from local_addrs", e)),
             }
+        }
+        let mut full = false;
+        for key in &left {
+            full |= !self.enter(key)?;
         }
         if full {
             log::warn!(
@@ -864,6 +869,26 @@ impl LocalAddrs {
             &flags.to_ne_bytes(),
         )
         .map_err(|e| self.error("setting steer_config", e))
+    }
+
+    /// Steers every RoCEv2 frame again (the state after load), for whoever uses the program
+    /// after this engine.
+    pub fn steer_all(&mut self) -> Result<(), XdpError> {
+        sys::map_update(
+            self.config.as_fd(),
+            abi::STEER_CONFIG_KEY,
+            &0u32.to_ne_bytes(),
+        )
+        .map_err(|e| self.error("clearing steer_config", e))
+    }
+
+    /// Enters one address; false when the map is full.
+    fn enter(&self, key: &[u8; 16]) -> Result<bool, XdpError> {
+        match sys::map_update_key(self.addrs.as_fd(), key, &1u32.to_ne_bytes()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::E2BIG) => Ok(false),
+            Err(e) => Err(self.error("entering an address into local_addrs", e)),
+        }
     }
 
     fn error(&self, what: &str, e: io::Error) -> XdpError {

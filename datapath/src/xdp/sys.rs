@@ -323,17 +323,13 @@ pub(crate) fn map_delete_key(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> 
     bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
 }
 
-/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first with `None`) into `next`; false
-/// when there is none. Both must be the map's key size.
-pub(crate) fn map_next_key(
-    map: BorrowedFd<'_>,
-    key: Option<&[u8]>,
-    next: &mut [u8],
-) -> io::Result<bool> {
+/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first when `key` is not in the map) into
+/// `next`; false when there is none. Both must be the map's key size.
+pub(crate) fn map_next_key(map: BorrowedFd<'_>, key: &[u8], next: &mut [u8]) -> io::Result<bool> {
     let mut attr = MapElemAttr {
         map_fd: fd_u32(map),
         _pad: 0,
-        key: key.map_or(0, |k| k.as_ptr() as u64),
+        key: key.as_ptr() as u64,
         value: next.as_mut_ptr() as u64,
         flags: 0,
     };
