@@ -3889,22 +3889,7 @@ fn sqd_asks_for_the_ack_the_held_back_message_would_have_asked_for() {
                 )
                 .unwrap();
         }
-        let now = sim.now;
-        let mut buf = vec![0u8; 9000];
-        let node = &mut sim.nodes[0];
-        let t = node.dev.poll_transmit(now, &node.mem, &mut buf).unwrap();
-        let first = buf[..t.len].to_vec();
-        assert!(!bth_ack_req(&first), "WRITE 1 left the AckReq to WRITE 2");
-        let sqd = QpAttr {
-            state: QpState::Sqd,
-            en_sqd_async_notify: true,
-            ..QpAttr::default()
-        };
-        node.dev
-            .modify_qp(a.qpn, &sqd, AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY)
-            .unwrap();
-        let peer = &mut sim.nodes[1];
-        peer.dev.handle_packet(now, &first, &mut peer.mem);
+        first_request_then_sqd(&mut sim, a);
         assert!(sim.run_idle(10 * SEC));
         assert_eq!(
             ids_and_status(&sim.nodes[0].poll(a.send_cq)),
@@ -3923,6 +3908,31 @@ fn sqd_asks_for_the_ack_the_held_back_message_would_have_asked_for() {
         );
         back_to_rts_sends_the_held_wqe(&mut sim, a, 2);
     }
+}
+
+/// Node 0 sends the first request packet of `a`, which must leave its AckReq to the message
+/// queued behind it; `a` then enters SQD (raising SQ_DRAINED when drained), and the packet
+/// reaches node 1.
+fn first_request_then_sqd(sim: &mut Sim, a: QpEnd) {
+    let now = sim.now;
+    let mut buf = vec![0u8; 9000];
+    let node = &mut sim.nodes[0];
+    let t = node.dev.poll_transmit(now, &node.mem, &mut buf).unwrap();
+    let first = buf[..t.len].to_vec();
+    assert!(
+        !bth_ack_req(&first),
+        "the first message left the AckReq to the next"
+    );
+    let sqd = QpAttr {
+        state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..QpAttr::default()
+    };
+    node.dev
+        .modify_qp(a.qpn, &sqd, AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY)
+        .unwrap();
+    let peer = &mut sim.nodes[1];
+    peer.dev.handle_packet(now, &first, &mut peer.mem);
 }
 
 /// A WRITE followed by a READ that cannot start (no initiator depth: `max_rd_atomic` 0)
@@ -4003,4 +4013,43 @@ fn sqd_behind_a_read_in_flight_resends_only_the_last_packet() {
     assert_eq!(counters(&sim, 1).duplicates, 1, "{:?}", counters(&sim, 1));
     assert_eq!(counters(&sim, 0).timeouts, 0);
     back_to_rts_sends_the_held_wqe(&mut sim, a, 3);
+}
+
+/// A SEND sent twice before its RNR NAK came back (its last packet resent on entering SQD)
+/// draws two RNR NAKs for one PSN: one wait, one use of `rnr_retry`. With `rnr_retry` 1 the
+/// second NAK failed the SEND with RNR_RETRY_EXC_ERR.
+#[test]
+fn two_rnr_naks_for_one_psn_are_one_rnr_retry() {
+    let mut sim = Sim::new(8, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        rnr_retry: 1,
+        min_rnr_timer: 12,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    for wr_id in 1..=2 {
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(wr_id, SendOp::Send, vec![sge(&src, 0, 64)]),
+            )
+            .unwrap();
+    }
+    first_request_then_sqd(&mut sim, a);
+    // Both NAKs come back, long before the RNR timer (0.64 ms) runs out.
+    sim.run_until(100_000, |_| false);
+    assert_eq!(counters(&sim, 0).rnr_naks_received, 2);
+    for wr_id in [7, 8] {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(wr_id, &dst, 0, 4096))
+            .unwrap();
+    }
+    assert!(sim.run_idle(10 * SEC));
+    assert_eq!(
+        ids_and_status(&sim.nodes[0].poll(a.send_cq)),
+        [(1, WcStatus::Success)]
+    );
+    back_to_rts_sends_the_held_wqe(&mut sim, a, 2);
 }

@@ -136,11 +136,14 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     all.retain(|(_, w)| w.strong_count() > 0);
     // A stopped engine stays listed while objects the application never destroyed hold it;
     // a live one on the same netdev may come after it.
+    // Only this process's own: a forked child inherits its parent's records, whose engine
+    // has no progress thread here and whose rings are the parent's.
+    let me = std::process::id();
     if let Some(e) = all
         .iter()
         .filter(|(n, _)| *n == ctx.netdev)
         .filter_map(|(_, w)| w.upgrade())
-        .find(|e| !e.finished.load(Ordering::SeqCst))
+        .find(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
     {
         e.contexts.fetch_add(1, Ordering::SeqCst);
         attach_context(&e, ctx);

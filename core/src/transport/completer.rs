@@ -142,6 +142,12 @@ impl Qp {
                 }
                 Some(AethSyndrome::RnrNak { timer }) => {
                     sh.counters.rnr_naks_received += 1;
+                    if d == 0 && self.comp.rnr_deadline.is_some() {
+                        // The same PSN again while this side already waits to resend it: a
+                        // packet sent twice before the first RNR NAK came (the last packet
+                        // resent on entering SQD) drew two. One wait, one retry.
+                        return;
+                    }
                     self.comp.psn = p;
                     if self.comp.rnr_retry > 0 {
                         if self.comp.rnr_retry != INFINITE_RETRY {

@@ -418,7 +418,8 @@ impl Neighbours {
 
     /// The engine stops: the steering program takes every RoCEv2 frame again, as after
     /// load (its sockets are gone, so the kernel gets them; a raw AF_XDP user of the program
-    /// after this engine gets them all).
+    /// after this engine gets them all). One engine per interface is assumed (the provider's
+    /// takes every queue): another engine on other queues would lose its filter too.
     pub fn stop_steering(&mut self) {
         if let Some((map, _)) = &mut self.steered {
             if let Err(e) = map.steer_all() {

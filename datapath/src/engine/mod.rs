@@ -287,6 +287,8 @@ pub(crate) struct Shared {
     pub(crate) wake: OwnedFd,
     pub(crate) kick: AtomicBool,
     pub(crate) sleeping: AtomicBool,
+    /// Changes the progress thread handed to a polling application (see `poll_cq`).
+    pub(crate) handed_changes: progress::HandedChanges,
     /// When the progress thread's sleep ends by itself if nothing wakes it (engine
     /// nanoseconds; `u64::MAX`: only an event ends it; 0: awake, or napping next to an
     /// application that runs the timers itself). Stored under the state lock, so that an
@@ -560,6 +562,7 @@ impl Engine {
             kick: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             sleep_until: AtomicU64::new(0),
+            handed_changes: progress::HandedChanges::default(),
             stop: AtomicBool::new(false),
             progressed: Condvar::new(),
             progress_waiters: AtomicUsize::new(0),
@@ -1023,6 +1026,16 @@ impl Engine {
         if st.io.failed {
             Self::dispatch_if_failed(&self.shared, st);
             return st.dev.poll_cq(cq, max, out);
+        }
+        if self.shared.handed_changes.waiting.load(Ordering::Relaxed) {
+            // Address or neighbour changes the progress thread could not apply while this
+            // application kept the lock (see `progress::run`).
+            let changes = self.shared.handed_changes.take();
+            progress::apply_changes(&self.shared, st, changes);
+            if st.io.failed {
+                Self::dispatch_if_failed(&self.shared, st);
+                return st.dev.poll_cq(cq, max, out);
+            }
         }
         let polled = self.poll_cq_round(st, now, cq, max, out);
         // ACKs held here wait for this application's next verb; a timer this round armed

@@ -305,7 +305,7 @@ pub(crate) struct Watchers {
 }
 
 /// Something a [`Watchers`] reported.
-enum Noticed {
+pub(crate) enum Noticed {
     Kernel(Change),
     /// Pins of the XDP program were removed: perhaps it is no longer attached.
     PinsRemoved,
@@ -329,6 +329,63 @@ impl Watchers {
 
 /// An interface may have come up, gone down or gone away (notifications lost count too), or
 /// the program steering its frames may have been unloaded: applied at once.
+/// Applies address, neighbour, route and link changes (and a removal of the steering
+/// program's pins) to the engine, under its lock.
+pub(crate) fn apply_changes(
+    shared: &Shared,
+    st: &mut State,
+    changes: impl IntoIterator<Item = Noticed>,
+) {
+    let mut link_changed = false;
+    for noticed in changes {
+        link_changed |= is_link_change(&noticed);
+        match noticed {
+            Noticed::Kernel(change) => {
+                if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
+                    fail_port(shared, st, "the interface was removed".to_string());
+                    break;
+                }
+            }
+            Noticed::PinsRemoved => {
+                if st.io.steering.program_changed(shared.home.as_ref()) {
+                    fail_port(shared, st, steering_gone());
+                    break;
+                }
+            }
+        }
+    }
+    if link_changed && st.io.link_down && !st.io.failed {
+        // Perhaps up again: kick the frames held meanwhile.
+        st.io.link_down = false;
+        send(shared, st, shared.now());
+    }
+}
+
+/// Changes the progress thread read but could not apply for want of the lock, which an
+/// application polling in a tight loop keeps: its next poll applies them (see
+/// `Engine::poll_cq`).
+#[derive(Default)]
+pub(crate) struct HandedChanges {
+    pub(crate) waiting: std::sync::atomic::AtomicBool,
+    changes: std::sync::Mutex<Vec<Noticed>>,
+}
+
+impl HandedChanges {
+    fn hand(&self, changes: &mut Vec<Noticed>) {
+        let mut handed = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        handed.append(changes);
+        self.waiting.store(true, Ordering::Release);
+    }
+
+    /// What was handed over (nothing when nothing waits).
+    pub(crate) fn take(&self) -> Vec<Noticed> {
+        if !self.waiting.load(Ordering::Relaxed) || !self.waiting.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
 fn is_link_change(noticed: &Noticed) -> bool {
     matches!(
         noticed,
@@ -658,8 +715,8 @@ pub(crate) fn run(
         // Other changes (addresses, neighbours, routes) wait while the application is busy,
         // but not for as long as it polls: a new address would never enter the GID table,
         // nor a peer's new MAC the neighbour cache, and the list would keep growing. After a
-        // while the lock is tried anyway (a polling application leaves it free between its
-        // polls), never waited for (see `sleep`).
+        // while they are handed to the application, whose next poll applies them under the
+        // lock it holds anyway (this thread never waits for the lock: see `sleep`).
         changes_waiting_since = if address_changes.is_empty() {
             None
         } else {
@@ -669,7 +726,10 @@ pub(crate) fn run(
             changes_waiting_since.is_some_and(|t| now.saturating_sub(t) >= WATCH_EVERY_NS);
         let guard = if link_changed {
             Some(shared.state.lock().unwrap_or_else(|p| p.into_inner()))
-        } else if app_busy && !changes_overdue {
+        } else if app_busy {
+            if changes_overdue {
+                shared.handed_changes.hand(&mut address_changes);
+            }
             None
         } else {
             shared.try_state()
@@ -741,34 +801,14 @@ pub(crate) fn run(
             }
             let mid_message = st.dev.mid_message();
             frame_watch.took_a_round(work);
+            // Handed to an application that then stopped polling before it took them.
+            address_changes.extend(shared.handed_changes.take());
             // Address and neighbour changes are rare: while busy, look every millisecond
             // rather than paying a system call per round.
             if !address_changes.is_empty() || now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
                 last_watch = now;
                 address_changes.extend(watchers.drain());
-                let mut link_changed = false;
-                for noticed in address_changes.drain(..) {
-                    link_changed |= is_link_change(&noticed);
-                    match noticed {
-                        Noticed::Kernel(change) => {
-                            if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
-                                fail_port(&shared, st, "the interface was removed".to_string());
-                                break;
-                            }
-                        }
-                        Noticed::PinsRemoved => {
-                            if st.io.steering.program_changed(shared.home.as_ref()) {
-                                fail_port(&shared, st, steering_gone());
-                                break;
-                            }
-                        }
-                    }
-                }
-                if link_changed && st.io.link_down && !st.io.failed {
-                    // Perhaps up again: kick the frames held meanwhile.
-                    st.io.link_down = false;
-                    send(&shared, st, shared.now());
-                }
+                apply_changes(&shared, st, address_changes.drain(..));
             }
             (work, mid_message)
         };

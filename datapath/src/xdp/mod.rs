@@ -816,7 +816,8 @@ impl LocalAddrs {
 
     /// Makes `addrs` the device's addresses and steers only frames to them. Addresses are
     /// entered before stale ones leave, so no frame of the device goes to the kernel
-    /// meanwhile. More addresses than the map holds: every RoCEv2 frame is steered again.
+    /// meanwhile (those that do not fit beside the stale ones wait with the filter off).
+    /// More addresses than the map holds: every RoCEv2 frame is steered again.
     pub fn set(&mut self, addrs: &[std::net::IpAddr]) -> Result<(), XdpError> {
         let keys: Vec<[u8; 16]> = addrs.iter().map(|a| address_key(*a)).collect();
         // Those that did not fit beside the stale ones: tried again once these are out.
@@ -825,6 +826,9 @@ impl LocalAddrs {
             if !self.enter(key)? {
                 left.push(*key);
             }
+        }
+        if !left.is_empty() {
+            self.steer_all()?;
         }
         let mut stale = Vec::new();
         // The walk starts from a key that is never entered (`::` is no interface's address):
