@@ -327,10 +327,8 @@ impl Watchers {
     }
 }
 
-/// An interface may have come up, gone down or gone away (notifications lost count too), or
-/// the program steering its frames may have been unloaded: applied at once.
 /// Applies address, neighbour, route and link changes (and a removal of the steering
-/// program's pins) to the engine, under its lock.
+/// program's pins) to the engine, under its lock, in the order they were read.
 pub(crate) fn apply_changes(
     shared: &Shared,
     st: &mut State,
@@ -386,6 +384,8 @@ impl HandedChanges {
     }
 }
 
+/// An interface may have come up, gone down or gone away (notifications lost count too), or
+/// the program steering its frames may have been unloaded: applied at once.
 fn is_link_change(noticed: &Noticed) -> bool {
     matches!(
         noticed,
@@ -801,8 +801,14 @@ pub(crate) fn run(
             }
             let mid_message = st.dev.mid_message();
             frame_watch.took_a_round(work);
-            // Handed to an application that then stopped polling before it took them.
-            address_changes.extend(shared.handed_changes.take());
+            // Handed to an application that then stopped polling before it took them: older
+            // than those read since, so they go first (a neighbour's MAC changed twice must
+            // end with the second).
+            let mut handed = shared.handed_changes.take();
+            if !handed.is_empty() {
+                handed.append(&mut address_changes);
+                address_changes = handed;
+            }
             // Address and neighbour changes are rare: while busy, look every millisecond
             // rather than paying a system call per round.
             if !address_changes.is_empty() || now.saturating_sub(last_watch) >= WATCH_EVERY_NS {
