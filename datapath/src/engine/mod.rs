@@ -971,10 +971,7 @@ impl Engine {
             Deferred::AcksUntil { until, .. } if held_acks => Some(until),
             _ => None,
         };
-        let due = match (st.dev.poll_timeout(), held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let due = progress::earliest(st.dev.poll_timeout(), held);
         if due.is_some_and(|t| t < until) {
             self.shared.wake();
         }
@@ -1023,19 +1020,15 @@ impl Engine {
         self.shared.nap_alarm.app_polled(now);
         let mut guard = self.lock();
         let st = &mut *guard;
-        if st.io.failed {
-            Self::dispatch_if_failed(&self.shared, st);
-            return st.dev.poll_cq(cq, max, out);
-        }
-        if self.shared.handed_changes.waiting.load(Ordering::Relaxed) {
+        if !st.io.failed && self.shared.handed_changes.waiting.load(Ordering::Relaxed) {
             // Address or neighbour changes the progress thread could not apply while this
             // application kept the lock (see `progress::run`).
             let changes = self.shared.handed_changes.take();
             progress::apply_changes(&self.shared, st, changes);
-            if st.io.failed {
-                Self::dispatch_if_failed(&self.shared, st);
-                return st.dev.poll_cq(cq, max, out);
-            }
+        }
+        if st.io.failed {
+            Self::dispatch_if_failed(&self.shared, st);
+            return st.dev.poll_cq(cq, max, out);
         }
         let polled = self.poll_cq_round(st, now, cq, max, out);
         // ACKs held here wait for this application's next verb; a timer this round armed

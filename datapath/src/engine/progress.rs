@@ -1082,7 +1082,7 @@ fn timer_wait(wait: Wait, due_in: Option<u64>) -> Option<u64> {
 }
 
 /// The smaller of two optional times; `None` only when both are.
-fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+pub(crate) fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

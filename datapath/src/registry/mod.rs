@@ -226,49 +226,19 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> Result<Added, Reg
         .map_err(|e| RegistryError::netlink(netdev, e))?;
     let store = Store::open_exclusive()?;
     let links = store.links()?;
-    if let Some(l) = links.iter().find(|l| l.name == name) {
-        let in_use = || RegistryError::NameInUse {
-            name: name.to_string(),
-            netdev: l.netdev.clone(),
-        };
-        if l.netdev != netdev {
-            return Err(in_use());
-        }
-        // The same link again: a repair when its program is gone (the interface was deleted
-        // and made again, say), which is what engines then tell the user to run.
-        store::check_dev_node(name)?;
-        let mut load = LoadOptions::new(netdev);
-        load.mode = mode;
-        let xdp = xdp::load(&load)?;
-        if matches!(xdp, LoadOutcome::AlreadyLoaded(_)) {
-            return Err(in_use());
-        }
-        let repaired = (|| {
-            let dev_node_created = store::ensure_dev_node(name)?;
-            let tree = regenerate_locked(&store, &mut nl)?;
-            let device = tree
-                .devices
-                .iter()
-                .find(|d| d.link.name == name)
-                .cloned()
-                .ok_or_else(|| RegistryError::NoSuchNetdev {
-                    netdev: netdev.to_string(),
-                })?;
-            Ok(Added {
-                device,
-                xdp: xdp.clone(),
-                tree,
-                dev_node_created,
+    // The same link again is a repair when its program is gone (the interface was deleted and
+    // made again, say), which is what engines then tell the user to run.
+    let repair = match links.iter().find(|l| l.name == name) {
+        Some(l) if l.netdev != netdev => {
+            return Err(RegistryError::NameInUse {
+                name: name.to_string(),
+                netdev: l.netdev.clone(),
             })
-        })();
-        if repaired.is_err() {
-            // As it was: the link recorded, its program gone (so that the repair can be
-            // run again).
-            let _ = xdp::unload(netdev);
         }
-        return repaired;
-    }
-    if let Some(l) = links.iter().find(|l| l.netdev == netdev) {
+        Some(_) => true,
+        None => false,
+    };
+    if let Some(l) = links.iter().find(|l| l.netdev == netdev && !repair) {
         return Err(RegistryError::NetdevInUse {
             netdev: netdev.to_string(),
             name: l.name.clone(),
@@ -279,10 +249,18 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> Result<Added, Reg
     let mut load = LoadOptions::new(netdev);
     load.mode = mode;
     let xdp = xdp::load(&load)?;
+    if repair && matches!(xdp, LoadOutcome::AlreadyLoaded(_)) {
+        return Err(RegistryError::NameInUse {
+            name: name.to_string(),
+            netdev: netdev.to_string(),
+        });
+    }
     let mut dev_node_created = false;
     let result = (|| {
         dev_node_created = store::ensure_dev_node(name)?;
-        store.write_link(name, netdev)?;
+        if !repair {
+            store.write_link(name, netdev)?;
+        }
         let tree = regenerate_locked(&store, &mut nl)?;
         match tree.devices.iter().find(|d| d.link.name == name).cloned() {
             Some(device) => Ok((device, tree)),
@@ -295,15 +273,20 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> Result<Added, Reg
     let (device, tree) = match result {
         Ok(done) => done,
         Err(e) => {
-            // Undo, best effort; the first error is the one to report.
-            let _ = store.remove_link(name);
-            if dev_node_created {
-                let _ = store::remove_dev_node_if_unused(name);
+            // Undo, best effort; the first error is the one to report. A failed repair leaves
+            // the link recorded with its program gone, so that it can be run again.
+            if !repair {
+                let _ = store.remove_link(name);
+                if dev_node_created {
+                    let _ = store::remove_dev_node_if_unused(name);
+                }
             }
             if matches!(xdp, LoadOutcome::Loaded(_)) {
                 let _ = xdp::unload(netdev);
             }
-            let _ = finish_without(&store, &mut nl);
+            if !repair {
+                let _ = finish_without(&store, &mut nl);
+            }
             return Err(e);
         }
     };

@@ -355,14 +355,7 @@ pub(crate) fn map_lookup(map: BorrowedFd<'_>, key: u32, value: &mut [u8]) -> io:
 
 /// `BPF_MAP_DELETE_ELEM` for maps with `u32` keys.
 pub(crate) fn map_delete(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
-    let mut attr = MapElemAttr {
-        map_fd: fd_u32(map),
-        _pad: 0,
-        key: &key as *const u32 as u64,
-        value: 0,
-        flags: 0,
-    };
-    bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
+    map_delete_key(map, &key.to_ne_bytes())
 }
 
 #[repr(C)]
