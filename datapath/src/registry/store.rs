@@ -18,7 +18,7 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -437,6 +437,13 @@ pub(crate) fn ensure_dev_node(name: &str) -> Result<bool, RegistryError> {
     Ok(true)
 }
 
+/// The cookie recorded in namespace directory `dir`, if it has one.
+fn recorded_cookie(dir: &Path) -> Option<u64> {
+    fs::read_to_string(dir.join(COOKIE_FILE))
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+}
+
 /// Whether a namespace other than the caller's has a link called `name`.
 fn used_elsewhere(name: &str) -> Result<bool, RegistryError> {
     let own = run_dir_of(super::netns_id()?);
@@ -458,26 +465,105 @@ fn used_elsewhere(name: &str) -> Result<bool, RegistryError> {
         };
         // The directory of a namespace deleted without `xroce link del` stays behind; its
         // links hold nothing (nobody can run a program there any more).
-        if path != own && path.join(LINKS_DIR).join(name).exists() && netns_in_use(id) {
+        if path != own
+            && path.join(LINKS_DIR).join(name).exists()
+            && netns_in_use(id, recorded_cookie(&path))
+        {
             return Ok(true);
         }
     }
     Ok(false)
 }
 
-/// Whether network namespace `id` can still be used: a bind mount keeps it (`ip netns add`
-/// makes one under /run/netns), or a process is in it.
-fn netns_in_use(id: u64) -> bool {
-    let tag = format!("net:[{id}]");
-    let mounted = fs::read_to_string("/proc/self/mountinfo")
-        .map(|m| m.contains(&tag))
-        // Cannot tell: count it as used (the device node stays, as before).
-        .unwrap_or(true);
-    if mounted {
+/// Whether the namespace that made the directory of network namespace `id` can still be
+/// used: a bind mount keeps a namespace with that inode (`ip netns add` makes one under
+/// /run/netns), or a process is in one, and (when the directory recorded a cookie) that
+/// namespace's cookie is the recorded one. Inode numbers are reused as soon as a namespace is
+/// freed, so a live namespace with the same number can be a newer one.
+fn netns_in_use(id: u64, recorded_cookie: Option<u64>) -> bool {
+    let Some(handle) = live_netns_handle(id) else {
+        return false;
+    };
+    let Some(recorded) = recorded_cookie else {
         return true;
+    };
+    // Cannot enter it (no CAP_SYS_ADMIN, or it went in between): count it as used.
+    cookie_of_netns(&handle).is_none_or(|live| live == recorded)
+}
+
+/// A path through which network namespace `id` can be opened: its bind mount or a process
+/// in it. `Some` without a path (`None` inside) when it cannot be told whether one exists.
+fn live_netns_handle(id: u64) -> Option<Option<PathBuf>> {
+    let tag = format!("net:[{id}]");
+    match fs::read_to_string("/proc/self/mountinfo") {
+        // Fields: id, parent, major:minor, root, mount point, ...; an nsfs bind mount's root
+        // is `net:[N]`.
+        Ok(mounts) => {
+            let mount = mounts.lines().find_map(|line| {
+                let mut fields = line.split(' ').skip(3);
+                (fields.next() == Some(tag.as_str()))
+                    .then(|| fields.next().map(unescape_mount_path))
+                    .flatten()
+            });
+            if let Some(path) = mount {
+                return Some(Some(path));
+            }
+        }
+        // Cannot tell: count it as used (the device node stays, as before).
+        Err(_) => return Some(None),
     }
-    // Cannot tell without /proc: count it as used.
-    crate::netns::processes_in_netns(id).is_none_or(|inside| !inside.is_empty())
+    match crate::netns::processes_in_netns(id) {
+        // Cannot tell without /proc: count it as used.
+        None => Some(None),
+        Some(inside) => inside
+            .first()
+            .map(|pid| Some(PathBuf::from(format!("/proc/{pid}/ns/net")))),
+    }
+}
+
+/// A mount point as mountinfo writes it, with its octal escapes (`\040` for a space) undone.
+fn unescape_mount_path(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
+            std::str::from_utf8(d)
+                .ok()
+                .and_then(|d| u8::from_str_radix(d, 8).ok())
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// The cookie of the network namespace that `handle` (`None`: unknown) opens, read on a
+/// thread of its own that enters it; `None` when that cannot be done.
+fn cookie_of_netns(handle: &Option<PathBuf>) -> Option<u64> {
+    let file = File::open(handle.as_ref()?).ok()?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: `file` is an open file that lives across the call; setns checks that
+                // it is a network namespace and moves only this thread, which ends here.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return None;
+                }
+                netns_cookie()
+            })
+            .join()
+            .ok()
+            .flatten()
+    })
 }
 
 /// Removes `/dev/infiniband/xroce-NAME` unless another namespace still has a link of that
@@ -511,8 +597,34 @@ mod tests {
     #[test]
     fn a_namespace_is_in_use_while_a_process_is_in_it() {
         let own = crate::registry::netns_id().expect("own namespace");
-        assert!(netns_in_use(own));
+        assert!(netns_in_use(own, None));
         // No namespace has inode 1.
-        assert!(!netns_in_use(1));
+        assert!(!netns_in_use(1, None));
+    }
+
+    /// A directory left by a deleted namespace whose inode number a live namespace now has
+    /// belongs to nobody: the recorded cookie tells the two apart.
+    #[test]
+    fn a_namespace_with_a_reused_inode_is_not_the_one_that_made_the_directory() {
+        let own = crate::registry::netns_id().expect("own namespace");
+        let Some(cookie) = netns_cookie() else {
+            eprintln!("skipped: the kernel has no SO_NETNS_COOKIE");
+            return;
+        };
+        if cookie_of_netns(&live_netns_handle(own).flatten()).is_none() {
+            eprintln!("skipped: cannot enter a network namespace (not root)");
+            return;
+        }
+        assert!(netns_in_use(own, Some(cookie)));
+        assert!(!netns_in_use(own, Some(cookie.wrapping_add(1))));
+    }
+
+    #[test]
+    fn mount_points_lose_their_octal_escapes() {
+        assert_eq!(
+            unescape_mount_path(r"/run/netns/a\040b\134c"),
+            PathBuf::from(r"/run/netns/a b\c")
+        );
+        assert_eq!(unescape_mount_path(r"/x\04"), PathBuf::from(r"/x\04"));
     }
 }
