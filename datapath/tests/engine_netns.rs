@@ -165,6 +165,9 @@ fn to_init(engine: &Engine, qp: &Qp) {
     engine.modify_qp(qp.qpn, &a, mask).expect("to INIT");
 }
 
+/// 4.096 µs × 2^12 ≈ 17 ms: well above a veth round trip, short enough to recover drops fast.
+const DEFAULT_TIMEOUT: u8 = 12;
+
 /// INIT → RTR → RTS, connected to `remote`.
 fn bring_up(
     engine: &Engine,
@@ -173,6 +176,19 @@ fn bring_up(
     remote: &Endpoint,
     sq_psn: u32,
     mtu: PathMtu,
+) {
+    bring_up_timed(engine, qp, local_ip, remote, sq_psn, mtu, DEFAULT_TIMEOUT);
+}
+
+/// [`bring_up`] with the local ACK timeout `timeout`.
+fn bring_up_timed(
+    engine: &Engine,
+    qp: &Qp,
+    local_ip: IpAddress,
+    remote: &Endpoint,
+    sq_psn: u32,
+    mtu: PathMtu,
+    timeout: u8,
 ) {
     let sgid_index = engine
         .gids()
@@ -213,8 +229,7 @@ fn bring_up(
     engine.modify_qp(qp.qpn, &a, rtr).expect("to RTR");
     a.state = QpState::Rts;
     a.sq_psn = sq_psn;
-    // 4.096 µs × 2^12 ≈ 17 ms: well above a veth round trip, short enough to recover drops fast.
-    a.timeout = 12;
+    a.timeout = timeout;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 16;
@@ -1627,7 +1642,7 @@ fn a_thread_in_another_namespace_connects_through_the_engines_namespace() {
         });
         me.connected.wait();
         buf.write(0, &pattern(20 + side as u64, MSG));
-        post_writes(engine, &qp, &buf, &peer, 1, MSG);
+        post_writes(engine, &qp, &buf, &peer, 0..1, MSG);
         expect_completions(engine, qp.send_cq, 1, "the WRITE");
         // Both WRITEs are done once both sides pass here.
         me.connected.wait();
@@ -2238,7 +2253,7 @@ fn interface_down_for_a_while(backend: Backend) {
         ip(&[
             "neigh", "replace", &peer_ip, "lladdr", &peer_mac, "dev", &iface, "nud", "permanent",
         ]);
-        post_writes(engine, &qp, &buf, &peer, COUNT, MSG);
+        post_writes(engine, &qp, &buf, &peer, 0..COUNT, MSG);
         let thread_cpu = |e: &Engine| {
             e.progress_cpu_time()
                 .unwrap_or_else(|| panic!("the progress thread is gone: {:?}", e.failure()))
@@ -2270,6 +2285,87 @@ fn interface_down_for_a_while(backend: Backend) {
     });
 }
 
+/// A peer whose MAC changes without telling anyone (no gratuitous ARP: `arp_notify` is 0 by
+/// default) is found again: the engine keeps the kernel's neighbour entry in use, so the kernel
+/// probes the old MAC, finds nobody, resolves the address again, and the engine follows. The
+/// peer's engine, meanwhile, drops frames still sent to its old MAC, as its kernel would. The
+/// kernel's neighbour timers are shortened in the writer's namespace so that this takes a
+/// couple of seconds, not a minute; the writer's QP retransmits for up to about 8 s.
+#[test]
+fn a_peer_whose_mac_changes_is_found_again() {
+    if !root_or_skip() {
+        return;
+    }
+    const MSG: usize = 64 * 1024;
+    const COUNT: usize = 8;
+    let setup = Setup::new(1500);
+    let writer_if = setup.pair.iface(0).to_string();
+    for (knob, value) in [
+        ("base_reachable_time_ms", "200"),
+        ("delay_first_probe_time", "1"),
+        ("retrans_time_ms", "100"),
+        ("ucast_solicit", "1"),
+    ] {
+        let o = setup
+            .pair
+            .exec(
+                0,
+                &format!("sysctl -qw net.ipv4.neigh.{writer_if}.{knob}={value}"),
+            )
+            .expect("sysctl");
+        assert!(o.status.success(), "sysctl {knob}: {o:?}");
+    }
+    let target_if = setup.pair.iface(1).to_string();
+    setup.on_both_sides(move |me: Side<Endpoint>| {
+        let engine = &me.engine;
+        let qp = create_qp(engine, me.pd, QpType::Rc);
+        to_init(engine, &qp);
+        let mut buf = Buffer::new(engine, me.pd, MSG * COUNT * 2);
+        let data = pattern(23, MSG * COUNT * 2);
+        // 4.096 µs × 2^18 ≈ 1.07 s per try, 7 retries: time for the kernel to notice.
+        let peer = connect_timed(&me, &qp, &buf, 0x2000 + me.index as u32, 18);
+        if me.index == 1 {
+            // The target: changes its MAC when the first half is in, then checks all of it.
+            me.from_peer.recv_timeout(WAIT).expect("first half written");
+            ip(&[
+                "link",
+                "set",
+                "dev",
+                &target_if,
+                "address",
+                "02:00:00:7a:7a:01",
+            ]);
+            me.to_peer.send(peer).expect("tell the writer");
+            me.from_peer
+                .recv_timeout(WAIT)
+                .expect("second half written");
+            assert!(
+                buf.read(0, MSG * COUNT * 2) == data,
+                "the WRITEs' data differs"
+            );
+            let stats = engine.stats_line();
+            assert!(
+                !stats.contains(" rx_other_host=0 "),
+                "no frame came to the old MAC, so the test tested nothing: {stats}"
+            );
+            return;
+        }
+        buf.write(0, &data);
+        post_writes(engine, &qp, &buf, &peer, 0..COUNT, MSG);
+        expect_completions(engine, qp.send_cq, COUNT, "WRITEs before the MAC change");
+        me.to_peer.send(peer).expect("tell the target");
+        me.from_peer
+            .recv_timeout(WAIT)
+            .expect("the target's MAC changed");
+        post_writes(engine, &qp, &buf, &peer, COUNT..2 * COUNT, MSG);
+        expect_completions(engine, qp.send_cq, COUNT, "WRITEs after the MAC change");
+        let stats = engine.stats_line();
+        eprintln!("writer: {stats}");
+        assert!(!stats.contains(" timeouts=0 "), "nothing was lost: {stats}");
+        me.to_peer.send(peer).expect("tell the target");
+    });
+}
+
 /// Swaps endpoints (with `buf` open to the peer's WRITEs and READs) with the other side,
 /// brings `qp` up to RTS towards it at path MTU 1024, and waits for the other side to be there
 /// too. Returns the peer's endpoint.
@@ -2287,6 +2383,23 @@ fn connect_at(
     psn: u32,
     mtu: PathMtu,
 ) -> Endpoint {
+    connect_timed_at(me, qp, buf, offset, psn, mtu, DEFAULT_TIMEOUT)
+}
+
+/// [`connect_with_memory`] with the local ACK timeout `timeout` (4.096 µs × 2^timeout).
+fn connect_timed(me: &Side<Endpoint>, qp: &Qp, buf: &Buffer, psn: u32, timeout: u8) -> Endpoint {
+    connect_timed_at(me, qp, buf, 0, psn, PathMtu::Mtu1024, timeout)
+}
+
+fn connect_timed_at(
+    me: &Side<Endpoint>,
+    qp: &Qp,
+    buf: &Buffer,
+    offset: usize,
+    psn: u32,
+    mtu: PathMtu,
+    timeout: u8,
+) -> Endpoint {
     let peer = me.swap(Endpoint {
         qpn: qp.qpn,
         psn,
@@ -2294,15 +2407,22 @@ fn connect_at(
         va: buf.addr(offset),
         rkey: buf.mr.rkey,
     });
-    bring_up(&me.engine, qp, me.ip, &peer, psn, mtu);
+    bring_up_timed(&me.engine, qp, me.ip, &peer, psn, mtu, timeout);
     me.connected.wait();
     peer
 }
 
-/// Posts `count` signalled WRITEs of `msg` bytes each, message `i` from `buf` at `i * msg` to
-/// the peer's buffer at the same offset, with work request ids `0..count`.
-fn post_writes(engine: &Engine, qp: &Qp, buf: &Buffer, peer: &Endpoint, count: usize, msg: usize) {
-    for i in 0..count {
+/// Posts signalled WRITEs of `msg` bytes each, message `i` of `messages` from `buf` at
+/// `i * msg` to the peer's buffer at the same offset, with work request id `i`.
+fn post_writes(
+    engine: &Engine,
+    qp: &Qp,
+    buf: &Buffer,
+    peer: &Endpoint,
+    messages: std::ops::Range<usize>,
+    msg: usize,
+) {
+    for i in messages {
         let wr = SendWr::new(
             i as u64,
             SendOp::RdmaWrite {
@@ -2419,7 +2539,7 @@ fn a_removed_interface_fails_the_device_and_flushes_every_qp() {
         }
         // The peer's end down first: the WRITEs below stay in flight (unacknowledged).
         ip(&["-n", &ns0, "link", "set", "dev", &iface0, "down"]);
-        post_writes(engine, &qp, &buf, &peer, 4, MSG);
+        post_writes(engine, &qp, &buf, &peer, 0..4, MSG);
         ip(&["link", "del", "dev", &iface1]);
         let wcs = poll_completions(engine, qp.send_cq, 4, "WRITEs in flight");
         for (i, wc) in wcs.iter().enumerate() {
@@ -2498,7 +2618,7 @@ fn xdp_program_unloaded_under_an_engine(waiting: Waiting) {
         xdp::unload(&iface1).expect("unload the XDP program");
         let (cq, wr_id) = match waiting {
             Waiting::ForAnAck => {
-                post_writes(engine, &qp, &buf, &peer, 1, 1024);
+                post_writes(engine, &qp, &buf, &peer, 0..1, 1024);
                 (qp.send_cq, 0)
             }
             Waiting::ForAMessage => {
@@ -2560,7 +2680,7 @@ fn an_engine_receives_on_every_queue_of_its_interface() {
             buf.write(0, &mine);
             let mut peer = connect_with_memory(&me, &qp, &buf, 0x5000 + me.index as u32);
             peer.va += (MSG * COUNT) as u64;
-            post_writes(engine, &qp, &buf, &peer, COUNT, MSG);
+            post_writes(engine, &qp, &buf, &peer, 0..COUNT, MSG);
             let wcs = poll_completions(engine, qp.send_cq, COUNT, "WRITEs to the peer");
             assert!(
                 wcs.iter().all(|wc| wc.status == WcStatus::Success),

@@ -68,6 +68,8 @@ enum Entry {
         /// The other interface of this namespace whose MAC `mac` is (see
         /// [`Way::LocalInterface`]); its link changes drop the entry.
         owner: Option<u32>,
+        /// Packets went to it since the last [`Neighbours::keep_alive`].
+        used: bool,
     },
     Pending {
         next_try: Instant,
@@ -96,7 +98,15 @@ pub struct Neighbours {
     gid_mirror: Option<std::path::PathBuf>,
     /// The steering program's copy of the device's addresses (AF_XDP), and what it holds.
     steered: Option<(crate::xdp::LocalAddrs, Vec<IpAddr>)>,
+    /// When [`Self::keep_alive`] is due next (engine clock, ns).
+    keep_alive_at: u64,
+    /// The kernel refused `NTF_USE` (no `CAP_NET_ADMIN`): keep-alives are not tried again.
+    keep_alive_refused: bool,
 }
+
+/// How often the kernel's entries of the next hops in use are touched (see
+/// [`Neighbours::keep_alive`]).
+pub const KEEP_ALIVE_PERIOD_NS: u64 = 1_000_000_000;
 
 /// A resolution the caller waits for without holding the engine lock.
 pub struct Probe {
@@ -209,6 +219,8 @@ impl Neighbours {
             cache: HashMap::default(),
             netlink,
             changes: 0,
+            keep_alive_at: 0,
+            keep_alive_refused: false,
         })
     }
 
@@ -258,18 +270,71 @@ impl Neighbours {
                 mac: found.mac,
                 hop: core_address(found.hop),
                 owner: found.owner,
+                used: false,
             },
         );
+    }
+
+    /// Once per [`KEEP_ALIVE_PERIOD_NS`] (at `now`), tells the kernel that the next hops packets
+    /// went to since the last time are in use, as its own transmit path does for every packet
+    /// (`neigh_event_send`, here through [`Netlink::solicit`]'s `NTF_USE`).
+    ///
+    /// Why: the engine's frames bypass the kernel, so without this its entries would never
+    /// leave STALE and never be probed again. A peer whose MAC changed without a gratuitous ARP
+    /// (the default: `arp_notify` is 0) would be sent frames for its old MAC for ever, which
+    /// its NIC and kernel drop. Touched, a STALE entry goes DELAY, then PROBE: the kernel asks
+    /// the old MAC by unicast, and when nobody answers the entry fails and is resolved again
+    /// by broadcast; the watcher hands the new MAC to the cache. The same unicast probe keeps
+    /// a live peer's entry REACHABLE, as rdma_rxe's traffic through the kernel does.
+    pub fn keep_alive(&mut self, now: u64) {
+        if now < self.keep_alive_at || self.keep_alive_refused {
+            return;
+        }
+        self.keep_alive_at = now + KEEP_ALIVE_PERIOD_NS;
+        let mut hops: Vec<IpAddress> = Vec::new();
+        for e in self.cache.values_mut() {
+            if let Entry::Known {
+                hop,
+                owner: None,
+                used,
+                ..
+            } = e
+            {
+                if std::mem::take(used) && !hops.contains(hop) {
+                    hops.push(*hop);
+                }
+            }
+        }
+        for hop in hops {
+            match self
+                .netlink
+                .touch_neighbour(self.iface.index, std_address(hop))
+            {
+                Ok(()) => {}
+                Err(e)
+                    if e.errno()
+                        .is_some_and(|n| n == libc::EPERM || n == libc::EACCES) =>
+                {
+                    log::debug!("neighbour keep-alive not permitted ({e}); not tried again");
+                    self.keep_alive_refused = true;
+                    return;
+                }
+                Err(e) => log::debug!("neighbour keep-alive for {hop:?}: {e}"),
+            }
+        }
     }
 
     /// The next hop for `dst`, asking the kernel (without waiting) on a miss.
     pub fn lookup(&mut self, dst: IpAddress) -> NextHop {
         // A hit is every packet's case: it reads no clock (a clock read is about as dear as
         // the hash lookup itself).
-        let cached = self.cache.get(&dst).copied();
-        if let Some(Entry::Known { mac, .. }) = cached {
-            return NextHop::Mac(mac);
-        }
+        let cached = match self.cache.get_mut(&dst) {
+            Some(Entry::Known { mac, used, .. }) => {
+                *used = true;
+                return NextHop::Mac(*mac);
+            }
+            cached => cached.copied(),
+        };
         let now = Instant::now();
         match cached {
             Some(Entry::Pending { next_try }) if now < next_try => return NextHop::Pending,
@@ -286,12 +351,14 @@ impl Neighbours {
                 mac,
                 hop: dst,
                 owner: Some(owner),
+                used: true,
             },
             Ok(Way::Neighbour { hop, .. }) => match self.netlink.neighbour(self.iface.index, hop) {
                 Ok(Some(mac)) => Entry::Known {
                     mac,
                     hop: core_address(hop),
                     owner: None,
+                    used: true,
                 },
                 _ => {
                     let _ = self.netlink.solicit(self.iface.index, hop);
@@ -377,6 +444,7 @@ impl Neighbours {
                         mac,
                         hop: ip,
                         owner: None,
+                        used: false,
                     },
                 );
             }

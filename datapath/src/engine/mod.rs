@@ -246,6 +246,10 @@ pub struct EngineCounters {
     /// one it takes cost a wake-up, and the application, which would have taken it, waited.
     pub rx_frames_by_thread: AtomicU64,
     pub rx_not_roce: AtomicU64,
+    /// RoCEv2 frames addressed to another MAC than the interface's, dropped as the kernel
+    /// drops such frames (`PACKET_OTHERHOST`): a peer still using an old MAC of ours, or a
+    /// promiscuous interface (a bridge port) seeing frames for another host.
+    pub rx_other_host: AtomicU64,
     pub tx_frames: AtomicU64,
     /// Rounds that handed frames to the port (one kick of the kernel each, in copy mode):
     /// `tx_frames / tx_batches` is the batching the transmit path achieves.
@@ -652,6 +656,7 @@ impl Engine {
                 c.rx_frames_by_thread.load(Ordering::Relaxed),
             ),
             ("rx_not_roce", c.rx_not_roce.load(Ordering::Relaxed)),
+            ("rx_other_host", c.rx_other_host.load(Ordering::Relaxed)),
             ("tx_frames", c.tx_frames.load(Ordering::Relaxed)),
             ("tx_batches", c.tx_batches.load(Ordering::Relaxed)),
             ("tx_loopback", c.tx_loopback.load(Ordering::Relaxed)),

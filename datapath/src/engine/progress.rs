@@ -458,15 +458,30 @@ pub(crate) fn fail_port(shared: &Shared, st: &mut State, why: String) {
 /// hands out the events that caused. Whatever the frames call for (ACKs, READ responses)
 /// waits in the transport for [`send`]. Returns how many frames came in.
 pub(crate) fn receive(shared: &Shared, st: &mut State, now: u64) -> usize {
-    let State { dev, mem, io, .. } = st;
+    let State {
+        dev,
+        mem,
+        io,
+        neighbours,
+        ..
+    } = st;
     let capture = &mut io.capture;
+    let own_mac = neighbours.mac();
     let n = io.port.recv(RX_BATCH, &mut |frame| {
         shared.counters.rx_frames.fetch_add(1, Ordering::Relaxed);
         if let Some(c) = capture {
             c.record(frame);
         }
         match ip_payload(frame).filter(|ip| carries_rocev2(ip)) {
-            Some(ip) => dev.handle_packet(now, ip, mem),
+            // The kernel's IP stack takes only frames for the interface's MAC; rdma_rxe's
+            // peers rely on that to move away from a MAC (see `Neighbours::keep_alive`).
+            Some(ip) if frame.get(..6) == Some(&own_mac[..]) => dev.handle_packet(now, ip, mem),
+            Some(_) => {
+                shared
+                    .counters
+                    .rx_other_host
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             None => {
                 shared.counters.rx_not_roce.fetch_add(1, Ordering::Relaxed);
             }
@@ -586,6 +601,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     // Events from timers (and from loopback packets).
     work |= dispatch_events(shared, dev);
     if wired > 0 {
+        neighbours.keep_alive(now);
         shared
             .counters
             .tx_frames

@@ -145,6 +145,18 @@ impl Netlink {
     /// IPv6 detail: the kernel sends a solicitation without a packet to take the source address
     /// from only when the interface has a usable (non-tentative) link-local address.
     pub fn solicit(&mut self, ifindex: u32, ip: IpAddr) -> Result<(), NetlinkError> {
+        match self.touch_neighbour(ifindex, ip) {
+            Err(e) if matches!(e.errno(), Some(libc::EPERM | libc::EACCES)) => {
+                log::debug!("RTM_NEWNEIGH not permitted ({e}); soliciting {ip} with a datagram");
+                solicit_by_datagram(ifindex, ip)
+            }
+            other => other,
+        }
+    }
+
+    /// [`Self::solicit`] without the datagram fallback: `RTM_NEWNEIGH` with `NTF_USE` only,
+    /// the kernel's refusal (`EPERM` without `CAP_NET_ADMIN`) returned as it is.
+    pub fn touch_neighbour(&mut self, ifindex: u32, ip: IpAddr) -> Result<(), NetlinkError> {
         let mut m = request_for(ifindex, ip);
         m.header.flags = NeighbourFlags::Use;
         m.header.state = NeighbourState::None;
@@ -158,10 +170,6 @@ impl Netlink {
             Ok(_) => Ok(()),
             Err(e) if e.errno() == Some(libc::ENODEV) => {
                 Err(NetlinkError::NoSuchInterfaceIndex(ifindex))
-            }
-            Err(e) if matches!(e.errno(), Some(libc::EPERM | libc::EACCES)) => {
-                log::debug!("RTM_NEWNEIGH not permitted ({e}); soliciting {ip} with a datagram");
-                solicit_by_datagram(ifindex, ip)
             }
             Err(e) => Err(e),
         }
