@@ -2231,12 +2231,12 @@ fn send_cq_overflow_raises_cq_error_and_keeps_what_it_stored() {
     assert_eq!(state(&sim, b), QpState::Rts);
 }
 
-/// A receive CQ overrun on the responder: the responder QP goes to ERROR (digest §5.12) and,
-/// as in rdma_rxe, does not acknowledge the SEND whose completion was lost, so the sender never
-/// believes it was received; it fails that SEND after its retries instead.
-#[test]
-fn recv_cq_overflow_moves_the_responder_to_error_without_acking() {
-    let mut sim = Sim::new(82, 2, LinkConfig::default());
+/// An RC pair (`retry_cnt` 2) whose responder (node 1) has a receive CQ of one entry, and 4 KiB
+/// of memory on each node.
+fn responder_with_a_one_entry_recv_cq(
+    seed: u64,
+) -> (Sim, QpEnd, QpEnd, MemoryRegion, MemoryRegion) {
+    let mut sim = Sim::new(seed, 2, LinkConfig::default());
     let o = ConnectOptions {
         retry_cnt: 2,
         ..ConnectOptions::default()
@@ -2247,6 +2247,15 @@ fn recv_cq_overflow_moves_the_responder_to_error_without_acking() {
     bring_up(&mut sim, b, a, &o, o.psn.1, o.psn.0);
     let src = sim.nodes[0].alloc(4096, RW);
     let dst = sim.nodes[1].alloc(4096, RW);
+    (sim, a, b, src, dst)
+}
+
+/// A receive CQ overrun on the responder: the responder QP goes to ERROR (digest §5.12) and,
+/// as in rdma_rxe, does not acknowledge the SEND whose completion was lost, so the sender never
+/// believes it was received; it fails that SEND after its retries instead.
+#[test]
+fn recv_cq_overflow_moves_the_responder_to_error_without_acking() {
+    let (mut sim, a, b, src, dst) = responder_with_a_one_entry_recv_cq(82);
     for id in [10, 11, 12] {
         sim.nodes[1]
             .post_recv(b.qpn, recv_wr(id, &dst, (id - 10) * 1024, 1024))
@@ -2282,6 +2291,110 @@ fn recv_cq_overflow_moves_the_responder_to_error_without_acking() {
     );
     assert_eq!(state(&sim, b), QpState::Error);
     assert_eq!(state(&sim, a), QpState::Error);
+}
+
+/// A receive CQ overrun by a SEND that arrives in the same receive batch as earlier requests:
+/// the SEND before it and the atomic between them were answered by rdma_rxe before it took the
+/// overrunning one, so their ACK and atomic ACK still go out; only the SEND whose completion
+/// was lost is not acknowledged. With them dropped, the requester failed an atomic the
+/// responder had executed (or retried it for ever with `retry_cnt` 7).
+#[test]
+fn a_recv_cq_overrun_still_answers_the_requests_before_it() {
+    let (mut sim, a, b, src, dst) = responder_with_a_one_entry_recv_cq(83);
+    sim.nodes[1].bytes_mut(&dst)[..8].copy_from_slice(&40u64.to_ne_bytes());
+    for id in [10, 11] {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(id, &dst, 1024 * (id - 9), 1024))
+            .unwrap();
+    }
+    let add = SendOp::FetchAdd {
+        remote_addr: dst.va,
+        rkey: dst.rkey,
+        add: 2,
+    };
+    for (id, op, at) in [(1, SendOp::Send, 64), (2, add, 0), (3, SendOp::Send, 64)] {
+        let len = if id == 2 { 8 } else { 64 };
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(id, op, vec![sge(&src, at, len)]))
+            .unwrap();
+    }
+    // All three reach the responder before it sends anything.
+    let now = sim.now;
+    for p in &drain(&mut sim, 0, now) {
+        let node = &mut sim.nodes[1];
+        node.dev.handle_packet(now, p, &mut node.mem);
+    }
+    assert_eq!(state(&sim, b), QpState::Error);
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 3);
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sc),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::RetryExcErr)
+        ]
+    );
+    assert_eq!(
+        u64_at(sim.nodes[0].bytes(&src), 0),
+        40,
+        "the atomic's result"
+    );
+    assert_eq!(u64_at(sim.nodes[1].bytes(&dst), 0), 42, "added once");
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+        [(10, WcStatus::Success)]
+    );
+}
+
+/// A QP whose own SEND fails (RNR retries exhausted) right after it took the peer's SEND, in
+/// the same receive batch: it still acknowledges the peer's SEND, as rdma_rxe had before it
+/// saw the RNR NAK. With the ACK dropped, the peer's SEND, delivered and completed, failed
+/// after its retries.
+#[test]
+fn a_qp_whose_send_fails_still_acknowledges_what_it_received() {
+    let mut sim = Sim::new(84, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        retry_cnt: 2,
+        rnr_retry: 0,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let a_buf = sim.nodes[0].alloc(4096, RW);
+    let b_buf = sim.nodes[1].alloc(4096, RW);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(10, &b_buf, 0, 1024))
+        .unwrap();
+    for (node, qpn, mr) in [(0, a.qpn, &a_buf), (1, b.qpn, &b_buf)] {
+        sim.nodes[node]
+            .post_send(qpn, SendWr::new(1, SendOp::Send, vec![sge(mr, 2048, 64)]))
+            .unwrap();
+    }
+    let now = sim.now;
+    let deliver = |sim: &mut Sim, to: usize, packets: &[Vec<u8>]| {
+        let node = &mut sim.nodes[to];
+        for p in packets {
+            node.dev.handle_packet(now, p, &mut node.mem);
+        }
+    };
+    let a_send = drain(&mut sim, 0, now);
+    let b_send = drain(&mut sim, 1, now);
+    // A has no receive posted: it answers B's SEND with an RNR NAK.
+    deliver(&mut sim, 0, &b_send);
+    let rnr_nak = drain(&mut sim, 0, now);
+    // B takes A's SEND and the NAK that fails its own in one batch.
+    deliver(&mut sim, 1, &[a_send, rnr_nak].concat());
+    assert_eq!(state(&sim, b), QpState::Error);
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b.send_cq)),
+        [(1, WcStatus::RnrRetryExcErr)]
+    );
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+        [(10, WcStatus::Success)]
+    );
 }
 
 // ----- 9. SRQ, fence, signalling, verbs errors -----
@@ -3587,6 +3700,52 @@ fn a_uc_receiver_that_drops_messages_keeps_up_with_the_senders_psn() {
         [(7, WcStatus::Success)]
     );
     assert_eq!(counters(&sim, 1).duplicates, 1);
+}
+
+/// A UC sender that starts again at a PSN well behind the one its receiver expects (its QP
+/// reset and reconnected with a new random PSN while the receiver kept its QP) is taken from
+/// its first message on, as rdma_rxe restarts on any FIRST/ONLY. Dropped as old duplicates,
+/// its messages were lost until it caught up, up to 2^23 packets later. A FIRST/ONLY just
+/// behind, a repeat by the network, is still dropped.
+#[test]
+fn a_uc_sender_that_starts_again_further_behind_is_taken() {
+    let mut sim = Sim::new(73, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        ty: QpType::Uc,
+        ..ConnectOptions::default()
+    };
+    let a = create_qp_with(&mut sim, 0, &o, 64, 64, None);
+    let b = create_qp_with(&mut sim, 1, &o, 64, 64, None);
+    let sender_psn = 0x40_0000;
+    // The receiver expects 2^22 packets more than the sender will send from.
+    bring_up(&mut sim, a, b, &o, sender_psn, 0);
+    bring_up(&mut sim, b, a, &o, 0, sender_psn + 0x40_0000);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    for id in 0..3 {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(id, &dst, 1024 * id, 1024))
+            .unwrap();
+    }
+    for id in 0..3 {
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(id, SendOp::Send, vec![sge(&src, 0, 64)]))
+            .unwrap();
+    }
+    settle(&mut sim);
+    assert_eq!(
+        ids_and_status(&sim.nodes[1].poll(b.recv_cq)),
+        [
+            (0, WcStatus::Success),
+            (1, WcStatus::Success),
+            (2, WcStatus::Success)
+        ]
+    );
+    assert_eq!(
+        sim.nodes[1].dev.query_qp(b.qpn).unwrap().rq_psn,
+        sender_psn + 3
+    );
+    assert_eq!(counters(&sim, 1).duplicates, 0);
 }
 
 /// A READ response owed before a failed request fails itself (the responder's region is

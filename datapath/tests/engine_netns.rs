@@ -23,7 +23,7 @@ use xroce_core::wire::{
     Ipv4Repr, Opcode, RethRepr, TransportRepr, UdpRepr,
 };
 use xroce_datapath::afxdp::{XskConfig, XskSocket};
-use xroce_datapath::engine::{Backend, Engine, EngineConfig};
+use xroce_datapath::engine::{Backend, Engine, EngineConfig, VerbError};
 use xroce_datapath::netlink::std_address;
 use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::{registry, xdp};
@@ -2282,6 +2282,52 @@ fn interface_down_for_a_while(backend: Backend) {
         // Not a timing assertion: a thread spinning on the refused queue uses ~100 %.
         assert!(share < 50.0, "the progress thread spun while the interface was down: {share:.1} %");
         me.to_peer.send(peer).expect("tell side 0");
+    });
+}
+
+/// An address handle or a modify that will be refused anyway (a GID index beyond the table,
+/// an illegal transition) is refused at once with the verbs error, as rdma_rxe refuses it:
+/// not after waiting for an address nobody answers, with an addressing error.
+#[test]
+fn requests_that_will_be_refused_do_not_wait_for_an_address() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    let own = setup.pair.ipv4(0);
+    let [a, b, c, _] = own.octets();
+    // On the namespace's subnet, and nobody's.
+    let nobody = IpAddress::V4(std::net::Ipv4Addr::new(a, b, c, 250).into());
+    setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let pd = engine.with_device(|d| d.alloc_pd());
+        let sgid_index = engine
+            .gid_index(std::net::IpAddr::V4(own))
+            .expect("own GID");
+        let av = |sgid_index| AddressVector {
+            dgid: nobody,
+            sgid_index,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        };
+        let refused = engine.create_ah(pd, av(200));
+        assert!(
+            matches!(refused, Err(VerbError::Verbs(_))),
+            "create_ah with GID index 200: {refused:?}"
+        );
+        let qp = create_qp(&engine, pd, QpType::Rc); // in RESET
+        let attr = QpAttr {
+            state: QpState::Rtr,
+            av: Some(av(sgid_index)),
+            ..QpAttr::default()
+        };
+        let refused = engine.modify_qp(qp.qpn, &attr, AttrMask::STATE | AttrMask::AV);
+        assert!(
+            matches!(refused, Err(VerbError::Verbs(_))),
+            "RESET -> RTR with an address vector: {refused:?}"
+        );
     });
 }
 

@@ -19,6 +19,9 @@ use crate::abi::verbs::{
 use crate::engines::EngineRef;
 use crate::set_errno;
 
+/// Completion vectors of a context: one (every CQ's events come from the engine's thread).
+pub const NUM_COMP_VECTORS: c_int = 1;
+
 /// A device libibverbs found: `struct verbs_device` first, then which netdev it drives.
 #[repr(C)]
 pub struct XroceDevice {
@@ -175,7 +178,7 @@ pub(crate) unsafe extern "C" fn alloc_context(
     unsafe {
         (private.set_ops)(&mut (*xctx).vctx, crate::verbs::context_ops());
         (*xctx).vctx.context.async_fd = async_rx.into_raw_fd();
-        (*xctx).vctx.context.num_comp_vectors = 1;
+        (*xctx).vctx.context.num_comp_vectors = NUM_COMP_VECTORS;
         (*xctx).state = Box::into_raw(state);
         &mut (*xctx).vctx
     }

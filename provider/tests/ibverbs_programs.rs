@@ -969,6 +969,9 @@ fn application_errors_get_verbs_errors() {
         "reg_mr_read_only_for_reading",
         "reg_mr_hugetlb_hint",
         "deregistered_lkey",
+        "create_cq_comp_vector_out_of_range",
+        "modify_qp_reset_to_err",
+        "create_srq_with_no_sge_takes_one",
         "dealloc_pd_in_use",
         "reopen_after_leaked_objects",
     ] {

@@ -540,6 +540,15 @@ impl Device {
     // ----- address handles -----
 
     pub fn create_ah(&mut self, pd: PdId, av: AddressVector) -> Result<AhId, VerbsError> {
+        self.check_ah(&av)?;
+        let id = handle_ids::next_free(&mut self.next_ah, &self.sh.ahs, AhId);
+        self.sh.ahs.insert(id, (pd, av));
+        Ok(id)
+    }
+
+    /// The error [`Self::create_ah`] would return for `av` (the engine checks before it waits
+    /// for the address to be resolved).
+    pub fn check_ah(&self, av: &AddressVector) -> Result<(), VerbsError> {
         let Some(sgid) = self.sh.gid(av.sgid_index) else {
             return Err(VerbsError::Invalid("sgid_index names no GID"));
         };
@@ -548,9 +557,7 @@ impl Device {
                 "source and destination GIDs are of different IP versions",
             ));
         }
-        let id = handle_ids::next_free(&mut self.next_ah, &self.sh.ahs, AhId);
-        self.sh.ahs.insert(id, (pd, av));
-        Ok(id)
+        Ok(())
     }
 
     pub fn destroy_ah(&mut self, ah: AhId) -> Result<(), VerbsError> {
@@ -680,9 +687,27 @@ impl Device {
     }
 
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
+        self.check_modify_qp(qpn, attr, mask)?;
         let qp = self
             .qps
             .get_mut(&qpn)
+            .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        qp.modify(&mut self.sh, attr, mask)?;
+        self.mark_ready(qpn);
+        Ok(())
+    }
+
+    /// The error [`Self::modify_qp`] would return for these attributes, without changing
+    /// anything: the engine checks before it waits for an address to be resolved.
+    pub fn check_modify_qp(
+        &self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
         // A failed device's QPs stay in error (or are reset, to be destroyed): none is
         // brought up again to post work that would never complete.
@@ -692,9 +717,7 @@ impl Device {
         {
             return Err(VerbsError::DeviceFailed);
         }
-        qp.modify(&mut self.sh, attr, mask)?;
-        self.mark_ready(qpn);
-        Ok(())
+        qp.check_modify(&self.sh, attr, mask)
     }
 
     /// `ibv_post_send`. Errors are the ones verbs reports at post time; anything found later

@@ -290,11 +290,11 @@ impl Qp {
         }
     }
 
-    /// Applies `ibv_modify_qp`. Validation happens before anything changes, so a refused
-    /// modify leaves the QP as it was.
-    pub(crate) fn modify(
-        &mut self,
-        sh: &mut Shared,
+    /// Whether `ibv_modify_qp` with these attributes would be accepted (what [`Self::modify`]
+    /// checks before it changes anything).
+    pub(crate) fn check_modify(
+        &self,
+        sh: &Shared,
         attr: &QpAttr,
         mask: AttrMask,
     ) -> Result<(), VerbsError> {
@@ -321,6 +321,24 @@ impl Qp {
         if cur == QpState::Sqd && next != QpState::Error && self.draining() && transition_or_depth {
             return Err(ModifyError::InvalidAttribute("the send queue is still draining").into());
         }
+        Ok(())
+    }
+
+    /// Applies `ibv_modify_qp`. Validation happens before anything changes, so a refused
+    /// modify leaves the QP as it was.
+    pub(crate) fn modify(
+        &mut self,
+        sh: &mut Shared,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), VerbsError> {
+        self.check_modify(sh, attr, mask)?;
+        let cur = self.attr.state;
+        let next = if mask.contains(AttrMask::STATE) {
+            attr.state
+        } else {
+            cur
+        };
 
         let m = |b: AttrMask| mask.contains(b);
         if m(AttrMask::PATH_MTU) {
@@ -625,7 +643,10 @@ impl Qp {
                 sh.events
                     .push_back(super::Event::Async(AsyncEvent::QpFatal(self.qpn)));
             }
-            self.enter_error(sh);
+            // The send side failed, not the receive side: what the responder owes for the
+            // requests it took still goes out (rdma_rxe had sent it already).
+            let taken = self.resp.psn;
+            self.enter_error_owing(sh, Some(taken));
         } else {
             self.check_drained(sh);
         }

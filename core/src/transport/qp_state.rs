@@ -122,9 +122,9 @@ pub fn transition_rule(cur: QpState, next: QpState, ty: QpType) -> Option<Transi
     let rule = |required, optional| Some(TransitionRule { required, optional });
     let none = M::NONE;
     match (cur, next) {
-        // Any state may be reset; any state but RESET may be moved to ERR.
+        // Any state may be reset or moved to ERR (RESET → ERR too, as in Linux's
+        // `qp_state_table`: teardown code moves every QP to ERR whatever its state).
         (_, Reset) => rule(none, none),
-        (Reset, Error) => None,
         (_, Error) => rule(none, none),
         (Reset, Init) => match ty {
             Ud => rule(M::PKEY_INDEX | M::PORT | M::QKEY, none),
@@ -412,15 +412,21 @@ mod tests {
         );
     }
 
+    /// Linux's table allows RESET → ERR (teardown code moves every QP to ERR whatever its
+    /// state); so does rdma_rxe.
+    #[test]
+    fn reset_to_error_is_legal_for_every_type() {
+        for ty in [QpType::Rc, QpType::Uc, QpType::Ud] {
+            assert!(
+                check_transition(Reset, Error, ty, M::STATE).is_ok(),
+                "{ty:?}"
+            );
+        }
+    }
+
     #[test]
     fn illegal_transitions_are_refused() {
-        for (from, to) in [
-            (Reset, Rtr),
-            (Reset, Rts),
-            (Init, Rts),
-            (Reset, Error),
-            (Error, Rts),
-        ] {
+        for (from, to) in [(Reset, Rtr), (Reset, Rts), (Init, Rts), (Error, Rts)] {
             assert!(
                 matches!(
                     check_transition(from, to, QpType::Rc, M::STATE),

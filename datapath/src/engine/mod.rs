@@ -854,6 +854,10 @@ impl Engine {
     pub fn modify_qp(&self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbError> {
         if mask.contains(AttrMask::AV) {
             if let Some(av) = &attr.av {
+                // A request that will be refused is refused now, not after a wait for an
+                // address that may never answer.
+                self.with_device(|d| d.check_modify_qp(qpn, attr, mask))
+                    .map_err(VerbError::Verbs)?;
                 self.resolve(av)?;
             }
         }
@@ -887,6 +891,8 @@ impl Engine {
         pd: xroce_core::transport::memory::PdId,
         av: AddressVector,
     ) -> Result<xroce_core::transport::AhId, VerbError> {
+        self.with_device(|d| d.check_ah(&av))
+            .map_err(VerbError::Verbs)?;
         self.resolve(&av)?;
         self.with_device(|d| d.create_ah(pd, av))
             .map_err(VerbError::Verbs)

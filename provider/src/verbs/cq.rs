@@ -37,7 +37,7 @@ pub unsafe extern "C" fn create_cq(
     ctx: *mut ibv_context,
     cqe: c_int,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     // SAFETY: libibverbs passes one of our contexts.
     let st = unsafe { state(ctx) };
@@ -51,7 +51,8 @@ pub unsafe extern "C" fn create_cq(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    if cqe < 1 {
+    // The kernel refuses a vector at or beyond the context's `num_comp_vectors`.
+    if cqe < 1 || !(0..crate::device::NUM_COMP_VECTORS).contains(&comp_vector) {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }

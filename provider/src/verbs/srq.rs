@@ -33,7 +33,9 @@ pub unsafe fn srq<'a>(srq: *mut ibv_srq) -> &'a XroceSrq {
 pub unsafe extern "C" fn create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     // SAFETY: libibverbs passes one of our PDs and the application's attributes.
     let (x, a) = unsafe { (pd(p), &mut *init) };
-    let (max_wr, max_sge, limit) = (a.attr.max_wr, a.attr.max_sge, a.attr.srq_limit);
+    // rdma_rxe raises `max_sge` to at least one (RXE_MIN_SRQ_SGE), so an SRQ made with 0
+    // still takes receives of one SGE; the values in effect go back to the application below.
+    let (max_wr, max_sge, limit) = (a.attr.max_wr, a.attr.max_sge.max(1), a.attr.srq_limit);
     let made = x.engine.engine.with_device(|d| {
         let id = d.create_srq(x.id, max_wr, max_sge)?;
         if limit > 0 {
@@ -51,6 +53,8 @@ pub unsafe extern "C" fn create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr
             return std::ptr::null_mut();
         }
     };
+    a.attr.max_wr = max_wr;
+    a.attr.max_sge = max_sge;
     let boxed = Box::new(XroceSrq {
         // SAFETY: all-zero is a valid `ibv_srq`; libibverbs fills context, user context and
         // PD, and the mutex and condition variable are initialised below.

@@ -695,6 +695,55 @@ int main(int argc, char **argv)
             ibv_destroy_comp_channel(ch);
     }
 
+    /* A completion vector the context does not have is refused, as the kernel refuses one
+     * at or beyond num_comp_vectors. */
+    {
+        errno = 0;
+        struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, ctx->num_comp_vectors);
+        int err = errno;
+        CHECK("create_cq_comp_vector_out_of_range", cq == NULL && err == EINVAL,
+              "cq %p errno %d (num_comp_vectors %d)", (void *)cq, err, ctx->num_comp_vectors);
+        if (cq)
+            ibv_destroy_cq(cq);
+    }
+
+    /* RESET -> ERR is a legal transition (Linux's table; teardown code moves every QP to ERR
+     * whatever its state), and a receive posted then is flushed. */
+    {
+        struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+        struct ibv_qp *qp = cq ? create_rc(cq, cq, 4, 0) : NULL;
+        struct ibv_qp_attr qa = {.qp_state = IBV_QPS_ERR};
+        int r = qp ? ibv_modify_qp(qp, &qa, IBV_QP_STATE) : -1;
+        struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+        struct ibv_recv_wr rwr = {.wr_id = 5, .sg_list = &sge, .num_sge = 1};
+        struct ibv_recv_wr *rbad = NULL;
+        int posted = r == 0 && ibv_post_recv(qp, &rwr, &rbad) == 0;
+        int flushed = posted && poll_one(cq, &wc) == 1 && wc.wr_id == 5 &&
+                      wc.status == IBV_WC_WR_FLUSH_ERR;
+        CHECK("modify_qp_reset_to_err", r == 0 && flushed, "modify returned %d, posted %d",
+              r, posted);
+        if (qp)
+            ibv_destroy_qp(qp);
+        if (cq)
+            ibv_destroy_cq(cq);
+    }
+
+    /* An SRQ made with max_sge 0 takes receives of one SGE, as rdma_rxe raises max_sge to
+     * one; the values in effect are written back. */
+    {
+        struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 0}};
+        struct ibv_srq *srq = ibv_create_srq(pd, &si);
+        struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+        struct ibv_recv_wr rwr = {.wr_id = 6, .sg_list = &sge, .num_sge = 1};
+        struct ibv_recv_wr *rbad = NULL;
+        int r = srq ? ibv_post_srq_recv(srq, &rwr, &rbad) : -1;
+        CHECK("create_srq_with_no_sge_takes_one", srq && r == 0 && si.attr.max_sge == 1,
+              "srq %p, post_srq_recv returned %d, max_sge written back %u", (void *)srq, r,
+              si.attr.max_sge);
+        if (srq)
+            ibv_destroy_srq(srq);
+    }
+
     /* A PD still holding an MR cannot be freed. */
     {
         int r = ibv_dealloc_pd(pd);
