@@ -49,6 +49,9 @@ pub struct ContextState {
     pub engine: Mutex<Option<Arc<EngineRef>>>,
     /// Write end of the pipe behind `context->async_fd`.
     pub async_tx: Arc<OwnedFd>,
+    /// The PDs allocated on this context and not freed: closing it frees them with what is
+    /// in them (see `free_context`).
+    pub pds: Mutex<Vec<xroce_core::transport::memory::PdId>>,
     /// `IBV_EVENT_DEVICE_FATAL` was posted to this context (by its port watcher, the netdev
     /// gone, or by its engine, the device failed): it is posted once.
     pub fatal_posted: Arc<std::sync::atomic::AtomicBool>,
@@ -166,6 +169,7 @@ pub(crate) unsafe extern "C" fn alloc_context(
         netdev: dev.netdev.clone(),
         ibdev_dir: dev.ibdev_dir.clone(),
         engine: Mutex::new(None),
+        pds: Mutex::new(Vec::new()),
         port_watch: crate::port_events::PortWatch::start(
             dev.netdev.clone(),
             async_tx.clone(),
@@ -201,8 +205,14 @@ pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
             .take();
         // Objects the application did not destroy: their events must not reach this
         // context's pipe once libibverbs has closed it.
-        crate::engines::with_routes(|r| r.forget_context_objects(&state.async_tx));
+        let left = crate::engines::with_routes(|r| r.forget_context_objects(&state.async_tx));
         if let Some(e) = engine {
+            // As closing a kernel device's file destroys its objects: another context may keep
+            // the engine running, and a peer must not reach this one's QPs or memory (which
+            // the application may free now) through it.
+            let pds = std::mem::take(&mut *state.pds.lock().unwrap_or_else(|p| p.into_inner()));
+            let (qps, srqs, cqs) = left.of_engine(e.id);
+            e.engine.release_objects(&qps, &srqs, &cqs, &pds);
             crate::engines::detach_context(&e, &state);
             e.release_context();
         }

@@ -352,10 +352,56 @@ impl Routes {
     /// Forgets the objects whose events go to the async pipe `async_tx` (a context being
     /// freed): nothing may be written to a pipe whose read end libibverbs is about to close,
     /// and another context may keep the engine running (a write there would raise SIGPIPE).
-    pub fn forget_context_objects(&mut self, async_tx: &Arc<OwnedFd>) {
-        self.cqs.retain(|_, c| !Arc::ptr_eq(&c.async_tx, async_tx));
-        self.qps.retain(|_, o| !Arc::ptr_eq(&o.async_tx, async_tx));
-        self.srqs.retain(|_, o| !Arc::ptr_eq(&o.async_tx, async_tx));
+    pub fn forget_context_objects(&mut self, async_tx: &Arc<OwnedFd>) -> ForgottenObjects {
+        let mut gone = ForgottenObjects::default();
+        self.cqs.retain(|k, c| {
+            let keep = !Arc::ptr_eq(&c.async_tx, async_tx);
+            if !keep {
+                gone.cqs.push(*k);
+            }
+            keep
+        });
+        self.qps.retain(|k, o| {
+            let keep = !Arc::ptr_eq(&o.async_tx, async_tx);
+            if !keep {
+                gone.qps.push(*k);
+            }
+            keep
+        });
+        self.srqs.retain(|k, o| {
+            let keep = !Arc::ptr_eq(&o.async_tx, async_tx);
+            if !keep {
+                gone.srqs.push(*k);
+            }
+            keep
+        });
+        gone
+    }
+}
+
+/// The objects [`Routes::forget_context_objects`] forgot, by (engine, id).
+#[derive(Default)]
+pub struct ForgottenObjects {
+    cqs: Vec<(u64, CqId)>,
+    qps: Vec<(u64, u32)>,
+    srqs: Vec<(u64, SrqId)>,
+}
+
+impl ForgottenObjects {
+    /// Those of engine `engine`: QP numbers, SRQs and CQs.
+    pub fn of_engine(&self, engine: u64) -> (Vec<u32>, Vec<SrqId>, Vec<CqId>) {
+        fn mine<T: Copy>(objects: &[(u64, T)], engine: u64) -> Vec<T> {
+            objects
+                .iter()
+                .filter(|(e, _)| *e == engine)
+                .map(|&(_, id)| id)
+                .collect()
+        }
+        (
+            mine(&self.qps, engine),
+            mine(&self.srqs, engine),
+            mine(&self.cqs, engine),
+        )
     }
 }
 

@@ -972,6 +972,7 @@ fn application_errors_get_verbs_errors() {
         "create_cq_comp_vector_out_of_range",
         "modify_qp_reset_to_err",
         "create_srq_with_no_sge_takes_one",
+        "close_device_destroys_what_it_left",
         "dealloc_pd_in_use",
         "reopen_after_leaked_objects",
     ] {

@@ -400,6 +400,26 @@ impl Device {
         Ok(())
     }
 
+    /// Frees `pd` with the address handles and memory regions still in it, as closing a
+    /// context frees what its application left (the kernel destroys a closed file's objects);
+    /// returns the regions, whose memory is no longer registered. QPs and SRQs still using
+    /// the PD keep it (busy).
+    pub fn dealloc_pd_with_contents(&mut self, pd: PdId) -> Result<Vec<MemoryRegion>, VerbsError> {
+        if self.qps.values().any(|q| q.pd == pd) || self.sh.srqs.values().any(|s| s.pd == pd) {
+            return Err(VerbsError::Busy("protection domain"));
+        }
+        self.sh.ahs.retain(|_, (p, _)| *p != pd);
+        let regions: Vec<MemoryRegion> = self
+            .sh
+            .mem
+            .regions_of(pd)
+            .into_iter()
+            .filter_map(|mr| self.sh.mem.deregister(mr))
+            .collect();
+        self.dealloc_pd(pd)?;
+        Ok(regions)
+    }
+
     pub fn reg_mr(
         &mut self,
         pd: PdId,

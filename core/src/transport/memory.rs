@@ -215,6 +215,15 @@ impl MemoryTable {
         Some(mr)
     }
 
+    /// The regions registered in `pd`.
+    pub fn regions_of(&self, pd: PdId) -> Vec<MrId> {
+        self.regions
+            .iter()
+            .filter(|(_, lkey)| self.by_lkey.get(lkey).is_some_and(|mr| mr.pd == pd))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     pub fn get(&self, id: MrId) -> Option<&MemoryRegion> {
         self.by_lkey.get(self.regions.get(&id)?)
     }

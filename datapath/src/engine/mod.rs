@@ -841,6 +841,36 @@ impl Engine {
         Ok(r)
     }
 
+    /// Destroys what an application left on a context it closed while other contexts keep
+    /// the engine running: its QPs (so no peer reaches them), SRQs and CQs, then its PDs with
+    /// their address handles and memory regions (so no R_Key of memory the application may
+    /// now free still works). Objects already gone are skipped.
+    pub fn release_objects(
+        &self,
+        qps: &[u32],
+        srqs: &[xroce_core::transport::SrqId],
+        cqs: &[CqId],
+        pds: &[xroce_core::transport::memory::PdId],
+    ) {
+        let mut st = self.lock();
+        for &qpn in qps {
+            let _ = st.dev.destroy_qp(qpn);
+        }
+        for &srq in srqs {
+            let _ = st.dev.destroy_srq(srq);
+        }
+        for &cq in cqs {
+            let _ = st.dev.destroy_cq(cq);
+        }
+        for &pd in pds {
+            if let Ok(regions) = st.dev.dealloc_pd_with_contents(pd) {
+                for r in regions {
+                    st.mem.remove(r.va, r.len);
+                }
+            }
+        }
+    }
+
     pub fn dereg_mr(&self, mr: xroce_core::transport::memory::MrId) -> Result<(), VerbsError> {
         let mut st = self.lock();
         let region = st.dev.dereg_mr(mr)?;

@@ -50,6 +50,7 @@ pub unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         }
     };
     let id = engine.engine.with_device(|d| d.alloc_pd());
+    st.pds.lock().unwrap_or_else(|p| p.into_inner()).push(id);
     let pd = Box::new(XrocePd {
         pd: ibv_pd {
             context: ctx,
@@ -66,6 +67,12 @@ pub unsafe extern "C" fn dealloc_pd(p: *mut ibv_pd) -> c_int {
     let x = unsafe { pd(p) };
     match x.engine.engine.with_device(|d| d.dealloc_pd(x.id)) {
         Ok(()) => {
+            // SAFETY: libibverbs keeps the PD's context open while the PD exists.
+            let st = unsafe { state(x.pd.context) };
+            st.pds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|&id| id != x.id);
             // SAFETY: the PD is gone from the device; free the box `alloc_pd` made.
             drop(unsafe { Box::from_raw(p as *mut XrocePd) });
             0

@@ -744,6 +744,57 @@ int main(int argc, char **argv)
             ibv_destroy_srq(srq);
     }
 
+    /* Closing a context destroys what its application left on it, also while another context
+     * keeps the device's engine running: a peer no longer reaches its QP, nor through the
+     * R_Key the memory the application may now free. */
+    {
+        struct ibv_context *ctx2 = ibv_open_device(list[0]);
+        struct ibv_pd *pd2 = ctx2 ? ibv_alloc_pd(ctx2) : NULL;
+        char *target = aligned_alloc(4096, 4096);
+        memset(target, 0, 4096);
+        struct ibv_mr *mr2 =
+            pd2 ? ibv_reg_mr(pd2, target, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+                : NULL;
+        struct ibv_cq *cq2 = ctx2 ? ibv_create_cq(ctx2, 4, NULL, NULL, 0) : NULL;
+        struct ibv_qp_init_attr qa2 = {
+            .send_cq = cq2,
+            .recv_cq = cq2,
+            .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+            .qp_type = IBV_QPT_RC,
+        };
+        struct ibv_qp *qp2 = cq2 && pd2 ? ibv_create_qp(pd2, &qa2) : NULL;
+        struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+        struct ibv_qp *qp = cq ? create_rc(cq, cq, 4, 0) : NULL;
+        int up = qp && qp2 && mr2 && !to_init(qp) && !to_init(qp2) &&
+                 !to_rtr_rts(qp, qp2->qp_num) && !to_rtr_rts(qp2, qp->qp_num);
+        uint32_t rkey = mr2 ? mr2->rkey : 0;
+        int before = up && post_write(qp, buf, 64, mr->lkey, (uintptr_t)target, rkey, 0) == 0 &&
+                     poll_one(cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS &&
+                     memcmp(target, buf, 64) == 0;
+        memset(target, 0, 4096);
+        if (ctx2)
+            ibv_close_device(ctx2);
+        int posted = before &&
+                     post_write(qp, buf, 64, mr->lkey, (uintptr_t)target, rkey, 0) == 0;
+        /* Nothing answers for the QP any more: the WRITE is retried (its completion, an
+         * error, may come after this wait), and the memory is never written. */
+        int completed = 0;
+        double end = now_s() + 1;
+        while (posted && !completed && now_s() < end)
+            completed = ibv_poll_cq(cq, 1, &wc) == 1;
+        int untouched = target[0] == 0 && memcmp(target, target + 64, 64) == 0;
+        CHECK("close_device_destroys_what_it_left",
+              posted && untouched && !(completed && wc.status == IBV_WC_SUCCESS),
+              "connected %d, write before the close %d, after it: completed %d (%s), memory "
+              "untouched %d",
+              up, before, completed, completed ? ibv_wc_status_str(wc.status) : "-", untouched);
+        if (qp)
+            ibv_destroy_qp(qp);
+        if (cq)
+            ibv_destroy_cq(cq);
+        free(target);
+    }
+
     /* A PD still holding an MR cannot be freed. */
     {
         int r = ibv_dealloc_pd(pd);
