@@ -86,7 +86,7 @@ pub const MAX_PIECE: usize = 4096;
 /// `payload`'s pieces of at most [`MAX_PIECE`] bytes, in order.
 fn pieces(payload: usize) -> Vec<usize> {
     let mut v = vec![MAX_PIECE; payload / MAX_PIECE];
-    if payload % MAX_PIECE != 0 || payload == 0 {
+    if !payload.is_multiple_of(MAX_PIECE) || payload == 0 {
         v.push(payload % MAX_PIECE);
     }
     v

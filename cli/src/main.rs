@@ -111,15 +111,11 @@ enum LinkCommand {
     /// Example: `xroce link add xroce0 netdev eth0`
     #[command(override_usage = "xroce link add NAME netdev DEV [--mode auto|native|generic]")]
     Add {
-        /// The device name (as ibv_devices shows it).
-        #[arg(value_name = "NAME")]
-        name: String,
-        /// The word `netdev`, as in `rdma link add NAME type rxe netdev DEV`.
-        #[arg(value_name = "netdev", value_parser = ["netdev"], hide_possible_values = true)]
-        keyword: String,
-        /// The network interface, in the current network namespace.
-        #[arg(value_name = "DEV")]
-        netdev: String,
+        /// NAME, the device name (as ibv_devices shows it); the word `netdev`, as in `rdma
+        /// link add NAME type rxe netdev DEV`; DEV, the network interface, in the current
+        /// network namespace.
+        #[arg(value_name = "NAME netdev DEV", num_args = 1.., required = true)]
+        words: Vec<String>,
         /// How to attach the XDP program when it is not loaded yet: auto (native where the
         /// driver has it, else generic), native (driver mode, needed for zero-copy; fails on
         /// drivers without it) or generic (works with any driver, slower).
@@ -198,9 +194,14 @@ fn main() -> ExitCode {
             pcap,
         } => engine::run(&iface, queue, &mode, pcap),
         Command::Link { command } => match command {
-            LinkCommand::Add {
-                name, netdev, mode, ..
-            } => {
+            LinkCommand::Add { words, mode } => {
+                let (name, netdev) = match add_words(&words) {
+                    Ok(found) => found,
+                    Err(why) => {
+                        eprintln!("xroce link add: {why}");
+                        return ExitCode::from(2);
+                    }
+                };
                 let mode = match mode.as_str() {
                     "generic" => Some(XdpMode::Generic),
                     "native" => Some(XdpMode::Native),
@@ -224,5 +225,54 @@ fn main() -> ExitCode {
             );
             ExitCode::from(status as u8)
         }
+    }
+}
+
+/// NAME and DEV from `xroce link add`'s words, which must be `NAME netdev DEV`; otherwise what
+/// to write instead (the usual slips: the word `netdev` left out, rdma's `type rxe` kept).
+fn add_words(words: &[String]) -> Result<(String, String), String> {
+    const FORM: &str = "expected `xroce link add NAME netdev DEV`, e.g. `xroce link add xroce0 \
+                        netdev eth0`";
+    match words {
+        [name, keyword, dev] if keyword == "netdev" => Ok((name.clone(), dev.clone())),
+        [name, dev] => Err(format!(
+            "{FORM}: the word `netdev` goes before the interface (`xroce link add {name} netdev \
+             {dev}`)"
+        )),
+        [name, ty, rxe, keyword, dev] if ty == "type" && keyword == "netdev" => Err(format!(
+            "{FORM}: xroce devices have one type, so there is no `{ty} {rxe}` (`xroce link add \
+             {name} netdev {dev}`)"
+        )),
+        _ => Err(format!("{FORM}; got `{}`", words.join(" "))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::add_words;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn link_add_takes_name_netdev_dev_and_says_what_to_write_otherwise() {
+        assert_eq!(
+            add_words(&words("xr0 netdev eth0")),
+            Ok(("xr0".into(), "eth0".into()))
+        );
+        let missing = add_words(&words("xr0 eth0")).unwrap_err();
+        assert!(
+            missing.contains("`xroce link add xr0 netdev eth0`"),
+            "{missing}"
+        );
+        let rxe_style = add_words(&words("xr0 type rxe netdev eth0")).unwrap_err();
+        assert!(
+            rxe_style.contains("`xroce link add xr0 netdev eth0`"),
+            "{rxe_style}"
+        );
+        let odd = add_words(&words("xr0 device eth0")).unwrap_err();
+        assert!(odd.contains("got `xr0 device eth0`"), "{odd}");
+        assert!(add_words(&words("xr0")).is_err());
     }
 }

@@ -256,12 +256,26 @@ fn build_image(
         }
         Some(pkg) => {
             say(&format!("guest image: downloading {pkg} (about 70 MB)"));
-            run_checked(
-                Command::new("apt-get")
-                    .args(["download", pkg])
-                    .current_dir(&dl),
-                &format!("apt-get download {pkg}"),
-            )?;
+            let download = |pkg: &str| {
+                run_checked(
+                    Command::new("apt-get")
+                        .args(["download", pkg])
+                        .current_dir(&dl),
+                    &format!("apt-get download {pkg}"),
+                )
+            };
+            if let Err(e) = download(pkg) {
+                // Package lists older than the archive name a kernel it no longer has (404):
+                // read them again, once, and take the kernel they name now.
+                say(&format!(
+                    "guest image: {e}; updating the package lists and trying again"
+                ));
+                run_checked(
+                    Command::new("apt-get").args(["-o", "DPkg::Lock::Timeout=600", "update"]),
+                    "apt-get update",
+                )?;
+                download(&kernel_package()?)?;
+            }
             fs::read_dir(&dl)
                 .map_err(|e| PeerError::io("listing the download", e))?
                 .flatten()
@@ -315,10 +329,23 @@ fn mkdirs(p: &Path) -> Result<()> {
 
 /// The concrete kernel package `linux-image-amd64` depends on.
 fn kernel_package() -> Result<String> {
-    let out = run_checked(
-        Command::new("apt-cache").args(["depends", "linux-image-amd64"]),
-        "apt-cache depends linux-image-amd64 (run apt-get update first)",
-    )?;
+    let depends = || {
+        run_checked(
+            Command::new("apt-cache").args(["depends", "linux-image-amd64"]),
+            "apt-cache depends linux-image-amd64 (run apt-get update first)",
+        )
+    };
+    let out = match depends() {
+        Ok(out) => out,
+        Err(_) => {
+            // No package lists yet (a fresh machine whose packages were all there): read them.
+            run_checked(
+                Command::new("apt-get").args(["-o", "DPkg::Lock::Timeout=600", "update"]),
+                "apt-get update",
+            )?;
+            depends()?
+        }
+    };
     kernel_dependency(&crate::debian::depends_in(&out))
 }
 

@@ -31,9 +31,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Run everything CI runs: install missing Debian packages the tests need (as root), rustfmt
-    /// check, clippy with warnings denied, and the whole test suite (about 10-15 minutes on 2
-    /// cores after the first build; the first run also downloads Debian's kernel package for
-    /// the rdma_rxe guests). This is the README's test command and what `.ci/run` calls. The
+    /// check, clippy with warnings denied, and the whole test suite (about 25 minutes on 2 cores
+    /// from a fresh clone, 16 of them the tests; the first run also downloads Debian's kernel
+    /// packages for the rdma_rxe guests). This is the README's test command and what `.ci/run` calls. The
     /// XDP, namespace and guest tests need root: without it they fail, unless
     /// XROCE_SKIP_ROOT_TESTS=1 asks to skip them.
     Test,

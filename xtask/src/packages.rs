@@ -252,7 +252,7 @@ fn have_command(name: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
 }
 
-/// Effective uid 0, from /proc (xtask has no libc dependency).
+/// Effective uid 0, read from /proc.
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines()
@@ -265,7 +265,10 @@ pub fn is_root() -> bool {
 fn apt(args: &[&str]) -> Result<(), String> {
     println!("==> packages: apt-get {}", args.join(" "));
     let start = Instant::now();
+    // A fresh machine's apt-daily or unattended-upgrades may hold the dpkg lock for a while
+    // after boot: wait for it (up to 10 minutes) rather than fail at once.
     let status = Command::new("apt-get")
+        .args(["-o", "DPkg::Lock::Timeout=600"])
         .args(args)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .stdin(Stdio::null())

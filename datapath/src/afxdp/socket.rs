@@ -622,7 +622,7 @@ impl XskSocket {
         let n = self.comp.available();
         for i in 0..n {
             let addr = self.comp.peek(i);
-            if addr % TX_SLOT as u64 == 0 {
+            if addr.is_multiple_of(TX_SLOT as u64) {
                 self.free_tx.push(addr);
             }
         }
