@@ -69,3 +69,45 @@ fn one_flush_sends_a_batch_larger_than_a_kick() {
         "the peer received {received} frames of {FRAMES}"
     );
 }
+
+/// A queue that receives but cannot transmit (the interface has fewer transmit queues than
+/// receive ones) is refused for a socket that sends, naming the count: copy mode's transmit
+/// path skips such a queue and reports success, so frames were silently never sent while the
+/// progress thread kicked the kernel again and again. A receive-only socket may use it.
+#[test]
+fn a_queue_without_a_transmit_queue_is_refused_for_sending() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrxsk-tx", 1500).expect("namespaces");
+    let made = pair
+        .exec(
+            0,
+            "ip link add xrq0 numtxqueues 1 numrxqueues 4 type veth peer name xrq1 \
+             numtxqueues 1 numrxqueues 4 && ip link set xrq0 up && ip link set xrq1 up",
+        )
+        .expect("ip");
+    assert!(made.status.success(), "{made:?}");
+    let (refused, receives) = pair.run_in(0, || {
+        let veth = netlink::interface_by_name("xrq0").expect("the veth is in this namespace");
+        let on_queue_2 = |receive_only| XskConfig {
+            queue: 2,
+            mode: BindMode::Copy,
+            receive_only,
+            ..XskConfig::default()
+        };
+        // Worded here, in the namespace that has the interface it names.
+        let refused = XskSocket::open(veth.index, on_queue_2(false)).map_err(|e| e.to_string());
+        let receives = XskSocket::open(veth.index, on_queue_2(true)).map(|_| ());
+        (refused.map(|_| ()), receives)
+    });
+    let message = match refused {
+        Err(message) => message,
+        Ok(()) => panic!("a sending socket on queue 2 of 1 transmit queue was opened"),
+    };
+    assert!(
+        message.contains("transmits on 1 queue(s)") && message.contains("xrq0"),
+        "{message}"
+    );
+    receives.expect("a receive-only socket on queue 2");
+}

@@ -1,4 +1,4 @@
-//! How many receive queues an interface uses now.
+//! How many receive and transmit queues an interface uses now.
 //!
 //! `IFLA_NUM_RX_QUEUES` (rtnetlink) counts the queues a driver allocated, often one per
 //! possible CPU, while it runs fewer (a default veth allocates one per CPU and uses one;
@@ -37,6 +37,20 @@ pub fn receive_queues_in_use(iface: &str) -> Option<u32> {
 /// Receive-only channels plus combined ones; `None` when the driver reports neither.
 fn receive_queues(c: &EthtoolChannels) -> Option<u32> {
     let n = c.rx_count.saturating_add(c.combined_count);
+    (n > 0).then_some(n)
+}
+
+/// The transmit queues `iface` uses now (the kernel's `real_num_tx_queues`), or `None` when its
+/// driver does not report channels. A socket bound to a queue at or past this count receives
+/// but cannot send: copy mode's transmit path skips such a queue and reports success.
+pub fn transmit_queues_in_use(iface: &str) -> Option<u32> {
+    let channels = channels(iface).ok()?;
+    transmit_queues(&channels)
+}
+
+/// Transmit-only channels plus combined ones; `None` when the driver reports neither.
+fn transmit_queues(c: &EthtoolChannels) -> Option<u32> {
+    let n = c.tx_count.saturating_add(c.combined_count);
     (n > 0).then_some(n)
 }
 
@@ -86,6 +100,18 @@ mod tests {
         assert_eq!(receive_queues(&c(0, 4)), Some(4)); // virtio-net, mlx5
         assert_eq!(receive_queues(&c(2, 2)), Some(4));
         assert_eq!(receive_queues(&c(0, 0)), None);
+    }
+
+    #[test]
+    fn transmit_queues_count_transmit_only_and_combined_channels() {
+        let c = |tx_count, combined_count| EthtoolChannels {
+            tx_count,
+            combined_count,
+            ..EthtoolChannels::default()
+        };
+        assert_eq!(transmit_queues(&c(1, 0)), Some(1)); // veth
+        assert_eq!(transmit_queues(&c(0, 4)), Some(4)); // virtio-net, mlx5
+        assert_eq!(transmit_queues(&c(0, 0)), None);
     }
 
     #[test]

@@ -26,8 +26,9 @@ pub(crate) struct Ring<T> {
     cached_remote: u32,
 }
 
-// SAFETY: the ring is plain shared memory; the struct is only ever used by the one thread that
-// owns the socket (it moves with it), and the kernel side synchronises through the atomics.
+// SAFETY: the ring is plain shared memory; it moves with its socket, which one thread at a time
+// uses through `&mut` (the progress thread, or an application thread in a verb, under the
+// engine lock), and the kernel side synchronises through the atomics.
 unsafe impl<T> Send for Ring<T> {}
 
 impl<T: Copy> Ring<T> {

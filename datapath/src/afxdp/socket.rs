@@ -166,6 +166,17 @@ pub enum XskError {
     QueueBusy { ifindex: u32, queue: u32 },
     #[error("{} has no queue {queue}", iface_label(*ifindex))]
     NoSuchQueue { ifindex: u32, queue: u32 },
+    /// The queue receives, but the interface transmits on fewer queues: the kernel would take
+    /// every frame sent there and send none (`__xsk_generic_xmit` skips such a queue).
+    #[error(
+        "{} transmits on {tx_queues} queue(s), so queue {queue} can receive but not send; use a queue below {tx_queues}",
+        iface_label(*ifindex)
+    )]
+    NoTransmitQueue {
+        ifindex: u32,
+        queue: u32,
+        tx_queues: u32,
+    },
     #[error("the driver of {} does not support zero-copy AF_XDP", iface_label(*ifindex))]
     ZeroCopyUnsupported { ifindex: u32 },
     #[error(
@@ -280,8 +291,11 @@ fn join_in_place(
 
 impl Drop for Umem {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly the area `new` mapped; the socket (which the kernel pins the
-        // pages for) is closed before this runs — see field order in `XskSocket`.
+        // SAFETY: unmapping exactly the area `new` mapped, which nothing of ours uses any more.
+        // The kernel pins the pages of a registered UMEM and releases them itself once the
+        // socket is gone (zero-copy teardown may finish later), so it never writes into freed
+        // memory; the socket is closed first anyway (field order in `XskSocket`, declaration
+        // order in `open_with`).
         unsafe {
             libc::munmap(self.area.as_ptr().cast(), self.len);
         }
@@ -398,6 +412,16 @@ impl XskSocket {
                 && (config.frames >= 2 * config.ring_size
                     || (config.receive_only && config.frames >= config.ring_size))
         );
+        if !config.receive_only {
+            let tx_queues = crate::afxdp::channels::transmit_queues_in_use(&iface_label(ifindex));
+            if let Some(tx_queues) = tx_queues.filter(|&n| config.queue >= n) {
+                return Err(XskError::NoTransmitQueue {
+                    ifindex,
+                    queue: config.queue,
+                    tx_queues,
+                });
+            }
+        }
         match config.mode {
             BindMode::Copy => Self::open_with(ifindex, config, libc::XDP_COPY),
             BindMode::ZeroCopy => Self::open_with(ifindex, config, libc::XDP_ZEROCOPY),
@@ -411,6 +435,9 @@ impl XskSocket {
     }
 
     fn open_with(ifindex: u32, config: XskConfig, copy_flag: u16) -> Result<Self, XskError> {
+        // Before the socket: on an error below, the socket (dropped first) is closed before
+        // the area it registered is unmapped.
+        let umem = Umem::new(config.frames)?;
         // SAFETY: plain socket(2); the fd is owned right away.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
@@ -418,7 +445,6 @@ impl XskSocket {
         }
         // SAFETY: `raw` is a fresh fd nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let umem = Umem::new(config.frames)?;
         let reg = libc::xdp_umem_reg {
             addr: umem.area.as_ptr() as u64,
             len: umem.len as u64,
