@@ -7,6 +7,7 @@
 //! (the transport's retransmission sends it again, as a NIC does while ARP resolves).
 
 use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::FxHashSet as HashSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -107,6 +108,8 @@ pub struct Neighbours {
 /// How often the kernel's entries of the next hops in use are touched (see
 /// [`Neighbours::keep_alive`]).
 pub const KEEP_ALIVE_PERIOD_NS: u64 = 1_000_000_000;
+/// Most next hops touched per [`KEEP_ALIVE_PERIOD_NS`].
+const KEEP_ALIVE_HOPS_PER_PERIOD: usize = 32;
 
 /// A resolution the caller waits for without holding the engine lock.
 pub struct Probe {
@@ -291,21 +294,7 @@ impl Neighbours {
             return;
         }
         self.keep_alive_at = now + KEEP_ALIVE_PERIOD_NS;
-        let mut hops: Vec<IpAddress> = Vec::new();
-        for e in self.cache.values_mut() {
-            if let Entry::Known {
-                hop,
-                owner: None,
-                used,
-                ..
-            } = e
-            {
-                if std::mem::take(used) && !hops.contains(hop) {
-                    hops.push(*hop);
-                }
-            }
-        }
-        for hop in hops {
+        for hop in take_used_hops(&mut self.cache, KEEP_ALIVE_HOPS_PER_PERIOD) {
             match self
                 .netlink
                 .touch_neighbour(self.iface.index, std_address(hop))
@@ -458,6 +447,30 @@ impl Neighbours {
     }
 }
 
+/// Up to `max` next hops (on-link neighbours, not this namespace's own interfaces) that packets
+/// went to since they were last taken, their marks cleared; the others keep theirs for the next
+/// time. Each is touched with a netlink round trip under the engine lock, hence the bound (the
+/// kernel's entries stay REACHABLE for 15-45 s, so a bound of 32 a second covers hundreds of
+/// peers).
+fn take_used_hops(cache: &mut HashMap<IpAddress, Entry>, max: usize) -> HashSet<IpAddress> {
+    let mut hops: HashSet<IpAddress> = HashSet::default();
+    for e in cache.values_mut() {
+        if let Entry::Known {
+            hop,
+            owner: None,
+            used: used @ true,
+            ..
+        } = e
+        {
+            if hops.len() < max || hops.contains(hop) {
+                hops.insert(*hop);
+                *used = false;
+            }
+        }
+    }
+    hops
+}
+
 /// What [`Neighbours::apply`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
@@ -574,6 +587,54 @@ pub(crate) fn merge_gids(old: &[Option<IpAddress>], now: &[IpAddr]) -> Vec<Optio
 mod tests {
     use super::*;
     use xroce_core::transport::{DeviceConfig, PathMtu};
+
+    /// The keep-alive takes each used next hop once (destinations behind one gateway share
+    /// it), at most `max` a time, and leaves the rest marked for the next period; hops not
+    /// used since, and this namespace's own interfaces, are not taken.
+    #[test]
+    fn keep_alives_take_each_used_hop_once_and_at_most_max() {
+        let known = |hop: &str, owner, used| Entry::Known {
+            mac: [2, 0, 0, 0, 0, 1],
+            hop: core_address(ip(hop)),
+            owner,
+            used,
+        };
+        let mut cache: HashMap<IpAddress, Entry> = HashMap::default();
+        for i in 0..10 {
+            let hop = format!("10.0.0.{i}");
+            cache.insert(core_address(ip(&hop)), known(&hop, None, true));
+        }
+        // Two destinations behind one gateway, used; one idle peer; a local interface.
+        cache.insert(
+            core_address(ip("10.9.0.1")),
+            known("10.0.0.100", None, true),
+        );
+        cache.insert(
+            core_address(ip("10.9.0.2")),
+            known("10.0.0.100", None, true),
+        );
+        cache.insert(
+            core_address(ip("10.0.0.200")),
+            known("10.0.0.200", None, false),
+        );
+        cache.insert(
+            core_address(ip("10.0.0.250")),
+            known("10.0.0.250", Some(3), true),
+        );
+        let first = take_used_hops(&mut cache, 8);
+        assert_eq!(first.len(), 8);
+        let second = take_used_hops(&mut cache, 8);
+        assert_eq!(second.len(), 3, "{second:?}");
+        assert!(first.is_disjoint(&second));
+        let all: HashSet<IpAddress> = first.union(&second).copied().collect();
+        assert!(all.contains(&core_address(ip("10.0.0.100"))));
+        assert!(!all.contains(&core_address(ip("10.0.0.200"))), "idle");
+        assert!(
+            !all.contains(&core_address(ip("10.0.0.250"))),
+            "own interface"
+        );
+        assert!(take_used_hops(&mut cache, 8).is_empty());
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
