@@ -28,6 +28,15 @@ pub fn run(command: &[OsString]) -> ExitCode {
         eprintln!("xroce exec: no program given (usage: xroce exec -- PROGRAM [ARGS...])");
         return ExitCode::from(2);
     };
+    if let Some(why) = secure_exec_reason(program) {
+        eprintln!(
+            "xroce exec: warning: {} {why}, so it runs in secure-execution mode: the loader \
+             ignores LD_PRELOAD and libibverbs ignores SYSFS_PATH, and it will see no xroce \
+             device. Run a copy without that as root, or give it the capabilities through \
+             the ambient set instead.",
+            Path::new(program).display()
+        );
+    }
     let prepared = refresh_tree().and_then(|sysfs| Ok((sysfs, find_provider()?)));
     let (sysfs, provider) = match prepared {
         Ok(found) => found,
@@ -55,6 +64,46 @@ pub fn run(command: &[OsString]) -> ExitCode {
     } else {
         126
     })
+}
+
+/// Why `program` would run in secure-execution mode (`AT_SECURE`) for this process, if it
+/// would: set-user-ID to another user, set-group-ID to another group, or with file
+/// capabilities while this process is not root. `None` when it cannot be told (not found:
+/// exec reports that).
+fn secure_exec_reason(program: &OsString) -> Option<&'static str> {
+    use std::os::unix::fs::MetadataExt;
+    let path = resolve_program(Path::new(program))?;
+    let meta = std::fs::metadata(&path).ok()?;
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    if meta.mode() & libc::S_ISUID != 0 && meta.uid() != uid {
+        return Some("is set-user-ID to another user");
+    }
+    if meta.mode() & libc::S_ISGID != 0 && meta.gid() != gid {
+        return Some("is set-group-ID to another group");
+    }
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a NUL-terminated path and attribute name; size 0 asks for the length only.
+    let caps = unsafe {
+        libc::getxattr(
+            name.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (caps > 0 && uid != 0).then_some("has file capabilities")
+}
+
+/// `program` as exec would find it: itself when it has a '/', else the first executable
+/// file of that name in `$PATH`.
+fn resolve_program(program: &Path) -> Option<PathBuf> {
+    if program.as_os_str().as_bytes().contains(&b'/') {
+        return Some(program.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
 }
 
 /// The provider library: `$XROCE_PROVIDER`, else `libxroce_provider.so` next to this

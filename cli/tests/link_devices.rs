@@ -734,3 +734,36 @@ fn adding_a_link_again_reloads_a_lost_program() {
     let o = xroce(&pair, 0, &["link", "add", &name, "netdev", &iface]);
     assert_clear_error(&o, "link add of the same link again", "already exists");
 }
+
+/// A program that would run in secure-execution mode (here set-user-ID to another user) ignores
+/// `LD_PRELOAD` and `SYSFS_PATH`, so it would see no xroce device with no word why: `xroce
+/// exec` says so. A plain copy of the same program gets no such warning.
+#[test]
+fn exec_warns_about_a_program_in_secure_execution_mode() {
+    if !root_or_skip() {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("secure-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let plain = dir.join("plain-true");
+    let setuid = dir.join("setuid-true");
+    for copy in [&plain, &setuid] {
+        std::fs::copy("/bin/true", copy).expect("copy /bin/true");
+    }
+    let owned = Command::new("chown")
+        .arg("nobody")
+        .arg(&setuid)
+        .status()
+        .expect("chown");
+    assert!(owned.success());
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).expect("chmod u+s");
+    let warned = |program: &Path| {
+        let mut cmd = Command::new(XROCE);
+        cmd.arg("exec").arg("--").arg(program);
+        let o = run_bounded(cmd, TIMEOUT).expect("run xroce exec");
+        String::from_utf8_lossy(&o.stderr).contains("secure-execution mode")
+    };
+    assert!(warned(&setuid), "no warning for a set-user-ID program");
+    assert!(!warned(&plain), "a warning for a plain program");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2331,6 +2331,32 @@ fn requests_that_will_be_refused_do_not_wait_for_an_address() {
     });
 }
 
+/// The counters the provider writes at exit never wait for the engine lock: a signal handler
+/// may call `exit()` while the program's thread holds it inside a verb, and waiting then would
+/// hang the process for ever. Taken, the transport's counters are left out and said to be.
+#[test]
+fn counters_at_exit_do_not_wait_for_a_verb_in_progress() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let free = engine.stats_line_without_waiting();
+        assert!(
+            free.contains(" completions=0") && !free.contains("transport_busy"),
+            "{free}"
+        );
+        // As a verb in progress: the engine lock held by this thread.
+        let busy = engine.with_device(|_| engine.stats_line_without_waiting());
+        assert!(
+            busy.contains("transport_busy=1") && busy.contains(" rx_frames="),
+            "{busy}"
+        );
+    });
+}
+
 /// A peer whose MAC changes without telling anyone (no gratuitous ARP: `arp_notify` is 0 by
 /// default) is found again: the engine keeps the kernel's neighbour entry in use, so the kernel
 /// probes the old MAC, finds nobody, resolves the address again, and the engine follows. The

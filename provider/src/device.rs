@@ -57,6 +57,9 @@ pub struct ContextState {
     pub fatal_posted: Arc<std::sync::atomic::AtomicBool>,
     /// Reports the netdev's state and address changes (stopped when the context is freed).
     pub port_watch: Option<crate::port_events::PortWatch>,
+    /// The process that opened the context. A forked child inherits the context, but not the
+    /// threads behind it (the engine's, the port watcher's), which stay its parent's.
+    pub pid: u32,
 }
 
 /// The context state behind an `ibv_context` this provider allocated.
@@ -170,6 +173,7 @@ pub(crate) unsafe extern "C" fn alloc_context(
         ibdev_dir: dev.ibdev_dir.clone(),
         engine: Mutex::new(None),
         pds: Mutex::new(Vec::new()),
+        pid: std::process::id(),
         port_watch: crate::port_events::PortWatch::start(
             dev.netdev.clone(),
             async_tx.clone(),
@@ -197,7 +201,26 @@ pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
     // verbs_uninit_context, then the allocation it made is freed with free(3).
     unsafe {
         let xctx = (ctx as *mut u8).sub(offset) as *mut XroceContext;
-        let state = Box::from_raw((*xctx).state);
+        let mut state = Box::from_raw((*xctx).state);
+        if state.pid != std::process::id() {
+            // A forked child closing what it inherited (its exit handlers may): the engine and
+            // the port watcher are its parent's, their threads are not here, and stopping them
+            // would join threads this process does not have, write to the parent's eventfd
+            // and rings, or wait for a lock a parent's thread held at the fork. Leave them;
+            // only the memory and descriptors of this process go.
+            std::mem::forget(state.port_watch.take());
+            std::mem::forget(
+                state
+                    .engine
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take(),
+            );
+            drop(state);
+            (private.uninit_context)(&mut (*xctx).vctx);
+            libc::free(xctx as *mut c_void);
+            return;
+        }
         let engine = state
             .engine
             .lock()

@@ -80,11 +80,13 @@ impl EngineRef {
             return;
         }
         self.engine.stop();
-        self.write_stats();
+        self.write_stats(false);
     }
 
     /// Appends the counters to the stats file, if one is asked for (once per engine).
-    fn write_stats(&self) {
+    /// `at_exit`: from the exit handler, which must not wait for the engine lock (a signal
+    /// handler may have called `exit()` while this process's thread held it in a verb).
+    fn write_stats(&self, at_exit: bool) {
         let Some(path) = stats_file() else {
             return;
         };
@@ -96,7 +98,11 @@ impl EngineRef {
             self.netdev,
             std::process::id(),
             self.engine.backend(),
-            self.engine.stats_line()
+            if at_exit {
+                self.engine.stats_line_without_waiting()
+            } else {
+                self.engine.stats_line()
+            }
         );
         let written = std::fs::OpenOptions::new()
             .create(true)
@@ -130,6 +136,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     let mut mine = lock(&ctx.engine);
     if let Some(e) = &*mine {
+        if e.pid != std::process::id() {
+            // A forked child's inherited context: the engine's thread and rings are the
+            // parent's (as a kernel context's queues are not the child's to use after fork).
+            xroce_datapath::stderr_line!(
+                "xroce: a forked child cannot use the device context its parent opened; \
+                 open the device again in the child (on another interface: one process per \
+                 interface)"
+            );
+            return Err(libc::EIO);
+        }
         return Ok(e.clone());
     }
     let mut all = lock(&ENGINES);
@@ -277,13 +293,13 @@ fn flush_at_exit() {
             // The ACKs for the last messages received, which the last poll left for later:
             // the peer is waiting for them.
             e.engine.flush();
-            e.write_stats();
+            e.write_stats(true);
         }
     }
     REGISTERED.call_once(|| {
         // SAFETY: registers a function with no captured state; it only takes locks (never
-        // waiting for an engine's), hands queued frames to the kernel and writes a file, which
-        // is allowed during exit().
+        // waiting for an engine's: `flush` and the counters try it), hands queued frames to
+        // the kernel and writes a file, which is allowed during exit().
         if unsafe { libc::atexit(at_exit) } != 0 {
             xroce_datapath::stderr_line!(
                 "xroce: cannot register the exit handler; counters may not be written"

@@ -973,6 +973,7 @@ fn application_errors_get_verbs_errors() {
         "modify_qp_reset_to_err",
         "create_srq_with_no_sge_takes_one",
         "close_device_destroys_what_it_left",
+        "forked_child_closes_the_inherited_context",
         "dealloc_pd_in_use",
         "reopen_after_leaked_objects",
     ] {

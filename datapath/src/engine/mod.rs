@@ -643,12 +643,34 @@ impl Engine {
 
     /// The transport's and the engine's counters as `name=value` pairs separated by spaces.
     pub fn stats_line(&self) -> String {
+        let st = self.lock();
+        let transport = (st.dev.counters().fields().to_vec(), st.io.port.rx_drops());
+        drop(st);
+        self.format_stats(Some(transport))
+    }
+
+    /// [`Self::stats_line`] without waiting for the engine lock: at exit, a thread stopped
+    /// inside a verb may hold it for ever (a signal handler that calls `exit()` while the
+    /// program polls), so when it is taken the transport's counters are left out
+    /// (`transport_busy=1`).
+    pub fn stats_line_without_waiting(&self) -> String {
+        let transport = self
+            .shared
+            .try_state()
+            .map(|st| (st.dev.counters().fields().to_vec(), st.io.port.rx_drops()));
+        self.format_stats(transport)
+    }
+
+    fn format_stats(
+        &self,
+        transport: Option<(Vec<(&'static str, u64)>, crate::port::RxDrops)>,
+    ) -> String {
         let c = &self.shared.counters;
-        let (mut fields, drops) = {
-            let st = self.lock();
-            let fields: Vec<(&str, u64)> = st.dev.counters().fields().to_vec();
-            (fields, st.io.port.rx_drops())
+        let (mut fields, drops) = match transport {
+            Some((fields, drops)) => (fields, Some(drops)),
+            None => (vec![("transport_busy", 1)], None),
         };
+        let drops = drops.unwrap_or_default();
         fields.extend([
             ("rx_frames", c.rx_frames.load(Ordering::Relaxed)),
             (

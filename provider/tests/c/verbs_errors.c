@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <time.h>
 #include <infiniband/verbs.h>
@@ -793,6 +794,43 @@ int main(int argc, char **argv)
         if (cq)
             ibv_destroy_cq(cq);
         free(target);
+    }
+
+    /* A forked child that closes the device context it inherited (as its exit handlers may)
+     * ends cleanly, told meanwhile that the context is not its own to use; and the parent's
+     * device goes on working. The child used to abort, joining threads that are only the
+     * parent's, after stopping the parent's port watcher. */
+    {
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            errno = 0;
+            struct ibv_pd *cpd = ibv_alloc_pd(ctx);
+            int refused = cpd == NULL && errno == EIO;
+            ibv_close_device(ctx);
+            _exit(refused ? 0 : 3);
+        }
+        int status = -1;
+        alarm(20);
+        pid_t waited = child > 0 ? waitpid(child, &status, 0) : -1;
+        alarm(0);
+        struct pair fp = {0};
+        int works = make_pair(&fp, 4) == 0 &&
+                    post_write(fp.a, buf, 64, mr->lkey, (uintptr_t)(buf + 4096), mr->rkey, 0) ==
+                        0 &&
+                    poll_one(fp.cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS;
+        if (fp.a)
+            ibv_destroy_qp(fp.a);
+        if (fp.b)
+            ibv_destroy_qp(fp.b);
+        if (fp.cq)
+            ibv_destroy_cq(fp.cq);
+        int clean = waited == child && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        CHECK("forked_child_closes_the_inherited_context", clean && works,
+              "child: %s %d; the parent's device afterwards: %s",
+              WIFEXITED(status) ? "exit status" : "killed by signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+              works ? "works" : "FAILED");
     }
 
     /* A PD still holding an MR cannot be freed. */
