@@ -10,12 +10,13 @@
 
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use libc::{c_int, c_void};
 
 use crate::abi::verbs::{ibv_comp_channel, ibv_context};
 use crate::device::is_ours;
+use crate::discovery::{Forward, LIBIBVERBS};
 use crate::set_errno;
 
 /// Read end (the channel's `fd`) → write end, for channels of xroce contexts.
@@ -42,12 +43,9 @@ pub(crate) unsafe fn writer(channel: *mut ibv_comp_channel) -> Option<Arc<OwnedF
 type CreateFn = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
 type DestroyFn = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
 
-/// libibverbs' own definition of `name` (the next one after this library's).
-fn next<T: Copy>(name: &'static std::ffi::CStr, cache: &OnceLock<usize>) -> Option<T> {
-    let p = *cache.get_or_init(|| {
-        // SAFETY: RTLD_NEXT lookup of a NUL-terminated name and version.
-        unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), c"IBVERBS_1.0".as_ptr()) as usize }
-    });
+/// libibverbs' own definition of `name` (see [`Forward`]).
+fn next<T: Copy>(name: &'static std::ffi::CStr, cache: &Forward) -> Option<T> {
+    let p = cache.get(LIBIBVERBS, name, Some(c"IBVERBS_1.0"));
     // SAFETY: `T` is the function pointer type of `name` at IBVERBS_1.0.
     (p != 0).then(|| unsafe { std::mem::transmute_copy::<usize, T>(&p) })
 }
@@ -60,7 +58,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 ) -> *mut ibv_comp_channel {
     // SAFETY: per the contract.
     if context.is_null() || !unsafe { is_ours(context) } {
-        static REAL: OnceLock<usize> = OnceLock::new();
+        static REAL: Forward = Forward::new();
         return match next::<CreateFn>(c"ibv_create_comp_channel", &REAL) {
             // SAFETY: libibverbs' function, called with the caller's argument.
             Some(real) => unsafe { real(context) },
@@ -113,7 +111,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     let fd = unsafe { (*channel).fd };
     let ours = channels(|c| c.contains_key(&fd));
     if !ours {
-        static REAL: OnceLock<usize> = OnceLock::new();
+        static REAL: Forward = Forward::new();
         return match next::<DestroyFn>(c"ibv_destroy_comp_channel", &REAL) {
             // SAFETY: libibverbs' function, called with the caller's argument.
             Some(real) => unsafe { real(channel) },

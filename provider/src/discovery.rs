@@ -15,6 +15,8 @@
 //! library unchanged.
 
 use std::cell::Cell;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use libc::{c_int, c_void};
@@ -34,7 +36,7 @@ pub(crate) fn under_xroce_exec() -> bool {
 }
 
 /// The next definition of `name` after this library's (libibverbs', the C library's).
-pub(crate) fn next_symbol(name: &std::ffi::CStr, version: Option<&std::ffi::CStr>) -> usize {
+pub(crate) fn next_symbol(name: &CStr, version: Option<&CStr>) -> usize {
     // SAFETY: RTLD_NEXT lookups of NUL-terminated names.
     unsafe {
         match version {
@@ -43,6 +45,65 @@ pub(crate) fn next_symbol(name: &std::ffi::CStr, version: Option<&std::ffi::CStr
         }
     }
 }
+
+/// The definition of an interposed function that calls are forwarded to, remembered once
+/// found.
+///
+/// `RTLD_NEXT` searches only what was loaded at start. A program that loads libibverbs (or
+/// librdmacm) with `dlopen`, as a plugin's dependency (UCX, libfabric and MPI plugins do),
+/// still calls this library's definitions, which come first in the global scope; the real
+/// ones are then found by the library's soname among the loaded objects. Nothing found is not
+/// remembered: the library may be loaded later.
+pub(crate) struct Forward {
+    found: AtomicUsize,
+}
+
+impl Forward {
+    pub(crate) const fn new() -> Forward {
+        Forward {
+            found: AtomicUsize::new(0),
+        }
+    }
+
+    /// `name` (at `version`) in `soname`, or 0 when no loaded object defines it.
+    pub(crate) fn get(&self, soname: &CStr, name: &CStr, version: Option<&CStr>) -> usize {
+        let known = self.found.load(Ordering::Relaxed);
+        if known != 0 {
+            return known;
+        }
+        let mut p = next_symbol(name, version);
+        if p == 0 {
+            p = loaded_symbol(soname, name, version);
+        }
+        if p != 0 {
+            self.found.store(p, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+/// `name` (at `version`) in the already loaded object `soname`, or 0.
+fn loaded_symbol(soname: &CStr, name: &CStr, version: Option<&CStr>) -> usize {
+    // SAFETY: dlopen with RTLD_NOLOAD only looks up an already loaded object.
+    let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return 0;
+    }
+    // SAFETY: lookups of NUL-terminated names in a live handle.
+    let p = unsafe {
+        match version {
+            Some(v) => libc::dlvsym(handle, name.as_ptr(), v.as_ptr()) as usize,
+            None => libc::dlsym(handle, name.as_ptr()) as usize,
+        }
+    };
+    // The object stays loaded (whoever loaded it holds it); only this handle's reference goes.
+    // SAFETY: `handle` came from the dlopen above.
+    unsafe { libc::dlclose(handle) };
+    p
+}
+
+/// libibverbs' soname.
+pub(crate) const LIBIBVERBS: &CStr = c"libibverbs.so.1";
 
 type GetDeviceListFn = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
 type SocketFn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
@@ -63,8 +124,10 @@ impl Drop for Listing {
 /// As `ibv_get_device_list`: `num_devices` is NULL or points at a writable int.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut c_void {
-    static REAL: OnceLock<usize> = OnceLock::new();
-    let real = *REAL.get_or_init(|| next_symbol(c"ibv_get_device_list", Some(c"IBVERBS_1.1")));
+    static REAL: Forward = Forward::new();
+    let real = REAL.get(LIBIBVERBS, c"ibv_get_device_list", Some(c"IBVERBS_1.1"));
+    // A libibverbs loaded after this library (with dlopen) has not had the provider yet.
+    crate::register::register_late();
     if real == 0 {
         crate::set_errno(libc::ENOSYS);
         return std::ptr::null_mut();

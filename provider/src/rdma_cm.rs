@@ -10,11 +10,13 @@
 //! changes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 
 use libc::{c_int, c_void};
 
-use crate::discovery::{next_symbol, under_xroce_exec};
+use crate::discovery::{under_xroce_exec, Forward};
+
+/// librdmacm's soname.
+const LIBRDMACM: &std::ffi::CStr = c"librdmacm.so.1";
 
 /// What the program is told when librdmacm cannot work.
 pub const RDMA_CM_HINT: &str = "xroce: librdmacm (RDMA CM) needs the kernel's rdma_cm device, \
@@ -39,8 +41,8 @@ type CreateIdFn = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut c_voi
 /// As librdmacm's `rdma_create_event_channel`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_event_channel() -> *mut c_void {
-    static REAL: OnceLock<usize> = OnceLock::new();
-    let real = *REAL.get_or_init(|| next_symbol(c"rdma_create_event_channel", Some(c"RDMACM_1.0")));
+    static REAL: Forward = Forward::new();
+    let real = REAL.get(LIBRDMACM, c"rdma_create_event_channel", Some(c"RDMACM_1.0"));
     if real == 0 {
         // Not linked with librdmacm, yet calling it: nothing to forward to.
         hint();
@@ -72,8 +74,8 @@ pub unsafe extern "C" fn rdma_create_id(
     context: *mut c_void,
     port_space: c_int,
 ) -> c_int {
-    static REAL: OnceLock<usize> = OnceLock::new();
-    let real = *REAL.get_or_init(|| next_symbol(c"rdma_create_id", Some(c"RDMACM_1.0")));
+    static REAL: Forward = Forward::new();
+    let real = REAL.get(LIBRDMACM, c"rdma_create_id", Some(c"RDMACM_1.0"));
     if real == 0 {
         hint();
         crate::set_errno(libc::ENOSYS);

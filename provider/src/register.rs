@@ -87,8 +87,28 @@ static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_load() {
     if let Err(Some(why)) = register() {
+        REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
         xroce_datapath::stderr_line!("{why}");
     }
+}
+
+/// Registration was refused (and said why) when the library was loaded.
+static REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Registers the provider now if libibverbs was not in the process when this library was
+/// loaded: a plugin that depends on it was loaded later with `dlopen` (UCX, libfabric and MPI
+/// plugins are), and calls `ibv_get_device_list`, interposed here, before anything else. Tried
+/// once.
+pub fn register_late() {
+    if PRIVATE.get().is_some() || REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    static LATE: std::sync::Once = std::sync::Once::new();
+    LATE.call_once(|| {
+        if let Err(Some(why)) = register() {
+            xroce_datapath::stderr_line!("{why}");
+        }
+    });
 }
 
 /// Registers the provider. `Err(None)`: nothing to do (no libibverbs in this process);

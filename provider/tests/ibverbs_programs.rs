@@ -922,6 +922,56 @@ fn compile_c(name: &str) -> PathBuf {
     )
 }
 
+/// A program that does not link libibverbs but loads a plugin depending on it with `dlopen`
+/// (UCX, libfabric and MPI plugins are loaded so) sees the xroce device and can use the calls
+/// the provider interposes. They used to find no libibverbs behind them (`RTLD_NEXT` does not
+/// search libraries loaded later) and failed with ENOSYS: no device at all.
+#[test]
+fn a_plugin_loaded_with_dlopen_sees_the_xroce_device() {
+    if !root_or_skip() {
+        return;
+    }
+    let sources = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/dlopen");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dlopen");
+    std::fs::create_dir_all(&dir).expect("a build directory");
+    let (plugin, main) = (dir.join("plugin.so"), dir.join("main"));
+    let cc = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new("cc")
+            .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+            .args(args)
+            .output()
+            .expect("run cc");
+        assert!(
+            out.status.success(),
+            "cc: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&[
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        "-o".as_ref(),
+        plugin.as_os_str(),
+        sources.join("plugin.c").as_os_str(),
+        "-libverbs".as_ref(),
+    ]);
+    cc(&[
+        "-o".as_ref(),
+        main.as_os_str(),
+        sources.join("main.c").as_os_str(),
+        "-ldl".as_ref(),
+    ]);
+    let rig = Rig::new("xpd", 1500);
+    let out = rig.run(0, &[&main.to_string_lossy(), &plugin.to_string_lossy()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.lines().any(|l| l.ends_with(" channel ok")),
+        "{}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn application_errors_get_verbs_errors() {
     if !root_or_skip() {
