@@ -3293,6 +3293,110 @@ fn a_destroyed_qp_lingers_to_answer_its_peers_resends() {
     assert!(!sim.nodes[1].dev.lingering(sim.now));
 }
 
+/// The plain ACKs a QP sends for no request of its own (its farewell when destroyed, the
+/// answer to a duplicate) name the last SEND or WRITE it executed, never a READ's or an
+/// atomic's PSN: rdma_rxe's completer takes a plain ACK at the PSN of the atomic it waits for
+/// as that atomic's success, with no result. Here the atomic ACK is lost and the responder is
+/// destroyed; its farewell ACK named the atomic's PSN.
+#[test]
+fn acks_for_no_request_never_name_an_atomic() {
+    const LINGER: Nanos = 50_000_000;
+    let mut sim = Sim::new(45, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        retry_cnt: 1,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    post_send_and_its_recv(&mut sim, (a, &src), (b, &dst), 1);
+    assert_eq!(
+        wait_cq(&mut sim, 0, a.send_cq, 1)[0].status,
+        WcStatus::Success
+    );
+    let send_psn = o.psn.0;
+    let atomic_psn = (o.psn.0 + 1) & 0xff_ffff;
+    drop_matching(&mut sim, 1, u32::MAX, |op, _| {
+        op == Opcode::RC_ATOMIC_ACKNOWLEDGE
+    });
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(
+                2,
+                SendOp::FetchAdd {
+                    remote_addr: dst.va + 64,
+                    rkey: dst.rkey,
+                    add: 1,
+                },
+                vec![sge(&src, 0, 8)],
+            ),
+        )
+        .unwrap();
+    // The atomic is executed, its ACK lost; then the responder goes, and so do its resends.
+    assert!(sim.run_until(1_000_000, |s| counters(s, 1).tx_responses > 1));
+    // As the engine destroys a QP: the farewell ACK first, then the QP lingers.
+    assert!(sim.nodes[1].dev.queue_farewell_ack(b.qpn));
+    sim.transmit_all();
+    sim.nodes[1]
+        .dev
+        .destroy_qp_lingering(b.qpn, sim.now, LINGER)
+        .unwrap();
+    let done = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(done[0].status, WcStatus::RetryExcErr, "{done:?}");
+    let acks: Vec<u32> = sim
+        .trace
+        .take()
+        .unwrap_or_default()
+        .iter()
+        .filter(|(node, _)| *node == 1)
+        .map(|(_, p)| bth_of(p))
+        .filter(|(op, _)| *op == Opcode::RC_ACKNOWLEDGE)
+        .map(|(_, psn)| psn)
+        .collect();
+    assert!(!acks.is_empty(), "no farewell ACK at all");
+    assert!(
+        acks.iter().all(|&psn| psn == send_psn),
+        "ACKs at {acks:x?}: the SEND was {send_psn:#x}, the atomic {atomic_psn:#x}"
+    );
+}
+
+/// A receive WQE a message is being received into still counts against `max_recv_wr` until
+/// the message completes, as in rdma_rxe's ring: otherwise one receive more than the queue
+/// holds could be posted, and a flush complete more receives than a CQ sized to it holds.
+#[test]
+fn a_receive_in_progress_still_takes_its_slot() {
+    let mut sim = Sim::new(46, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let a = create_qp_with(&mut sim, 0, &o, 64, 64, None);
+    let b = create_qp_with(&mut sim, 1, &o, 64, 64, None);
+    bring_up(&mut sim, a, b, &o, o.psn.0, o.psn.1);
+    bring_up(&mut sim, b, a, &o, o.psn.1, o.psn.0);
+    let max_recv_wr = sim.nodes[1].dev.query_qp(b.qpn).unwrap().cap.max_recv_wr as u64;
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096 * 2, RW);
+    for id in 0..max_recv_wr {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(id, &dst, 0, 4096))
+            .unwrap();
+    }
+    // A SEND of four packets whose last is lost: its receive is in progress.
+    drop_matching(&mut sim, 0, u32::MAX, |op, _| op == Opcode::RC_SEND_LAST);
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 4096)]),
+        )
+        .unwrap();
+    assert!(sim.run_until(1_000_000, |s| s.nodes[1].dev.mid_message()));
+    let refused = sim.nodes[1].post_recv(b.qpn, recv_wr(99, &dst, 4096, 4096));
+    assert!(
+        matches!(refused, Err(VerbsError::QueueFull(_))),
+        "{refused:?}"
+    );
+}
+
 /// `mid_message` tells whether the newest packet to reach a QP leaves its message unfinished
 /// (the engine's progress thread then waits awake for the rest): true after the first and
 /// middle packets of a WRITE and of a READ response, false after their last packets, after an
@@ -4022,6 +4126,48 @@ fn a_sequence_nak_after_the_rnr_timer_ran_out_is_no_retry() {
     assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
     settle(&mut sim);
     assert_eq!(&sim.nodes[1].bytes(&dst)[..12000], &data[..]);
+}
+
+/// After an RNR wait, the resend loses a packet other than the first: the responder's sequence
+/// NAK for it is a new loss and starts a retry at once. Only the NAK that echoes the RNR-NAKed
+/// PSN is ignored; ignoring every NAK after an RNR wait left a QP with `timeout` 0 (no
+/// retransmission timer) waiting for ever, and cost others a whole timeout.
+#[test]
+fn a_loss_in_the_resend_after_an_rnr_wait_is_retried_at_once() {
+    let mut sim = Sim::new(12, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        min_rnr_timer: 1,
+        timeout: 0,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let first = o.psn.0;
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    let data = pattern(4096, 5);
+    sim.nodes[0].bytes_mut(&src).copy_from_slice(&data);
+    // The second packet is dropped the second time it goes: in the resend after the RNR wait.
+    let mut sent_second = 0;
+    drop_matching(&mut sim, 0, 1, move |_, psn| {
+        sent_second += u32::from(psn == (first + 1) & 0xff_ffff);
+        sent_second == 2 && psn == (first + 1) & 0xff_ffff
+    });
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 4096)]),
+        )
+        .unwrap();
+    // The four packets meet no receive: an RNR NAK; the receive is there for the resend.
+    assert!(sim.run_until(1_000_000, |s| counters(s, 0).rnr_naks_received > 0));
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(7, &dst, 0, 4096))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    settle(&mut sim);
+    assert_eq!(sim.nodes[1].bytes(&dst), &data[..]);
+    assert_eq!(counters(&sim, 0).timeouts, 0);
 }
 
 /// A message whose last packet left the AckReq to the next one, which SQD then holds back:

@@ -163,12 +163,16 @@ impl Qp {
                 }
                 Some(AethSyndrome::Nak(NakCode::PsnSequenceError)) => {
                     sh.counters.seq_naks_received += 1;
-                    if d == 0 && self.comp.rnr_deadline.is_some() {
+                    if d == 0 && (self.comp.rnr_deadline.is_some() || self.comp.rnr_echo == Some(p))
+                    {
                         // The packets behind an RNR-NAKed one draw a sequence NAK for its PSN
-                        // (rdma_rxe's responder does this): this side already waits to resend
-                        // from there. Counted as a retry, each RNR round would use up
-                        // `retry_cnt` (at 0, the first round failed the WQE with RETRY_EXC_ERR
-                        // although `rnr_retry` 7 asks to retry forever).
+                        // (rdma_rxe's responder does this, once): this side already waits to
+                        // resend from there, or has just resent (the NAK came late: a long
+                        // message on a slow link, a short RNR timer). Counted as a retry, each
+                        // RNR round would use up `retry_cnt` (at 0, the first round failed the
+                        // WQE with RETRY_EXC_ERR although `rnr_retry` 7 asks to retry
+                        // forever). Only that one: a NAK for a later PSN is a new loss.
+                        self.comp.rnr_echo = None;
                         return;
                     }
                     if d > 0 {
@@ -286,6 +290,7 @@ impl Qp {
         self.comp.retry_cnt = self.attr.retry_cnt;
         self.comp.rnr_retry = self.attr.rnr_retry;
         self.comp.started_retry = false;
+        self.comp.rnr_echo = None;
     }
 
     /// A sequence NAK, a lost response or a timeout: count a retry and go back N, or give up
@@ -341,13 +346,13 @@ impl Qp {
     pub(crate) fn handle_timeout(&mut self, now: Nanos, sh: &mut Shared) {
         if let Some(t) = self.comp.rnr_deadline {
             if t <= now {
-                // The RNR wait is over: go back N from the NAKed PSN. That is a retry under
-                // way: the sequence NAK the packets behind the RNR-NAKed one drew may arrive
-                // only now (a long message on a slow link, a short RNR timer), and must not
-                // count as another retry (at `retry_cnt` 0 it failed the WQE).
+                // The RNR wait is over: go back N from the NAKed PSN. The sequence NAK the
+                // packets behind the RNR-NAKed one drew may arrive only now (a long message on
+                // a slow link, a short RNR timer), and must not count as another retry (at
+                // `retry_cnt` 0 it failed the WQE); a NAK for any later PSN still does.
                 self.comp.rnr_deadline = None;
                 self.req.need_retry = true;
-                self.comp.started_retry = true;
+                self.comp.rnr_echo = Some(self.comp.psn);
             }
         }
         if let Some(t) = self.comp.retrans_deadline {

@@ -876,7 +876,11 @@ impl Device {
         if qp.attr.state == QpState::Reset {
             return Err(VerbsError::Invalid("QP is in RESET"));
         }
-        if qp.rq.len() >= qp.attr.cap.max_recv_wr as usize {
+        // The WQE a message is being received into still holds its slot, as in rdma_rxe's
+        // ring (it completes with the message): else a flush could complete one receive more
+        // than `max_recv_wr`, overrunning a CQ sized to it.
+        let in_use = qp.rq.len() + usize::from(qp.resp.recv.is_some());
+        if in_use >= qp.attr.cap.max_recv_wr as usize {
             return Err(VerbsError::QueueFull("receive queue"));
         }
         if wr.sg_list.len() > qp.attr.cap.max_recv_sge as usize {

@@ -186,6 +186,9 @@ pub(crate) struct Completer {
     pub started_retry: bool,
     pub retrans_deadline: Option<Nanos>,
     pub rnr_deadline: Option<Nanos>,
+    /// The PSN an RNR wait that ended resent from: the sequence NAK the packets behind the
+    /// RNR-NAKed one drew may still arrive, carrying it, and is no new loss.
+    pub rnr_echo: Option<u32>,
 }
 
 /// A queue pair.
@@ -396,6 +399,7 @@ impl Qp {
         if m(AttrMask::RQ_PSN) {
             self.attr.rq_psn = attr.rq_psn & psn::MASK;
             self.resp.psn = self.attr.rq_psn;
+            self.resp.ack_psn = self.attr.rq_psn;
         }
         if m(AttrMask::SQ_PSN) {
             self.attr.sq_psn = attr.sq_psn & psn::MASK;

@@ -106,6 +106,12 @@ pub(crate) struct InRecv {
 pub(crate) struct Responder {
     /// Expected PSN.
     pub psn: u32,
+    /// The PSN after the last SEND or WRITE packet executed (rdma_rxe's `resp.ack_psn`): a
+    /// plain ACK that is not the answer to a request (a duplicate's, a departed QP's) names
+    /// the PSN before it. Never a READ's or an atomic's PSN: rdma_rxe's completer takes a
+    /// plain ACK at the last PSN of a READ or atomic it waits for as that operation's
+    /// success, with no data.
+    pub ack_psn: u32,
     pub msn: u32,
     sent_psn_nak: bool,
     cur: Option<InMessage>,
@@ -354,6 +360,7 @@ impl Qp {
                     return;
                 }
                 self.resp.psn = psn::add(p, 1);
+                self.resp.ack_psn = self.resp.psn;
                 if t.bth.ack_req {
                     self.resp.ack(p);
                 }
@@ -459,10 +466,10 @@ impl Qp {
     /// It is a frame of its own even when an ACK is still queued (the one an application
     /// that ends on a receive leaves held): that one may be the ACK arriving during a resend.
     pub(crate) fn queue_farewell_ack(&mut self) -> bool {
-        if !self.executed_requests() {
+        if !self.executed_requests() || self.resp.ack_psn == self.attr.rq_psn {
             return false;
         }
-        self.resp.push_ack(psn::add(self.resp.psn, psn::MASK));
+        self.resp.push_ack(psn::add(self.resp.ack_psn, psn::MASK));
         true
     }
 
@@ -514,9 +521,9 @@ impl Qp {
         let p = t.bth.psn;
         match info.operation {
             Operation::Send | Operation::RdmaWrite => {
-                // Re-ACK with the last executed PSN, even without AckReq (C9-105): this is how
-                // a lost ACK is recovered.
-                let last = psn::add(self.resp.psn, psn::MASK);
+                // Re-ACK with the last SEND/WRITE PSN executed, even without AckReq (C9-105):
+                // this is how a lost ACK is recovered (see `Responder::ack_psn`).
+                let last = psn::add(self.resp.ack_psn, psn::MASK);
                 self.resp.ack(last);
             }
             Operation::RdmaReadRequest => {
@@ -786,6 +793,7 @@ impl Qp {
         }
         // Taken, as far as the peer is told: a destroyed QP that lingers answers its resend.
         self.resp.psn = psn::add(p, 1);
+        self.resp.ack_psn = self.resp.psn;
         if ack_req {
             self.resp.ack(p);
         }
