@@ -2343,13 +2343,15 @@ fn counters_at_exit_do_not_wait_for_a_verb_in_progress() {
     let iface = setup.pair.iface(0).to_string();
     setup.pair.run_in(0, move || {
         let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-        let free = engine.stats_line_without_waiting();
+        // The progress thread holds the lock for a round at a time: it is waited out.
+        let free = engine.stats_line_waiting_at_most(Duration::from_secs(5));
         assert!(
             free.contains(" completions=0") && !free.contains("transport_busy"),
             "{free}"
         );
         // As a verb in progress: the engine lock held by this thread.
-        let busy = engine.with_device(|_| engine.stats_line_without_waiting());
+        let busy =
+            engine.with_device(|_| engine.stats_line_waiting_at_most(Duration::from_millis(50)));
         assert!(
             busy.contains("transport_busy=1") && busy.contains(" rx_frames="),
             "{busy}"

@@ -201,22 +201,14 @@ pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
     // verbs_uninit_context, then the allocation it made is freed with free(3).
     unsafe {
         let xctx = (ctx as *mut u8).sub(offset) as *mut XroceContext;
-        let mut state = Box::from_raw((*xctx).state);
+        let state = Box::from_raw((*xctx).state);
         if state.pid != std::process::id() {
             // A forked child closing what it inherited (its exit handlers may): the engine and
             // the port watcher are its parent's, their threads are not here, and stopping them
             // would join threads this process does not have, write to the parent's eventfd
-            // and rings, or wait for a lock a parent's thread held at the fork. Leave them;
-            // only the memory and descriptors of this process go.
-            std::mem::forget(state.port_watch.take());
-            std::mem::forget(
-                state
-                    .engine
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take(),
-            );
-            drop(state);
+            // and rings, or wait for a lock a parent's thread held at the fork. Nothing of the
+            // state is dropped (its few bytes stay); libibverbs' part goes.
+            std::mem::forget(state);
             (private.uninit_context)(&mut (*xctx).vctx);
             libc::free(xctx as *mut c_void);
             return;

@@ -82,24 +82,27 @@ impl Forward {
     }
 }
 
-/// `name` (at `version`) in the already loaded object `soname`, or 0.
+/// `name` (at `version`) in the already loaded object `soname`, or 0. The object is made to
+/// stay loaded (`RTLD_NODELETE`), and this handle is kept: a plugin that brought it in may be
+/// closed and loaded again, and the address [`Forward`] remembers must stay valid.
 fn loaded_symbol(soname: &CStr, name: &CStr, version: Option<&CStr>) -> usize {
     // SAFETY: dlopen with RTLD_NOLOAD only looks up an already loaded object.
-    let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    let handle = unsafe {
+        libc::dlopen(
+            soname.as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+        )
+    };
     if handle.is_null() {
         return 0;
     }
-    // SAFETY: lookups of NUL-terminated names in a live handle.
-    let p = unsafe {
+    // SAFETY: lookups of NUL-terminated names in a live handle, never closed.
+    unsafe {
         match version {
             Some(v) => libc::dlvsym(handle, name.as_ptr(), v.as_ptr()) as usize,
             None => libc::dlsym(handle, name.as_ptr()) as usize,
         }
-    };
-    // The object stays loaded (whoever loaded it holds it); only this handle's reference goes.
-    // SAFETY: `handle` came from the dlopen above.
-    unsafe { libc::dlclose(handle) };
-    p
+    }
 }
 
 /// libibverbs' soname.

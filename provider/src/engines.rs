@@ -99,7 +99,10 @@ impl EngineRef {
             std::process::id(),
             self.engine.backend(),
             if at_exit {
-                self.engine.stats_line_without_waiting()
+                // Long enough for the progress thread's round, short enough not to hold up
+                // an exit that a thread of this process blocks for ever.
+                self.engine
+                    .stats_line_waiting_at_most(std::time::Duration::from_millis(100))
             } else {
                 self.engine.stats_line()
             }
@@ -134,18 +137,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The context's engine, starting it (or joining this process's engine on the same netdev).
 /// On failure prints why, once per attempt, and returns the errno for the verb.
 pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
+    // A forked child's inherited context: its engine's thread and rings are the parent's (as
+    // a kernel context's queues are not the child's to use after fork), and one started here
+    // would never stop (closing the context in the child stops nothing: see `free_context`).
+    if ctx.pid != std::process::id() {
+        xroce_datapath::stderr_line!(
+            "xroce: a forked child cannot use the device context its parent opened; open the \
+             device again in the child (on another interface: one process per interface)"
+        );
+        return Err(libc::EIO);
+    }
     let mut mine = lock(&ctx.engine);
     if let Some(e) = &*mine {
-        if e.pid != std::process::id() {
-            // A forked child's inherited context: the engine's thread and rings are the
-            // parent's (as a kernel context's queues are not the child's to use after fork).
-            xroce_datapath::stderr_line!(
-                "xroce: a forked child cannot use the device context its parent opened; \
-                 open the device again in the child (on another interface: one process per \
-                 interface)"
-            );
-            return Err(libc::EIO);
-        }
         return Ok(e.clone());
     }
     let mut all = lock(&ENGINES);
@@ -298,8 +301,8 @@ fn flush_at_exit() {
     }
     REGISTERED.call_once(|| {
         // SAFETY: registers a function with no captured state; it only takes locks (never
-        // waiting for an engine's: `flush` and the counters try it), hands queued frames to
-        // the kernel and writes a file, which is allowed during exit().
+        // waiting for an engine's for long: `flush` tries it, the counters for 100 ms), hands
+        // queued frames to the kernel and writes a file, which is allowed during exit().
         if unsafe { libc::atexit(at_exit) } != 0 {
             xroce_datapath::stderr_line!(
                 "xroce: cannot register the exit handler; counters may not be written"

@@ -100,15 +100,17 @@ static REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 /// plugins are), and calls `ibv_get_device_list`, interposed here, before anything else. Tried
 /// once.
 pub fn register_late() {
-    if PRIVATE.get().is_some() || REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if PRIVATE.get().is_some() || REFUSED.load(Relaxed) {
         return;
     }
-    static LATE: std::sync::Once = std::sync::Once::new();
-    LATE.call_once(|| {
-        if let Err(Some(why)) = register() {
+    // Tried again on each call until libibverbs is there (`Err(None)`); a refusal is said
+    // once and final. Concurrent first calls may both try: `register` keeps the first.
+    if let Err(Some(why)) = register() {
+        if !REFUSED.swap(true, Relaxed) {
             xroce_datapath::stderr_line!("{why}");
         }
-    });
+    }
 }
 
 /// Registers the provider. `Err(None)`: nothing to do (no libibverbs in this process);

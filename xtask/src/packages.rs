@@ -263,6 +263,27 @@ pub fn is_root() -> bool {
 }
 
 fn apt(args: &[&str]) -> Result<(), String> {
+    // `DPkg::Lock::Timeout` covers the dpkg lock only; `update` takes the lists' lock, which
+    // a fresh machine's apt-daily holds for a while after boot: tried again for up to about
+    // 5 minutes.
+    let tries = if args.first() == Some(&"update") {
+        30
+    } else {
+        1
+    };
+    let mut outcome = apt_once(args);
+    for _ in 1..tries {
+        if outcome.is_ok() {
+            break;
+        }
+        println!("==> packages: trying again in 10 s (another apt may hold its lock)");
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        outcome = apt_once(args);
+    }
+    outcome
+}
+
+fn apt_once(args: &[&str]) -> Result<(), String> {
     println!("==> packages: apt-get {}", args.join(" "));
     let start = Instant::now();
     // A fresh machine's apt-daily or unattended-upgrades may hold the dpkg lock for a while

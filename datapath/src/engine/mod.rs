@@ -649,15 +649,21 @@ impl Engine {
         self.format_stats(Some(transport))
     }
 
-    /// [`Self::stats_line`] without waiting for the engine lock: at exit, a thread stopped
-    /// inside a verb may hold it for ever (a signal handler that calls `exit()` while the
-    /// program polls), so when it is taken the transport's counters are left out
-    /// (`transport_busy=1`).
-    pub fn stats_line_without_waiting(&self) -> String {
-        let transport = self
-            .shared
-            .try_state()
-            .map(|st| (st.dev.counters().fields().to_vec(), st.io.port.rx_drops()));
+    /// [`Self::stats_line`] waiting at most `patience` for the engine lock: at exit, a thread
+    /// stopped inside a verb may hold it for ever (a signal handler that calls `exit()` while
+    /// the program polls); the progress thread holds it only for a round at a time. When it
+    /// stays taken, the transport's counters are left out (`transport_busy=1`).
+    pub fn stats_line_waiting_at_most(&self, patience: Duration) -> String {
+        let deadline = Instant::now() + patience;
+        let transport = loop {
+            if let Some(st) = self.shared.try_state() {
+                break Some((st.dev.counters().fields().to_vec(), st.io.port.rx_drops()));
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
         self.format_stats(transport)
     }
 
@@ -670,7 +676,13 @@ impl Engine {
             Some((fields, drops)) => (fields, Some(drops)),
             None => (vec![("transport_busy", 1)], None),
         };
-        let drops = drops.unwrap_or_default();
+        // Known only with the lock.
+        if let Some(drops) = drops {
+            fields.extend([
+                ("rx_dropped_ring_full", drops.ring_full),
+                ("rx_dropped_other", drops.other),
+            ]);
+        }
         fields.extend([
             ("rx_frames", c.rx_frames.load(Ordering::Relaxed)),
             (
@@ -689,8 +701,6 @@ impl Engine {
             ),
             ("tx_too_long", c.tx_too_long.load(Ordering::Relaxed)),
             ("link_downs", c.link_downs.load(Ordering::Relaxed)),
-            ("rx_dropped_ring_full", drops.ring_full),
-            ("rx_dropped_other", drops.other),
             ("wakeups", c.wakeups.load(Ordering::Relaxed)),
             ("frame_wakeups", c.frame_wakeups.load(Ordering::Relaxed)),
             (
@@ -874,10 +884,12 @@ impl Engine {
         cqs: &[CqId],
         pds: &[xroce_core::transport::memory::PdId],
     ) {
-        let mut st = self.lock();
+        // As `ibv_destroy_qp` does: what was owed goes out, a farewell ACK, and the QP lingers
+        // to answer resends (a peer's last message must not go unacknowledged).
         for &qpn in qps {
-            let _ = st.dev.destroy_qp(qpn);
+            let _ = self.destroy_qp(qpn);
         }
+        let mut st = self.lock();
         for &srq in srqs {
             let _ = st.dev.destroy_srq(srq);
         }
