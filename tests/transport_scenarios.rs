@@ -4128,22 +4128,30 @@ fn a_sequence_nak_after_the_rnr_timer_ran_out_is_no_retry() {
     assert_eq!(&sim.nodes[1].bytes(&dst)[..12000], &data[..]);
 }
 
-/// After an RNR wait, the resend loses a packet other than the first: the responder's sequence
-/// NAK for it is a new loss and starts a retry at once. Only the NAK that echoes the RNR-NAKed
-/// PSN is ignored; ignoring every NAK after an RNR wait left a QP with `timeout` 0 (no
-/// retransmission timer) waiting for ever, and cost others a whole timeout.
-#[test]
-fn a_loss_in_the_resend_after_an_rnr_wait_is_retried_at_once() {
-    let mut sim = Sim::new(12, 2, LinkConfig::default());
+/// An RC pair with `timeout` 0 (no retransmission timer: only NAKs recover a loss) and the
+/// shortest RNR timer; the first PSN node 0 sends, and 4 KiB of memory on each node.
+fn rc_without_a_retransmission_timer(
+    seed: u64,
+) -> (Sim, QpEnd, QpEnd, u32, MemoryRegion, MemoryRegion) {
+    let mut sim = Sim::new(seed, 2, LinkConfig::default());
     let o = ConnectOptions {
         min_rnr_timer: 1,
         timeout: 0,
         ..ConnectOptions::default()
     };
     let (a, b) = connect(&mut sim, 0, 1, &o);
-    let first = o.psn.0;
     let src = sim.nodes[0].alloc(4096, RW);
     let dst = sim.nodes[1].alloc(4096, RW);
+    (sim, a, b, o.psn.0, src, dst)
+}
+
+/// After an RNR wait, the resend loses a packet other than the first: the responder's sequence
+/// NAK for it is a new loss and starts a retry at once. Only the NAK that echoes the RNR-NAKed
+/// PSN is ignored; ignoring every NAK after an RNR wait left a QP with `timeout` 0 (no
+/// retransmission timer) waiting for ever, and cost others a whole timeout.
+#[test]
+fn a_loss_in_the_resend_after_an_rnr_wait_is_retried_at_once() {
+    let (mut sim, a, b, first, src, dst) = rc_without_a_retransmission_timer(12);
     let data = pattern(4096, 5);
     sim.nodes[0].bytes_mut(&src).copy_from_slice(&data);
     // The second packet is dropped the second time it goes: in the resend after the RNR wait.
@@ -4168,6 +4176,39 @@ fn a_loss_in_the_resend_after_an_rnr_wait_is_retried_at_once() {
     settle(&mut sim);
     assert_eq!(sim.nodes[1].bytes(&dst), &data[..]);
     assert_eq!(counters(&sim, 0).timeouts, 0);
+}
+
+/// An RNR wait for a message of one packet, with nothing sent behind it (so no echoing
+/// sequence NAK is due): when its resend is lost and a later message's packet draws a sequence
+/// NAK for its PSN, that NAK is a new loss and starts a retry at once. Taken for the echo, it
+/// left a QP with `timeout` 0 waiting for ever.
+#[test]
+fn a_sequence_nak_after_an_rnr_wait_with_nothing_behind_is_a_retry() {
+    let (mut sim, a, b, first, src, dst) = rc_without_a_retransmission_timer(13);
+    // The SEND's packet is dropped the second time it goes: its resend after the RNR wait.
+    let mut sent_first = 0;
+    drop_matching(&mut sim, 0, 1, move |_, psn| {
+        sent_first += u32::from(psn == first);
+        sent_first == 2 && psn == first
+    });
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    assert!(sim.run_until(1_000_000, |s| counters(s, 0).rnr_naks_received > 0));
+    // During the wait: receives for both, and a second SEND behind the first.
+    for id in [7, 8] {
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(id, &dst, 1024 * (id - 7), 1024))
+            .unwrap();
+    }
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![sge(&src, 64, 64)]))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 2);
+    assert_eq!(
+        ids_and_status(&sc),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
 }
 
 /// A message whose last packet left the AckReq to the next one, which SQD then holds back:

@@ -149,6 +149,8 @@ impl Qp {
                         return;
                     }
                     self.comp.psn = p;
+                    // Packets behind the NAKed one draw one sequence NAK, now or later.
+                    self.comp.rnr_echo_due = psn::diff(self.req.psn, psn::add(p, 1)) > 0;
                     if self.comp.rnr_retry > 0 {
                         if self.comp.rnr_retry != INFINITE_RETRY {
                             self.comp.rnr_retry -= 1;
@@ -173,6 +175,7 @@ impl Qp {
                         // WQE with RETRY_EXC_ERR although `rnr_retry` 7 asks to retry
                         // forever). Only that one: a NAK for a later PSN is a new loss.
                         self.comp.rnr_echo = None;
+                        self.comp.rnr_echo_due = false;
                         return;
                     }
                     if d > 0 {
@@ -352,7 +355,9 @@ impl Qp {
                 // `retry_cnt` 0 it failed the WQE); a NAK for any later PSN still does.
                 self.comp.rnr_deadline = None;
                 self.req.need_retry = true;
-                self.comp.rnr_echo = Some(self.comp.psn);
+                // Only while that NAK is still due: else a NAK at this PSN is a new loss.
+                self.comp.rnr_echo =
+                    std::mem::take(&mut self.comp.rnr_echo_due).then_some(self.comp.psn);
             }
         }
         if let Some(t) = self.comp.retrans_deadline {

@@ -400,15 +400,12 @@ impl Device {
         Ok(())
     }
 
-    /// Frees `pd` with the address handles and memory regions still in it, as closing a
+    /// Frees `pd` with the memory regions and address handles still in it, as closing a
     /// context frees what its application left (the kernel destroys a closed file's objects);
-    /// returns the regions, whose memory is no longer registered. QPs and SRQs still using
-    /// the PD keep it (busy).
-    pub fn dealloc_pd_with_contents(&mut self, pd: PdId) -> Result<Vec<MemoryRegion>, VerbsError> {
-        if self.qps.values().any(|q| q.pd == pd) || self.sh.srqs.values().any(|s| s.pd == pd) {
-            return Err(VerbsError::Busy("protection domain"));
-        }
-        self.sh.ahs.retain(|_, (p, _)| *p != pd);
+    /// returns the regions, whose memory is no longer registered. The regions go in any case
+    /// (no peer may reach memory the application may free now); the PD and its address
+    /// handles stay while a QP or SRQ still uses the PD.
+    pub fn dealloc_pd_with_contents(&mut self, pd: PdId) -> Vec<MemoryRegion> {
         let regions: Vec<MemoryRegion> = self
             .sh
             .mem
@@ -416,8 +413,11 @@ impl Device {
             .into_iter()
             .filter_map(|mr| self.sh.mem.deregister(mr))
             .collect();
-        self.dealloc_pd(pd)?;
-        Ok(regions)
+        if !self.qps.values().any(|q| q.pd == pd) && !self.sh.srqs.values().any(|s| s.pd == pd) {
+            self.sh.ahs.retain(|_, (p, _)| *p != pd);
+            let _ = self.dealloc_pd(pd);
+        }
+        regions
     }
 
     pub fn reg_mr(

@@ -189,6 +189,9 @@ pub(crate) struct Completer {
     /// The PSN an RNR wait that ended resent from: the sequence NAK the packets behind the
     /// RNR-NAKed one drew may still arrive, carrying it, and is no new loss.
     pub rnr_echo: Option<u32>,
+    /// During an RNR wait: packets behind the RNR-NAKed one were sent, and the sequence NAK
+    /// they draw has not arrived yet (so it may arrive after the wait: see `rnr_echo`).
+    pub rnr_echo_due: bool,
 }
 
 /// A queue pair.

@@ -412,16 +412,6 @@ impl XskSocket {
                 && (config.frames >= 2 * config.ring_size
                     || (config.receive_only && config.frames >= config.ring_size))
         );
-        if !config.receive_only {
-            let tx_queues = crate::afxdp::channels::transmit_queues_in_use(&iface_label(ifindex));
-            if let Some(tx_queues) = tx_queues.filter(|&n| config.queue >= n) {
-                return Err(XskError::NoTransmitQueue {
-                    ifindex,
-                    queue: config.queue,
-                    tx_queues,
-                });
-            }
-        }
         match config.mode {
             BindMode::Copy => Self::open_with(ifindex, config, libc::XDP_COPY),
             BindMode::ZeroCopy => Self::open_with(ifindex, config, libc::XDP_ZEROCOPY),
@@ -435,6 +425,19 @@ impl XskSocket {
     }
 
     fn open_with(ifindex: u32, config: XskConfig, copy_flag: u16) -> Result<Self, XskError> {
+        // Copy mode only: its transmit path skips a queue past the interface's transmit queues
+        // and reports success. (Zero-copy sends through the driver, and some drivers number
+        // their zero-copy queues past the channel count.)
+        if copy_flag == libc::XDP_COPY && !config.receive_only {
+            let tx_queues = crate::afxdp::channels::transmit_queues_in_use(&iface_label(ifindex));
+            if let Some(tx_queues) = tx_queues.filter(|&n| config.queue >= n) {
+                return Err(XskError::NoTransmitQueue {
+                    ifindex,
+                    queue: config.queue,
+                    tx_queues,
+                });
+            }
+        }
         // Before the socket: on an error below, the socket (dropped first) is closed before
         // the area it registered is unmapped.
         let umem = Umem::new(config.frames)?;

@@ -101,15 +101,15 @@ pub struct Neighbours {
     steered: Option<(crate::xdp::LocalAddrs, Vec<IpAddr>)>,
     /// When [`Self::keep_alive`] is due next (engine clock, ns).
     keep_alive_at: u64,
-    /// The kernel refused `NTF_USE` (no `CAP_NET_ADMIN`): keep-alives are not tried again.
-    keep_alive_refused: bool,
+    /// The thread that touches the kernel's entries (none when it could not start).
+    keep_alive: Option<super::keep_alive::KeepAlive>,
 }
 
 /// How often the kernel's entries of the next hops in use are touched (see
 /// [`Neighbours::keep_alive`]).
 pub const KEEP_ALIVE_PERIOD_NS: u64 = 1_000_000_000;
-/// Most next hops touched per [`KEEP_ALIVE_PERIOD_NS`].
-const KEEP_ALIVE_HOPS_PER_PERIOD: usize = 32;
+/// Most next hops touched per [`KEEP_ALIVE_PERIOD_NS`] (a bound on the list handed over).
+const KEEP_ALIVE_HOPS_PER_PERIOD: usize = 1024;
 
 /// A resolution the caller waits for without holding the engine lock.
 pub struct Probe {
@@ -214,8 +214,10 @@ impl Neighbours {
     /// which decides the port's active MTU when the interface's MTU changes.
     pub fn open(iface: &str, multi_buffer: bool) -> Result<Self, AddressingError> {
         let mut netlink = Netlink::open()?;
+        let iface = netlink.interface_by_name(iface)?;
         Ok(Self {
-            iface: netlink.interface_by_name(iface)?,
+            keep_alive: super::keep_alive::KeepAlive::start(iface.index),
+            iface,
             multi_buffer,
             gid_mirror: None,
             steered: None,
@@ -223,7 +225,6 @@ impl Neighbours {
             netlink,
             changes: 0,
             keep_alive_at: 0,
-            keep_alive_refused: false,
         })
     }
 
@@ -290,26 +291,17 @@ impl Neighbours {
     /// by broadcast; the watcher hands the new MAC to the cache. The same unicast probe keeps
     /// a live peer's entry REACHABLE, as rdma_rxe's traffic through the kernel does.
     pub fn keep_alive(&mut self, now: u64) {
-        if now < self.keep_alive_at || self.keep_alive_refused {
+        let Some(worker) = self.keep_alive.as_ref().filter(|w| !w.refused()) else {
+            return;
+        };
+        if now < self.keep_alive_at {
             return;
         }
         self.keep_alive_at = now + KEEP_ALIVE_PERIOD_NS;
-        for hop in take_used_hops(&mut self.cache, KEEP_ALIVE_HOPS_PER_PERIOD) {
-            match self
-                .netlink
-                .touch_neighbour(self.iface.index, std_address(hop))
-            {
-                Ok(()) => {}
-                Err(e)
-                    if e.errno()
-                        .is_some_and(|n| n == libc::EPERM || n == libc::EACCES) =>
-                {
-                    log::debug!("neighbour keep-alive not permitted ({e}); not tried again");
-                    self.keep_alive_refused = true;
-                    return;
-                }
-                Err(e) => log::debug!("neighbour keep-alive for {hop:?}: {e}"),
-            }
+        let hops = take_used_hops(&mut self.cache, KEEP_ALIVE_HOPS_PER_PERIOD);
+        if !hops.is_empty() {
+            // Touched on the keep-alive thread, not here under the engine lock.
+            worker.touch(hops.into_iter().map(std_address).collect());
         }
     }
 
@@ -449,9 +441,7 @@ impl Neighbours {
 
 /// Up to `max` next hops (on-link neighbours, not this namespace's own interfaces) that packets
 /// went to since they were last taken, their marks cleared; the others keep theirs for the next
-/// time. Each is touched with a netlink round trip under the engine lock, hence the bound (the
-/// kernel's entries stay REACHABLE for 15-45 s, so a bound of 32 a second covers hundreds of
-/// peers).
+/// time.
 fn take_used_hops(cache: &mut HashMap<IpAddress, Entry>, max: usize) -> HashSet<IpAddress> {
     let mut hops: HashSet<IpAddress> = HashSet::default();
     for e in cache.values_mut() {

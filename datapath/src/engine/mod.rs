@@ -11,6 +11,7 @@
 mod addressing;
 mod capture;
 mod home_netns;
+mod keep_alive;
 mod memory;
 mod nap_alarm;
 mod progress;
@@ -897,10 +898,8 @@ impl Engine {
             let _ = st.dev.destroy_cq(cq);
         }
         for &pd in pds {
-            if let Ok(regions) = st.dev.dealloc_pd_with_contents(pd) {
-                for r in regions {
-                    st.mem.remove(r.va, r.len);
-                }
+            for r in st.dev.dealloc_pd_with_contents(pd) {
+                st.mem.remove(r.va, r.len);
             }
         }
     }

@@ -488,7 +488,7 @@ fn netns_in_use(id: u64, recorded_cookie: Option<u64>) -> bool {
         return true;
     };
     // Cannot enter it (no CAP_SYS_ADMIN, or it went in between): count it as used.
-    cookie_of_netns(&handle).is_none_or(|live| live == recorded)
+    cookie_of_netns(&handle, id).is_none_or(|live| live == recorded)
 }
 
 /// A path through which network namespace `id` can be opened: its bind mount or a process
@@ -546,13 +546,18 @@ fn unescape_mount_path(field: &str) -> PathBuf {
     PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
-/// The cookie of the network namespace that `handle` (`None`: unknown) opens, read on a
-/// thread of its own that enters it; `None` when that cannot be done.
-fn cookie_of_netns(handle: &Option<PathBuf>) -> Option<u64> {
+/// The cookie of network namespace `id`, opened through `handle` (`None`: unknown) and read on
+/// a thread of its own that enters it; `None` when that cannot be done.
+fn cookie_of_netns(handle: &Option<PathBuf>, id: u64) -> Option<u64> {
     let file = File::open(handle.as_ref()?).ok()?;
+    // The path may name another namespace by now (a process gone and its pid reused, a bind
+    // mount replaced): only the namespace `id` itself is asked.
+    if file.metadata().ok()?.ino() != id {
+        return None;
+    }
     std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
+        std::thread::Builder::new()
+            .spawn_scoped(scope, || {
                 // SAFETY: `file` is an open file that lives across the call; setns checks that
                 // it is a network namespace and moves only this thread, which ends here.
                 if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
@@ -560,6 +565,7 @@ fn cookie_of_netns(handle: &Option<PathBuf>) -> Option<u64> {
                 }
                 netns_cookie()
             })
+            .ok()?
             .join()
             .ok()
             .flatten()
@@ -611,7 +617,7 @@ mod tests {
             eprintln!("skipped: the kernel has no SO_NETNS_COOKIE");
             return;
         };
-        if cookie_of_netns(&live_netns_handle(own).flatten()).is_none() {
+        if cookie_of_netns(&live_netns_handle(own).flatten(), own).is_none() {
             eprintln!("skipped: cannot enter a network namespace (not root)");
             return;
         }
