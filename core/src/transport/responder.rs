@@ -106,11 +106,11 @@ pub(crate) struct InRecv {
 pub(crate) struct Responder {
     /// Expected PSN.
     pub psn: u32,
-    /// The PSN after the last SEND or WRITE packet executed (rdma_rxe's `resp.ack_psn`): a
-    /// plain ACK that is not the answer to a request (a duplicate's, a departed QP's) names
-    /// the PSN before it. Never a READ's or an atomic's PSN: rdma_rxe's completer takes a
-    /// plain ACK at the last PSN of a READ or atomic it waits for as that operation's
-    /// success, with no data.
+    /// The PSN after the last SEND or WRITE packet executed (as rdma_rxe's `resp.ack_psn`,
+    /// which moves on atomics too): a plain ACK that is not the answer to a request (a
+    /// duplicate's, a departed QP's) names the PSN before it. Never a READ's or an atomic's
+    /// PSN: rdma_rxe's completer takes a plain ACK at the last PSN of a READ or atomic it
+    /// waits for as that operation's success, with no data.
     pub ack_psn: u32,
     pub msn: u32,
     sent_psn_nak: bool,
