@@ -371,56 +371,19 @@ impl Routes {
     /// Forgets the objects whose events go to the async pipe `async_tx` (a context being
     /// freed): nothing may be written to a pipe whose read end libibverbs is about to close,
     /// and another context may keep the engine running (a write there would raise SIGPIPE).
-    pub fn forget_context_objects(&mut self, async_tx: &Arc<OwnedFd>) -> ForgottenObjects {
-        let mut gone = ForgottenObjects::default();
-        self.cqs.retain(|k, c| {
-            let keep = !Arc::ptr_eq(&c.async_tx, async_tx);
-            if !keep {
-                gone.cqs.push(*k);
-            }
-            keep
-        });
-        self.qps.retain(|k, o| {
-            let keep = !Arc::ptr_eq(&o.async_tx, async_tx);
-            if !keep {
-                gone.qps.push(*k);
-            }
-            keep
-        });
-        self.srqs.retain(|k, o| {
-            let keep = !Arc::ptr_eq(&o.async_tx, async_tx);
-            if !keep {
-                gone.srqs.push(*k);
-            }
-            keep
-        });
-        gone
-    }
-}
-
-/// The objects [`Routes::forget_context_objects`] forgot, by (engine, id).
-#[derive(Default)]
-pub struct ForgottenObjects {
-    cqs: Vec<(u64, CqId)>,
-    qps: Vec<(u64, u32)>,
-    srqs: Vec<(u64, SrqId)>,
-}
-
-impl ForgottenObjects {
-    /// Those of engine `engine`: QP numbers, SRQs and CQs.
-    pub fn of_engine(&self, engine: u64) -> (Vec<u32>, Vec<SrqId>, Vec<CqId>) {
-        fn mine<T: Copy>(objects: &[(u64, T)], engine: u64) -> Vec<T> {
-            objects
-                .iter()
-                .filter(|(e, _)| *e == engine)
-                .map(|&(_, id)| id)
-                .collect()
-        }
-        (
-            mine(&self.qps, engine),
-            mine(&self.srqs, engine),
-            mine(&self.cqs, engine),
-        )
+    /// Returns the QP numbers, SRQs and CQs it forgot (all of the context's one engine).
+    pub fn forget_context_objects(
+        &mut self,
+        async_tx: &Arc<OwnedFd>,
+    ) -> (Vec<u32>, Vec<SrqId>, Vec<CqId>) {
+        let of_context = |tx: &Arc<OwnedFd>| Arc::ptr_eq(tx, async_tx);
+        let qps = self.qps.extract_if(|_, o| of_context(&o.async_tx));
+        let qps = qps.map(|((_, qpn), _)| qpn).collect();
+        let srqs = self.srqs.extract_if(|_, o| of_context(&o.async_tx));
+        let srqs = srqs.map(|((_, srq), _)| srq).collect();
+        let cqs = self.cqs.extract_if(|_, c| of_context(&c.async_tx));
+        let cqs = cqs.map(|((_, cq), _)| cq).collect();
+        (qps, srqs, cqs)
     }
 }
 

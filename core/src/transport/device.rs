@@ -707,11 +707,13 @@ impl Device {
     }
 
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
-        self.check_modify_qp(qpn, attr, mask)?;
+        let on_failed_device = self.refuse_on_failed_device(attr, mask);
         let qp = self
             .qps
             .get_mut(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        on_failed_device?;
+        // `modify` checks the rest before it changes anything.
         qp.modify(&mut self.sh, attr, mask)?;
         self.mark_ready(qpn);
         Ok(())
@@ -729,15 +731,20 @@ impl Device {
             .qps
             .get(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
-        // A failed device's QPs stay in error (or are reset, to be destroyed): none is
-        // brought up again to post work that would never complete.
+        self.refuse_on_failed_device(attr, mask)?;
+        qp.check_modify(&self.sh, attr, mask)
+    }
+
+    /// A failed device's QPs stay in error (or are reset, to be destroyed): none is brought up
+    /// again to post work that would never complete.
+    fn refuse_on_failed_device(&self, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
         if self.failed
             && mask.contains(AttrMask::STATE)
             && !matches!(attr.state, QpState::Error | QpState::Reset)
         {
             return Err(VerbsError::DeviceFailed);
         }
-        qp.check_modify(&self.sh, attr, mask)
+        Ok(())
     }
 
     /// `ibv_post_send`. Errors are the ones verbs reports at post time; anything found later
