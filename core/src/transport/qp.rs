@@ -79,6 +79,9 @@ pub struct QpAttr {
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,
     pub en_sqd_async_notify: bool,
+    /// `ibv_mig_state`, kept and reported as rdma_rxe keeps it: RoCE has no alternate path
+    /// to migrate to, so it changes nothing else.
+    pub path_mig_state: u8,
     pub cap: QpCap,
 }
 
@@ -104,6 +107,7 @@ impl Default for QpAttr {
             max_rd_atomic: 0,
             max_dest_rd_atomic: 0,
             en_sqd_async_notify: false,
+            path_mig_state: 0, // IBV_MIG_MIGRATED
             cap: QpCap::default(),
         }
     }
@@ -412,6 +416,9 @@ impl Qp {
         }
         if m(AttrMask::EN_SQD_ASYNC_NOTIFY) {
             self.attr.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        if m(AttrMask::PATH_MIG_STATE) {
+            self.attr.path_mig_state = attr.path_mig_state;
         }
 
         if m(AttrMask::STATE) && next != cur {

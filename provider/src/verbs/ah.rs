@@ -8,7 +8,7 @@ use xroce_datapath::engine::VerbError;
 
 use super::errno;
 use super::pd_mr::pd;
-use super::qp::{address_vector, NO_GRH};
+use super::qp::{address_vector, check_av_port, NO_GRH};
 use crate::abi::verbs::{ibv_ah, ibv_ah_attr, ibv_pd};
 use crate::engines::EngineRef;
 use crate::set_errno;
@@ -30,6 +30,11 @@ pub unsafe fn ah<'a>(ah: *mut ibv_ah) -> &'a XroceAh {
 pub unsafe extern "C" fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     // SAFETY: libibverbs passes one of our PDs and the application's attributes.
     let (x, a) = unsafe { (pd(p), &*attr) };
+    if let Err(e) = check_av_port(a) {
+        xroce_datapath::stderr_line!("xroce: address handle: {e}");
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
     let Some(av) = address_vector(a) else {
         xroce_datapath::stderr_line!("xroce: address handle: {NO_GRH}");
         set_errno(libc::EINVAL);

@@ -176,6 +176,20 @@ pub const NO_GRH: &str = "the address has no GRH (is_global = 0), and RoCE addre
      give the program a GID index (`-g 1` for the ibv_*_pingpong examples, `-x 1` for perftest; \
      `ibv_devinfo -v` lists the GIDs)";
 
+/// The kernel's check of an address's port (`rdma_is_port_valid`, made by uverbs before
+/// the driver sees `ibv_create_ah` or `ibv_modify_qp` with `IBV_QP_AV`): the device has
+/// port 1 alone. A zeroed `ibv_ah_attr` (port 0) is the usual cause.
+pub fn check_av_port(ah: &ibv_ah_attr) -> Result<(), String> {
+    if ah.port_num == 1 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the address names port {}, and the device has port 1 alone (set ah_attr.port_num)",
+            ah.port_num
+        ))
+    }
+}
+
 /// The transport's address vector for a verbs one. RoCE needs the GRH (`is_global`).
 pub fn address_vector(ah: &ibv_ah_attr) -> Option<AddressVector> {
     if ah.is_global == 0 {
@@ -218,13 +232,27 @@ fn qp_attr(a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
         out.path_mtu = PathMtu::from_ibv(a.path_mtu).ok_or(libc::EINVAL)?;
     }
     if mask.contains(AttrMask::AV) {
+        if let Err(e) = check_av_port(&a.ah_attr) {
+            xroce_datapath::stderr_line!("xroce: QP attributes: {e}");
+            return Err(libc::EINVAL);
+        }
         out.av = Some(address_vector(&a.ah_attr).ok_or_else(|| {
             xroce_datapath::stderr_line!("xroce: QP attributes: {NO_GRH}");
             libc::EINVAL
         })?);
     }
-    if mask.contains(AttrMask::ALT_PATH) || mask.contains(AttrMask::PATH_MIG_STATE) {
-        return Err(libc::EOPNOTSUPP); // no alternate paths on RoCE
+    if mask.contains(AttrMask::ALT_PATH) {
+        // Linux's core refuses alternate paths on RoCE ports before rdma_rxe sees them
+        // ("Ban them in roce mode"), with EINVAL.
+        xroce_datapath::stderr_line!(
+            "xroce: QP attributes: alternate paths (IBV_QP_ALT_PATH) are InfiniBand only; \
+             Linux refuses them on RoCE devices too"
+        );
+        return Err(libc::EINVAL);
+    }
+    if mask.contains(AttrMask::PATH_MIG_STATE) {
+        // Kept and reported, as rdma_rxe does (the kernel passes it on as one byte).
+        out.path_mig_state = a.path_mig_state as u8;
     }
     out.qkey = a.qkey;
     out.rq_psn = a.rq_psn;
@@ -278,7 +306,7 @@ pub unsafe extern "C" fn query_qp(
         qp_state: a.state as u32,
         cur_qp_state: a.cur_state as u32,
         path_mtu: a.path_mtu as u32,
-        path_mig_state: 0, // IBV_MIG_MIGRATED
+        path_mig_state: a.path_mig_state as u32,
         qkey: a.qkey,
         rq_psn: a.rq_psn,
         sq_psn: a.sq_psn,

@@ -729,6 +729,69 @@ int main(int argc, char **argv)
             ibv_destroy_cq(cq);
     }
 
+    /* Attributes rdma_rxe users meet from the kernel: an address naming a port the device
+     * does not have is refused (uverbs checks it before any driver), as are alternate paths
+     * (Linux bans them on RoCE), while the migration state is kept and reported back. */
+    {
+        struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+        struct ibv_qp *qp = cq ? create_rc(cq, cq, 4, 0) : NULL;
+        int init = qp && to_init(qp) == 0;
+        struct ibv_qp_attr a = {
+            .qp_state = IBV_QPS_RTR,
+            .path_mtu = IBV_MTU_1024,
+            .dest_qp_num = qp ? qp->qp_num : 0,
+            .max_dest_rd_atomic = 1,
+            .min_rnr_timer = 1,
+            .ah_attr = {.is_global = 1, .port_num = 2,
+                        .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 1}},
+        };
+        int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+        int wrong_port = init ? ibv_modify_qp(qp, &a, rtr_mask) : -1;
+        a.ah_attr.port_num = 1;
+        a.alt_ah_attr = a.ah_attr;
+        a.alt_port_num = 1;
+        int alt = init ? ibv_modify_qp(qp, &a, rtr_mask | IBV_QP_ALT_PATH) : -1;
+        int rtr = init ? ibv_modify_qp(qp, &a, rtr_mask) : -1;
+        struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
+                                .timeout = 14,
+                                .retry_cnt = 7,
+                                .rnr_retry = 7,
+                                .max_rd_atomic = 1,
+                                .path_mig_state = IBV_MIG_REARM};
+        int rts = rtr == 0 ? ibv_modify_qp(qp, &s,
+                                           IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                               IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                               IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_PATH_MIG_STATE)
+                           : -1;
+        struct ibv_qp_attr q = {.path_mig_state = IBV_MIG_MIGRATED};
+        struct ibv_qp_init_attr qi;
+        int queried = rts == 0 && ibv_query_qp(qp, &q, IBV_QP_STATE | IBV_QP_PATH_MIG_STATE,
+                                               &qi) == 0;
+        CHECK("modify_qp_av_port_out_of_range", wrong_port == EINVAL, "returned %d",
+              wrong_port);
+        CHECK("modify_qp_alt_path_refused", alt == EINVAL, "returned %d", alt);
+        CHECK("modify_qp_path_mig_state_kept",
+              rtr == 0 && rts == 0 && queried && q.qp_state == IBV_QPS_RTS &&
+                  q.path_mig_state == IBV_MIG_REARM,
+              "rtr %d rts %d queried %d state %d path_mig_state %d", rtr, rts, queried,
+              q.qp_state, q.path_mig_state);
+        struct ibv_ah_attr aa = {.is_global = 1,
+                                 .port_num = 0,
+                                 .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 64}};
+        errno = 0;
+        struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+        int err = errno;
+        CHECK("create_ah_port_out_of_range", ah == NULL && err == EINVAL, "got %p errno %d",
+              (void *)ah, err);
+        if (ah)
+            ibv_destroy_ah(ah);
+        if (qp)
+            ibv_destroy_qp(qp);
+        if (cq)
+            ibv_destroy_cq(cq);
+    }
+
     /* An SRQ made with max_sge 0 takes receives of one SGE, as rdma_rxe raises max_sge to
      * one; the values in effect are written back. */
     {
