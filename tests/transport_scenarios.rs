@@ -3059,6 +3059,48 @@ fn pattern_bytes(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
 
+/// A frame whose IPv4 header checksum or (non-zero) UDP checksum is wrong is dropped and
+/// counted apart from one whose ICRC is wrong: a path that rewrites headers is not a RoCE
+/// stack's fault, and the counters should not send its user looking at the ICRC.
+#[test]
+fn bad_checksums_are_counted_apart_from_bad_icrcs() {
+    let mut sim = Sim::new(44, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 1024)]),
+        )
+        .unwrap();
+    assert_eq!(
+        wait_cq(&mut sim, 0, a.send_cq, 1)[0].status,
+        WcStatus::Success
+    );
+    let trace = sim.trace.take().unwrap();
+    let ack = &trace.iter().rev().find(|(from, _)| *from == 1).unwrap().1;
+    assert_eq!(&ack[26..28], &[0, 0], "xroce sends no UDP checksum");
+    let mut bad_ip = ack.clone();
+    bad_ip[10] ^= 0xff; // the IPv4 header checksum (the ICRC leaves it out)
+    let mut bad_udp = ack.clone();
+    bad_udp[26..28].copy_from_slice(&[0x12, 0x34]); // the ICRC leaves it out too
+    let mut bad_icrc = ack.clone();
+    *bad_icrc.last_mut().unwrap() ^= 1;
+    let before = counters(&sim, 0);
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    for p in [&bad_ip, &bad_udp, &bad_icrc] {
+        node.dev.handle_packet(now, p, &mut node.mem);
+    }
+    let after = counters(&sim, 0);
+    assert_eq!(after.rx_packets - before.rx_packets, 3);
+    assert_eq!(after.bad_checksum - before.bad_checksum, 2);
+    assert_eq!(after.bad_icrc - before.bad_icrc, 1);
+    assert_eq!(after.duplicates, before.duplicates, "a bad frame was taken");
+}
+
 /// An ACK for a PSN the requester never sent (a late packet of an earlier connection with the
 /// same QP number: every xroce process numbers its QPs from the same start) is ignored and
 /// counted. Taken as an implicit acknowledgement it completed the WRITE in flight as a

@@ -40,6 +40,13 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> ExitCode {
         attachment.mode, attachment.build
     )
     .and_then(|()| writeln!(out, "{name}: GIDs {}", gid_list(&added.device.gids)));
+    // A program that was already there keeps its knob (a test's loss, say).
+    if let Ok(one_in @ 1..) = xdp::drop_one_in(netdev) {
+        eprintln!(
+            "xroce: link add: {netdev}{}",
+            drop_knob_note(netdev, one_in)
+        );
+    }
     ExitCode::SUCCESS
 }
 
@@ -195,8 +202,23 @@ fn steering_state(iface: &Interface) -> String {
         format!(", in use by {}", holders.join(" and "))
     };
     format!(
-        "attached ({}, {} build, program id {}); {sockets}{held}",
-        a.mode, a.build, a.prog_id
+        "attached ({}, {} build, program id {}); {sockets}{held}{}",
+        a.mode,
+        a.build,
+        a.prog_id,
+        drop_knob_note(&iface.name, ours.drop_one_in)
+    )
+}
+
+/// The test-only drop knob, when set: it outlives the test that set it (the program stays
+/// loaded), and would drop a real peer's frames with no other sign than retransmissions.
+fn drop_knob_note(iface: &str, one_in: u32) -> String {
+    if one_in == 0 {
+        return String::new();
+    }
+    format!(
+        "; test-only drop knob on: 1 RoCEv2 frame in {one_in} is dropped \
+         (`cargo xtask xdp set-drop --iface {iface} --one-in 0` turns it off)"
     )
 }
 

@@ -308,3 +308,65 @@ fn orphaned_engine_in_a_private_mount_namespace_binds() {
         "{before:?} -> {after:?}"
     );
 }
+
+/// An engine started over a program whose test-only drop knob was left on says so: the
+/// frames it loses would otherwise show only as retransmissions.
+#[test]
+fn an_engine_warns_about_a_drop_knob_left_on() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrknob", 1500).expect("namespaces");
+    let iface = pair.iface(0).to_string();
+    pair.run_in(0, {
+        let iface = iface.clone();
+        move || {
+            xdp::load(&xdp::LoadOptions::new(&iface)).expect("load");
+            xdp::set_drop_one_in(&iface, 50).expect("drop knob");
+        }
+    });
+    let mut engine = pair
+        .command(0, XROCE)
+        .args(["engine", "--iface", &iface])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start xroce engine");
+    let stdout = engine.stdout.take().expect("stdout");
+    let (tx, ready) = mpsc::channel();
+    std::thread::spawn(move || {
+        let first = BufReader::new(stdout).lines().next();
+        let _ = tx.send(first);
+    });
+    let first = ready.recv_timeout(Duration::from_secs(15));
+    // SAFETY: kill(2) on our own child's PID (`ip netns exec` execs the engine).
+    unsafe { libc::kill(engine.id() as i32, libc::SIGTERM) };
+    let status = run_bounded_wait(&mut engine);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut engine.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert!(
+        matches!(&first, Ok(Some(Ok(line))) if line.contains("ready")),
+        "{first:?} {status:?} {stderr}"
+    );
+    assert!(
+        stderr.contains("test-only drop knob is on: 1 RoCEv2 frame in 50 is dropped"),
+        "{stderr}"
+    );
+}
+
+/// Waits up to 10 s for `child` to exit, killing it after that.
+fn run_bounded_wait(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -767,3 +767,51 @@ fn exec_warns_about_a_program_in_secure_execution_mode() {
     assert!(!warned(&plain), "a warning for a plain program");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The test-only drop knob outlives the test that set it (the program stays loaded): a link
+/// added over such a program warns, `link show` names it while it is on, and not after.
+#[test]
+fn a_drop_knob_left_on_is_warned_about_and_shown() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xld", 1500).expect("netns pair");
+    let name = unique_name();
+    let iface = pair.iface(0).to_string();
+    let knob = |one_in: u32| {
+        let iface = iface.clone();
+        pair.run_in(0, move || {
+            xdp::load(&xdp::LoadOptions::new(&iface)).expect("load");
+            xdp::set_drop_one_in(&iface, one_in).expect("drop knob");
+        })
+    };
+    knob(100);
+    let _guard = LinkGuard {
+        pair: &pair,
+        side: 0,
+        name: name.clone(),
+    };
+    let o = xroce(&pair, 0, &["link", "add", &name, "netdev", &iface]);
+    assert_ok(&o, "link add over a program with the knob on");
+    assert!(
+        stdout(&o).contains("XDP program already loaded"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("1 RoCEv2 frame in 100 is dropped"),
+        "{}",
+        stderr(&o)
+    );
+    let o = xroce(&pair, 0, &["link", "show", &name]);
+    assert_ok(&o, "link show");
+    assert!(
+        stdout(&o).contains("test-only drop knob on"),
+        "{}",
+        stdout(&o)
+    );
+    knob(0);
+    let o = xroce(&pair, 0, &["link", "show", &name]);
+    assert_ok(&o, "link show");
+    assert!(!stdout(&o).contains("drop knob"), "{}", stdout(&o));
+}

@@ -663,6 +663,10 @@ fn rc_suite_on(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, backends: [Backend
     eprintln!("client counters: {client_counters:?}");
     eprintln!("server counters: {server_counters:?}");
     assert_eq!(client_counters.bad_icrc + server_counters.bad_icrc, 0);
+    assert_eq!(
+        client_counters.bad_checksum + server_counters.bad_checksum,
+        0
+    );
     // Nothing but RoCEv2 reached the transports (a DPDK port sees all of the interface's
     // frames; the others are the engine's to set aside).
     assert_eq!(client_counters.malformed + server_counters.malformed, 0);

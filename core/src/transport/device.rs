@@ -27,7 +27,9 @@ use super::verbs::{
     WorkCompletion,
 };
 use super::Nanos;
-use crate::wire::{IpAddress, IpRepr, Opcode, Operation, PathHeaders, RoceFrame, Transport};
+use crate::wire::{
+    IpAddress, IpRepr, Opcode, Operation, PathHeaders, RoceFrame, Transport, WireError,
+};
 
 /// Device limits, as rdma_rxe advertises them (digest §8) where they bind.
 pub mod limits {
@@ -80,6 +82,9 @@ pub struct Counters {
     pub tx_responses: u64,
     pub malformed: u64,
     pub bad_icrc: u64,
+    /// A bad IPv4 header checksum, or a bad UDP checksum (one that is not zero): a path that
+    /// rewrites headers, not a RoCE stack's ICRC.
+    pub bad_checksum: u64,
     pub not_local: u64,
     pub bad_pkey: u64,
     pub unknown_qp: u64,
@@ -118,13 +123,14 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 30] {
+    pub fn fields(&self) -> [(&'static str, u64); 31] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
             ("tx_responses", self.tx_responses),
             ("malformed", self.malformed),
             ("bad_icrc", self.bad_icrc),
+            ("bad_checksum", self.bad_checksum),
             ("not_local", self.not_local),
             ("bad_pkey", self.bad_pkey),
             ("unknown_qp", self.unknown_qp),
@@ -926,9 +932,16 @@ impl Device {
             c.malformed += 1;
             return;
         };
-        if frame.verify().is_err() {
-            c.bad_icrc += 1;
-            return;
+        match frame.verify() {
+            Ok(()) => {}
+            Err(WireError::Ipv4Checksum | WireError::UdpChecksum) => {
+                c.bad_checksum += 1;
+                return;
+            }
+            Err(_) => {
+                c.bad_icrc += 1;
+                return;
+            }
         }
         let h = &frame.headers;
         let dst = h.ip.dst_addr();

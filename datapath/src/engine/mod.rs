@@ -1336,6 +1336,16 @@ fn open_af_xdp(
     }
     let mut xsks = crate::xdp::XsksMap::open(&config.iface)?;
     let mut local_addrs = crate::xdp::LocalAddrs::open(&config.iface)?;
+    // The test-only knob outlives the test that set it: said here, since it would otherwise
+    // show only as retransmissions.
+    if let Ok(one_in @ 1..) = crate::xdp::drop_one_in(&config.iface) {
+        crate::stderr_line!(
+            "xroce: netdev {}: the XDP program's test-only drop knob is on: 1 RoCEv2 frame in \
+             {one_in} is dropped (`cargo xtask xdp set-drop --iface {} --one-in 0` turns it off)",
+            config.iface,
+            config.iface
+        );
+    }
     let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
         .unwrap_or_else(|| neighbours.rx_queues());
     let (socket, others) = open_sockets(ifindex, config, rx_queues)?;

@@ -90,8 +90,9 @@ pub enum XdpError {
     #[error(
         "the driver of {iface} refused {mode} XDP with the {build} build at MTU {mtu} \
          ({source}); drivers refuse XDP at MTUs their receive buffers do not take (the kernel \
-         log may say why: `dmesg | tail`). Try `--mode generic` (slower, works with any \
-         driver), or a lower MTU"
+         log may say why: `dmesg | tail`). Try {}`--mode generic` (slower, works with any \
+         driver), or a lower MTU",
+        if *build == ProgramBuild::Plain { "`--build frags` (multi-buffer), " } else { "" }
     )]
     DriverRefused {
         /// The interface.

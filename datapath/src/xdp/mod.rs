@@ -41,8 +41,9 @@ use error::is_permission;
 
 /// The largest MTU for which the single-buffer ([`ProgramBuild::Plain`]) build is chosen or
 /// accepted. veth refuses a single-buffer program when the peer's MTU is above 3506 (a 4 KiB
-/// page minus XDP headroom, Ethernet header and `skb_shared_info`); other drivers have similar
-/// or higher limits, so this is used as the conservative rule for every driver.
+/// page minus XDP headroom, Ethernet header and `skb_shared_info`). Some drivers' limits are
+/// lower (i40e and ice take single-buffer XDP up to a 3 072-byte frame): when they refuse the
+/// plain build chosen by this rule, the loader tries the frags build (`frags_may_fit`).
 pub const PLAIN_MAX_MTU: u32 = 3506;
 
 /// How the program is attached.
@@ -430,16 +431,28 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
         None => ProgramBuild::for_mtu(link.mtu),
     };
     match load_and_pin(iface, opts.mode, &link, &dir, build) {
-        // Chosen by our MTU, but the driver's limit is lower (on veth: the peer's MTU is
-        // larger than ours). The frags build fits any MTU.
-        Err(XdpError::MtuTooLarge { .. })
-            if opts.build.is_none() && build == ProgramBuild::Plain =>
-        {
-            log::info!("{iface}: the plain build does not fit, loading the frags build");
+        Err(e) if frags_may_fit(&e, opts.build) => {
+            log::info!("{iface}: the plain build was refused ({e}); loading the frags build");
             load_and_pin(iface, opts.mode, &link, &dir, ProgramBuild::Frags)
         }
         result => result,
     }
+}
+
+/// Whether a refusal of the plain build, chosen by the MTU (`asked` is `None`), may be a
+/// driver whose single-buffer limit is below [`PLAIN_MAX_MTU`]: veth says so (ERANGE, the
+/// peer's MTU larger than ours), other drivers refuse with EINVAL or EOPNOTSUPP (i40e and ice
+/// above a 3 072-byte frame, ENA above 3 498). The frags build fits any MTU.
+fn frags_may_fit(refusal: &XdpError, asked: Option<ProgramBuild>) -> bool {
+    asked.is_none()
+        && match refusal {
+            XdpError::MtuTooLarge { build, .. } => *build == ProgramBuild::Plain,
+            XdpError::DriverRefused { build, mode, .. }
+            | XdpError::ModeNotSupported { build, mode, .. } => {
+                *build == ProgramBuild::Plain && *mode == XdpMode::Native
+            }
+            _ => false,
+        }
 }
 
 fn load_and_pin(
@@ -1479,6 +1492,46 @@ fn require_capabilities(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A native refusal of the plain build the MTU chose (i40e's EINVAL at MTU 3100, veth's
+    /// ERANGE, a driver's EOPNOTSUPP) is retried with the frags build; a build or mode the
+    /// user asked for, and a refusal of the frags build or of generic mode, are not.
+    #[test]
+    fn a_refused_plain_build_chosen_by_the_mtu_is_retried_with_frags() {
+        let link = rtnl::Link {
+            ifindex: 3,
+            name: "eth0".into(),
+            mtu: 3100,
+            ..rtnl::Link::default()
+        };
+        let refusal = |mode, build, errno| {
+            attach_error(
+                "eth0",
+                mode,
+                &link,
+                build,
+                io::Error::from_raw_os_error(errno),
+            )
+        };
+        let (native, generic) = (XdpMode::Native, XdpMode::Generic);
+        let (plain, frags) = (ProgramBuild::Plain, ProgramBuild::Frags);
+        for errno in [libc::EINVAL, libc::EOPNOTSUPP, libc::ERANGE] {
+            let e = refusal(native, plain, errno);
+            assert!(frags_may_fit(&e, None), "errno {errno}: {e:?}");
+            assert!(!frags_may_fit(&e, Some(plain)), "errno {errno}: {e:?}");
+            assert!(!frags_may_fit(&refusal(native, frags, errno), None));
+        }
+        assert!(!frags_may_fit(
+            &refusal(generic, plain, libc::EOPNOTSUPP),
+            None
+        ));
+        assert!(!frags_may_fit(&refusal(native, plain, libc::EPERM), None));
+        // Asked for the plain build, the user is told of the other.
+        let words = refusal(native, plain, libc::EINVAL).to_string();
+        assert!(words.contains("--build frags"), "{words}");
+        let words = refusal(native, frags, libc::EINVAL).to_string();
+        assert!(!words.contains("--build frags"), "{words}");
+    }
 
     /// What a driver's bare EINVAL becomes: in native mode a refusal that names the MTU and
     /// the way out; in generic mode (no driver involved) the kernel's words as they are.
