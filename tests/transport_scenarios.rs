@@ -127,6 +127,25 @@ fn ack_rewritten(ack: &[u8], psn: u32, syndrome: u8) -> Vec<u8> {
     p
 }
 
+/// One 1 KiB WRITE from node 0's QP `a` (wr_id 1, from the start of `src` to the start of
+/// `dst`), completed: the simulator's trace of it (node, packet), its ACK last.
+fn traced_write(
+    sim: &mut Sim,
+    a: &QpEnd,
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+) -> Vec<(usize, Vec<u8>)> {
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(dst, 0), vec![sge(src, 0, 1024)]),
+        )
+        .unwrap();
+    assert_eq!(wait_cq(sim, 0, a.send_cq, 1)[0].status, WcStatus::Success);
+    sim.trace.take().unwrap()
+}
+
 /// The frames node `from` sent, in the order they left, from a simulator trace.
 fn frames_sent_by(trace: &[(usize, Vec<u8>)], from: usize) -> Vec<RoceFrame<'_>> {
     trace
@@ -3068,18 +3087,7 @@ fn bad_checksums_are_counted_apart_from_bad_icrcs() {
     let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
     let src = sim.nodes[0].alloc(4096, RW);
     let dst = sim.nodes[1].alloc(4096, RW);
-    sim.trace = Some(Vec::new());
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 1024)]),
-        )
-        .unwrap();
-    assert_eq!(
-        wait_cq(&mut sim, 0, a.send_cq, 1)[0].status,
-        WcStatus::Success
-    );
-    let trace = sim.trace.take().unwrap();
+    let trace = traced_write(&mut sim, &a, &src, &dst);
     let ack = &trace.iter().rev().find(|(from, _)| *from == 1).unwrap().1;
     assert_eq!(&ack[26..28], &[0, 0], "xroce sends no UDP checksum");
     let mut bad_ip = ack.clone();
@@ -3116,18 +3124,7 @@ fn an_ack_for_a_psn_never_sent_completes_nothing() {
     sim.nodes[0].bytes_mut(&src)[..2048].copy_from_slice(&data);
 
     // A first WRITE goes through, and its ACK is kept as the model of a stray one.
-    sim.trace = Some(Vec::new());
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 1024)]),
-        )
-        .unwrap();
-    assert_eq!(
-        wait_cq(&mut sim, 0, a.send_cq, 1)[0].status,
-        WcStatus::Success
-    );
-    let trace = sim.trace.take().unwrap();
+    let trace = traced_write(&mut sim, &a, &src, &dst);
     let (first_psn, ack) = {
         let request = trace.iter().find(|(from, _)| *from == 0).unwrap();
         let ack = trace.iter().rev().find(|(from, _)| *from == 1).unwrap();

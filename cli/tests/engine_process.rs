@@ -174,13 +174,7 @@ fn an_engine_whose_interface_is_removed_exits_with_the_reason() {
         let iface = iface.clone();
         move || xdp::load(&xdp::LoadOptions::new(&iface)).expect("load")
     });
-    let mut engine = pair
-        .command(0, XROCE)
-        .args(["engine", "--iface", &iface])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start xroce engine");
+    let mut engine = spawn_piped_engine(&pair, &iface);
     // The engine is up once its socket takes the RoCE port's frames.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -198,18 +192,8 @@ fn an_engine_whose_interface_is_removed_exits_with_the_reason() {
         .exec(0, &format!("ip link del {iface}"))
         .expect("ip link del");
     assert!(out.status.success(), "{out:?}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = engine.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = engine.kill();
-            let _ = engine.wait();
-            panic!("the engine still runs 10 s after its interface was removed");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_at_most_10_s(&mut engine)
+        .expect("the engine still runs 10 s after its interface was removed");
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut engine.stderr.take().expect("stderr"), &mut stderr)
         .expect("read stderr");
@@ -325,13 +309,7 @@ fn an_engine_warns_about_a_drop_knob_left_on() {
             xdp::set_drop_one_in(&iface, 50).expect("drop knob");
         }
     });
-    let mut engine = pair
-        .command(0, XROCE)
-        .args(["engine", "--iface", &iface])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start xroce engine");
+    let mut engine = spawn_piped_engine(&pair, &iface);
     let stdout = engine.stdout.take().expect("stdout");
     let (tx, ready) = mpsc::channel();
     std::thread::spawn(move || {
@@ -341,7 +319,7 @@ fn an_engine_warns_about_a_drop_knob_left_on() {
     let first = ready.recv_timeout(Duration::from_secs(15));
     // SAFETY: kill(2) on our own child's PID (`ip netns exec` execs the engine).
     unsafe { libc::kill(engine.id() as i32, libc::SIGTERM) };
-    let status = run_bounded_wait(&mut engine);
+    let status = wait_at_most_10_s(&mut engine);
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut engine.stderr.take().expect("stderr"), &mut stderr)
         .expect("read stderr");
@@ -355,8 +333,18 @@ fn an_engine_warns_about_a_drop_knob_left_on() {
     );
 }
 
-/// Waits up to 10 s for `child` to exit, killing it after that.
-fn run_bounded_wait(child: &mut Child) -> Option<std::process::ExitStatus> {
+/// `xroce engine` on `iface` in namespace 0, its output piped.
+fn spawn_piped_engine(pair: &NetnsPair, iface: &str) -> Child {
+    pair.command(0, XROCE)
+        .args(["engine", "--iface", iface])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start xroce engine")
+}
+
+/// Waits up to 10 s for `child` to exit; `None` (the child killed) when it did not.
+fn wait_at_most_10_s(child: &mut Child) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(status) = child.try_wait().expect("wait") {
