@@ -218,7 +218,8 @@ fn drop_knob_note(iface: &str, one_in: u32) -> String {
     }
     format!(
         "; test-only drop knob on: 1 RoCEv2 frame in {one_in} is dropped \
-         (`cargo xtask xdp set-drop --iface {iface} --one-in 0` turns it off)"
+         (`cargo xtask xdp set-drop --iface {iface} --one-in 0` turns it off; so does \
+         `xroce link del`, which unloads the program)"
     )
 }
 

@@ -1026,6 +1026,7 @@ fn application_errors_get_verbs_errors() {
         "modify_qp_alt_path_refused",
         "modify_qp_path_mig_state_kept",
         "create_ah_port_out_of_range",
+        "modify_qp_av_in_sqd_carries_its_port",
         "create_srq_with_no_sge_takes_one",
         "close_device_destroys_what_it_left",
         "forked_child_closes_the_inherited_context",

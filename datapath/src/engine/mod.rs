@@ -1341,7 +1341,8 @@ fn open_af_xdp(
     if let Ok(one_in @ 1..) = crate::xdp::drop_one_in(&config.iface) {
         crate::stderr_line!(
             "xroce: netdev {}: the XDP program's test-only drop knob is on: 1 RoCEv2 frame in \
-             {one_in} is dropped (`cargo xtask xdp set-drop --iface {} --one-in 0` turns it off)",
+             {one_in} is dropped (`cargo xtask xdp set-drop --iface {} --one-in 0` turns it off; so does \
+             `xroce link del`, which unloads the program)",
             config.iface,
             config.iface
         );

@@ -433,7 +433,14 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
     match load_and_pin(iface, opts.mode, &link, &dir, build) {
         Err(e) if frags_may_fit(&e, opts.build) => {
             log::info!("{iface}: the plain build was refused ({e}); loading the frags build");
-            load_and_pin(iface, opts.mode, &link, &dir, ProgramBuild::Frags)
+            match load_and_pin(iface, opts.mode, &link, &dir, ProgramBuild::Frags) {
+                // veth's refusal named the MTU: the frags build's answer is the news.
+                Err(again) if !matches!(e, XdpError::MtuTooLarge { .. }) => {
+                    log::info!("{iface}: the frags build was refused too ({again})");
+                    Err(e)
+                }
+                result => result,
+            }
         }
         result => result,
     }
@@ -1494,8 +1501,8 @@ mod tests {
     use super::*;
 
     /// A native refusal of the plain build the MTU chose (i40e's EINVAL at MTU 3100, veth's
-    /// ERANGE, a driver's EOPNOTSUPP) is retried with the frags build; a build or mode the
-    /// user asked for, and a refusal of the frags build or of generic mode, are not.
+    /// ERANGE, a driver's EOPNOTSUPP) is retried with the frags build; a build the user asked
+    /// for, and a refusal of the frags build or in generic mode, are not.
     #[test]
     fn a_refused_plain_build_chosen_by_the_mtu_is_retried_with_frags() {
         let link = rtnl::Link {

@@ -275,11 +275,23 @@ fn qp_attr(a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
 pub unsafe extern "C" fn modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     // SAFETY: libibverbs passes one of our QPs and the application's attributes.
     let (x, a) = unsafe { (qp(q), &*attr) };
-    let mask = AttrMask(mask as u32);
-    let core = match qp_attr(a, mask) {
+    let mut mask = AttrMask(mask as u32);
+    let mut core = match qp_attr(a, mask) {
         Ok(c) => c,
         Err(e) => return e,
     };
+    // uverbs: an AV outside the move to RTR carries its port as IBV_QP_PORT too (added when
+    // the caller left it out, EINVAL when the two differ), so the transition's mask rules
+    // judge it with the port (UC's SQD->SQD takes an AV but no port: EINVAL on Linux).
+    if mask.contains(AttrMask::AV)
+        && !(mask.contains(AttrMask::STATE) && core.state == QpState::Rtr)
+    {
+        if mask.contains(AttrMask::PORT) && a.port_num != a.ah_attr.port_num {
+            return libc::EINVAL;
+        }
+        mask = AttrMask(mask.0 | AttrMask::PORT.0);
+        core.port_num = a.ah_attr.port_num;
+    }
     match x.engine.engine.modify_qp(x.qp.qp_num, &core, mask) {
         Ok(()) => 0,
         Err(VerbError::Verbs(e)) => errno(&e),

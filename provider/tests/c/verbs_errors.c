@@ -792,6 +792,49 @@ int main(int argc, char **argv)
             ibv_destroy_cq(cq);
     }
 
+    /* An AV outside the move to RTR carries its port (uverbs adds IBV_QP_PORT): UC's SQD->SQD
+     * takes an AV but no port, so Linux refuses it there, while RC's takes both. */
+    {
+        struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+        struct ibv_qp_init_attr ia = {
+            .send_cq = cq,
+            .recv_cq = cq,
+            .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+            .qp_type = IBV_QPT_UC,
+        };
+        struct ibv_qp *uc = cq ? ibv_create_qp(pd, &ia) : NULL;
+        struct ibv_qp *rc = cq ? create_rc(cq, cq, 4, 0) : NULL;
+        struct ibv_ah_attr av = {.is_global = 1, .port_num = 1,
+                                 .grh = {.dgid = gid, .sgid_index = gid_index, .hop_limit = 1}};
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                                .port_num = 1,
+                                .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+        int uc_sqd = uc && !ibv_modify_qp(uc, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+                                                      IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_1024;
+        a.dest_qp_num = uc ? uc->qp_num : 0;
+        a.ah_attr = av;
+        uc_sqd = uc_sqd && !ibv_modify_qp(uc, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                                                      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN);
+        a.qp_state = IBV_QPS_RTS;
+        uc_sqd = uc_sqd && !ibv_modify_qp(uc, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+        a.qp_state = IBV_QPS_SQD;
+        uc_sqd = uc_sqd && !ibv_modify_qp(uc, &a, IBV_QP_STATE);
+        int rc_sqd = rc && !to_init(rc) && !to_rtr_rts(rc, rc->qp_num) &&
+                     !ibv_modify_qp(rc, &a, IBV_QP_STATE);
+        int uc_av = uc_sqd ? ibv_modify_qp(uc, &a, IBV_QP_AV) : -1;
+        int rc_av = rc_sqd ? ibv_modify_qp(rc, &a, IBV_QP_AV) : -1;
+        CHECK("modify_qp_av_in_sqd_carries_its_port", uc_av == EINVAL && rc_av == 0,
+              "UC in SQD %d: %d; RC in SQD %d: %d", uc_sqd, uc_av, rc_sqd, rc_av);
+        if (uc)
+            ibv_destroy_qp(uc);
+        if (rc)
+            ibv_destroy_qp(rc);
+        if (cq)
+            ibv_destroy_cq(cq);
+    }
+
     /* An SRQ made with max_sge 0 takes receives of one SGE, as rdma_rxe raises max_sge to
      * one; the values in effect are written back. */
     {
