@@ -195,6 +195,14 @@ fn read_op(mr: &MemoryRegion, offset: u64) -> SendOp {
     }
 }
 
+fn fetch_add_op(mr: &MemoryRegion, offset: u64, add: u64) -> SendOp {
+    SendOp::FetchAdd {
+        remote_addr: mr.va + offset,
+        rkey: mr.rkey,
+        add,
+    }
+}
+
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
 }
@@ -1595,15 +1603,7 @@ fn lost_atomic_ack_is_replayed_not_reexecuted() {
     sim.nodes[0]
         .post_send(
             a.qpn,
-            SendWr::new(
-                1,
-                SendOp::FetchAdd {
-                    remote_addr: remote.va + 64,
-                    rkey: remote.rkey,
-                    add: 2,
-                },
-                vec![sge(&local, 0, 8)],
-            ),
+            SendWr::new(1, fetch_add_op(&remote, 64, 2), vec![sge(&local, 0, 8)]),
         )
         .unwrap();
     let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
@@ -2326,11 +2326,7 @@ fn a_recv_cq_overrun_still_answers_the_requests_before_it() {
             .post_recv(b.qpn, recv_wr(id, &dst, 1024 * (id - 9), 1024))
             .unwrap();
     }
-    let add = SendOp::FetchAdd {
-        remote_addr: dst.va,
-        rkey: dst.rkey,
-        add: 2,
-    };
+    let add = fetch_add_op(&dst, 0, 2);
     for (id, op, at) in [(1, SendOp::Send, 64), (2, add, 0), (3, SendOp::Send, 64)] {
         let len = if id == 2 { 8 } else { 64 };
         sim.nodes[0]
@@ -3362,15 +3358,7 @@ fn acks_for_no_request_never_name_an_atomic() {
     sim.nodes[0]
         .post_send(
             a.qpn,
-            SendWr::new(
-                2,
-                SendOp::FetchAdd {
-                    remote_addr: dst.va + 64,
-                    rkey: dst.rkey,
-                    add: 1,
-                },
-                vec![sge(&src, 0, 8)],
-            ),
+            SendWr::new(2, fetch_add_op(&dst, 64, 1), vec![sge(&src, 0, 8)]),
         )
         .unwrap();
     // The atomic is executed, its ACK lost; then the responder goes, and so do its resends.
@@ -3753,14 +3741,7 @@ fn responses_owed_before_a_failed_request_still_go_out() {
         let (first, len) = if what == "read" {
             (read_op(&dst, 64), 4096)
         } else {
-            (
-                SendOp::FetchAdd {
-                    remote_addr: dst.va,
-                    rkey: dst.rkey,
-                    add: 1,
-                },
-                8,
-            )
+            (fetch_add_op(&dst, 0, 1), 8)
         };
         let requests = then_a_failing_write(&mut sim, a, (first, len), &src, &dst);
         assert_eq!(requests.len(), 2, "{what}");

@@ -1500,17 +1500,22 @@ fn require_capabilities(
 mod tests {
     use super::*;
 
+    /// An interface `eth0` of this MTU, as rtnetlink would describe it.
+    fn eth0(mtu: u32) -> rtnl::Link {
+        rtnl::Link {
+            ifindex: 3,
+            name: "eth0".into(),
+            mtu,
+            ..rtnl::Link::default()
+        }
+    }
+
     /// A native refusal of the plain build the MTU chose (i40e's EINVAL at MTU 3100, veth's
     /// ERANGE, a driver's EOPNOTSUPP) is retried with the frags build; a build the user asked
     /// for, and a refusal of the frags build or in generic mode, are not.
     #[test]
     fn a_refused_plain_build_chosen_by_the_mtu_is_retried_with_frags() {
-        let link = rtnl::Link {
-            ifindex: 3,
-            name: "eth0".into(),
-            mtu: 3100,
-            ..rtnl::Link::default()
-        };
+        let link = eth0(3100);
         let refusal = |mode, build, errno| {
             attach_error(
                 "eth0",
@@ -1544,12 +1549,7 @@ mod tests {
     /// the way out; in generic mode (no driver involved) the kernel's words as they are.
     #[test]
     fn a_drivers_einval_names_the_mtu_and_generic_mode() {
-        let link = rtnl::Link {
-            ifindex: 3,
-            name: "eth0".into(),
-            mtu: 9000,
-            ..rtnl::Link::default()
-        };
+        let link = eth0(9000);
         let einval = || io::Error::from_raw_os_error(libc::EINVAL);
         let native = attach_error(
             "eth0",
