@@ -1642,6 +1642,45 @@ fn lost_atomic_ack_is_replayed_not_reexecuted() {
     assert_eq!(c0.timeouts, 2);
 }
 
+/// An atomic's local buffer may be longer than 8 bytes, as rdma-core's rxe provider takes it:
+/// the original value lands in its first 8 bytes and the rest is left as it was. Shorter than
+/// 8 bytes is refused.
+#[test]
+fn an_atomic_with_a_longer_local_buffer_gets_the_original_in_its_first_8_bytes() {
+    let mut sim = Sim::new(45, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let local = sim.nodes[0].alloc(4096, RW);
+    let remote = sim.nodes[1].alloc(4096, RW);
+    sim.nodes[1].bytes_mut(&remote)[64..72].copy_from_slice(&40u64.to_ne_bytes());
+    sim.nodes[0].bytes_mut(&local)[..24].fill(0xee);
+    // Two SGEs, 4 + 12 bytes: the value is split across them.
+    let wr = SendWr::new(
+        1,
+        fetch_add_op(&remote, 64, 2),
+        vec![sge(&local, 0, 4), sge(&local, 4, 12)],
+    );
+    sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    let bytes = sim.nodes[0].bytes(&local);
+    assert_eq!(u64_at(bytes, 0), 40, "the original value");
+    assert_eq!(
+        &bytes[8..24],
+        &[0xee; 16],
+        "the rest of the buffer is untouched"
+    );
+    assert_eq!(u64_at(sim.nodes[1].bytes(&remote), 64), 42);
+
+    let short = SendWr::new(2, fetch_add_op(&remote, 64, 2), vec![sge(&local, 0, 4)]);
+    assert!(
+        matches!(
+            sim.nodes[0].post_send(a.qpn, short),
+            Err(VerbsError::Invalid(_))
+        ),
+        "a 4-byte buffer cannot take the original value"
+    );
+}
+
 // ----- 5. PSN wrap -----
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1971,6 +2010,36 @@ fn ud_ipv6_grh_area_is_the_ipv6_header() {
     assert_eq!(&ip[8..24], &s.0);
     assert_eq!(&ip[24..40], &d.0);
     assert_eq!(&buf[40..1040], &data[..]);
+}
+
+/// A QP whose source address was removed from the interface (its GID slot now empty) cannot
+/// send: the work request fails with a local QP operation error, as on rdma_rxe, and is
+/// counted, so that the engine can say why (nothing else would).
+#[test]
+fn a_send_after_the_source_address_went_fails_and_is_counted() {
+    let mut sim = Sim::new(65, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(1, &dst, 0, 64))
+        .unwrap();
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(counters(&sim, 0).tx_no_source_address, 0);
+
+    sim.nodes[0].dev.set_gids(vec![None]);
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(2, WcStatus::LocQpOpErr)]);
+    let c = counters(&sim, 0);
+    assert_eq!(c.tx_no_source_address, 1);
+    assert_eq!(c.tx_too_big_for_buffer, 0, "not taken for a packet too big");
 }
 
 /// A QP reuses the IP and UDP headers of its last packet while the path stays the same: a UD

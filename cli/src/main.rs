@@ -86,7 +86,7 @@ enum Command {
         #[arg(long, default_value = "auto", value_parser = ["auto", "copy", "zero-copy"])]
         mode: String,
         /// Write every frame the engine sends and receives to this pcap file (created or
-        /// truncated).
+        /// truncated; refused while another engine writes to it).
         #[arg(long, value_name = "FILE")]
         pcap: Option<PathBuf>,
     },

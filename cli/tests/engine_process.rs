@@ -23,9 +23,15 @@ struct EngineProcess {
 
 impl EngineProcess {
     fn start(pair: &NetnsPair, side: usize) -> EngineProcess {
+        Self::start_with(pair, side, &[])
+    }
+
+    /// [`EngineProcess::start`] with more arguments for `xroce engine`.
+    fn start_with(pair: &NetnsPair, side: usize, extra: &[&str]) -> EngineProcess {
         let mut child = pair
             .command(side, XROCE)
             .args(["engine", "--iface", pair.iface(side)])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -114,7 +120,9 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
         xdp::load(&xdp::LoadOptions::new(&iface)).expect("load");
     });
 
-    let first = EngineProcess::start(&pair, 0);
+    let capture = std::env::temp_dir().join(format!("xrproc-{}.pcap", std::process::id()));
+    let capture_arg = capture.to_string_lossy().into_owned();
+    let first = EngineProcess::start_with(&pair, 0, &["--pcap", &capture_arg]);
     // RoCE-port frames now go to the engine's socket.
     let before = counters(&pair);
     send_roce_port_datagrams(&pair, 5);
@@ -127,7 +135,16 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
 
     // A second engine on the same queue: a clear error, promptly, naming the process in
     // its way.
-    let stderr = failing_engine(&pair, pair.iface(0));
+    // Started with the same capture file, as a user repeating a command line does: the
+    // refusal is about the queue, and the first engine's file is left as it is.
+    let captured = std::fs::read(&capture).expect("the first engine's capture");
+    let stderr = failing_engine_with(&pair, pair.iface(0), &["--pcap", &capture_arg]);
+    assert_eq!(
+        std::fs::read(&capture).expect("the capture after the refused start"),
+        captured,
+        "the refused engine changed the first engine's capture"
+    );
+    let _ = std::fs::remove_file(&capture);
     let holder = format!("in use by process {} (xroce)", first.child.id());
     assert!(
         stderr.contains(&format!("queue 0 of {}", pair.iface(0)))
@@ -211,8 +228,13 @@ fn an_engine_whose_interface_is_removed_exits_with_the_reason() {
 /// Runs `xroce engine --iface IFACE` in namespace 0 to completion (bounded) and returns its
 /// stderr, checking it failed.
 fn failing_engine(pair: &NetnsPair, iface: &str) -> String {
+    failing_engine_with(pair, iface, &[])
+}
+
+/// [`failing_engine`] with more arguments for `xroce engine`.
+fn failing_engine_with(pair: &NetnsPair, iface: &str, extra: &[&str]) -> String {
     let mut c = pair.command(0, XROCE);
-    c.args(["engine", "--iface", iface]);
+    c.args(["engine", "--iface", iface]).args(extra);
     let out = run_bounded(c, Duration::from_secs(15)).expect("engine ran");
     assert!(!out.status.success(), "engine started: {out:?}");
     String::from_utf8_lossy(&out.stderr).into_owned()

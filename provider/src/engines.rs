@@ -164,10 +164,18 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
         .filter_map(|(_, w)| w.upgrade())
         .find(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
     {
-        e.contexts.fetch_add(1, Ordering::SeqCst);
-        attach_context(&e, ctx);
-        *mine = Some(e.clone());
-        return Ok(e);
+        if e.engine.failure().is_none() {
+            e.contexts.fetch_add(1, Ordering::SeqCst);
+            attach_context(&e, ctx);
+            *mine = Some(e.clone());
+            return Ok(e);
+        }
+        // The device failed (its steering program was removed, say) while older contexts
+        // still hold it. After IBV_EVENT_DEVICE_FATAL an application opens the device again,
+        // as on an RDMA NIC, and must get a working one once the cause is gone, not the failed
+        // engine. That engine stops here: its socket and queue note go, so the new engine can
+        // take the queue; the older contexts keep the failed device's errors.
+        e.finish();
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut config = EngineConfig::new(ctx.netdev.clone());

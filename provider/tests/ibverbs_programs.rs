@@ -489,6 +489,88 @@ fn a_second_program_on_a_device_is_told_which_process_has_it() {
     assert!(s.contains("iters in") && c.contains("iters in"), "{s}\n{c}");
 }
 
+/// After `IBV_EVENT_DEVICE_FATAL` (here: the steering program removed under a running
+/// program) an application opens the device again while its failed context is still open, as
+/// it would on an RDMA NIC. Once the steering is back, the new context gets a working device
+/// (a SEND between two of its QPs arrives), not the failed engine.
+#[test]
+fn a_device_opened_again_after_it_failed_works_once_the_cause_is_gone() {
+    if !root_or_skip() {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let program = compile_c("reopen_after_fatal");
+    let rig = Rig::new("xpf", 1500);
+    let mut child = rig
+        .exec(0, &[&program.to_string_lossy(), "1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start reopen_after_fatal");
+    let pid = child.id();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("its stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let stderr = child.stderr.take().expect("its stderr");
+    let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let mut seen = Vec::new();
+    let mut expect = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line == want;
+                    seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        panic!("reopen_after_fatal never printed {want:?}; it printed {seen:?}");
+    };
+    expect("ready");
+    let iface = rig.pair.iface(0).to_string();
+    let unload_from = iface.clone();
+    rig.pair
+        .run_in(0, move || xroce_datapath::xdp::unload(&unload_from))
+        .expect("unload the steering program");
+    expect("fatal");
+    rig.pair
+        .run_in(0, move || {
+            xroce_datapath::xdp::load(&xroce_datapath::xdp::LoadOptions::new(&iface))
+        })
+        .expect("load the steering program again");
+    child
+        .stdin
+        .take()
+        .expect("its stdin")
+        .write_all(b"go\n")
+        .expect("tell it to go on");
+    expect("reopened ok");
+    let status = child.wait().expect("wait for reopen_after_fatal");
+    let stderr = stderr.join().unwrap_or_default();
+    assert!(
+        status.success(),
+        "reopen_after_fatal {status}: {seen:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("the device has failed"),
+        "the failure was not reported: {stderr}"
+    );
+}
+
 /// librdmacm needs the kernel's `rdma_cm` device, which this kernel lacks and xroce does not
 /// provide: perftest's `-R` (connect through RDMA CM) fails at its first librdmacm call, and
 /// the user is told why and what to run instead, not only perftest's "rdma_create_event_channel
@@ -1032,6 +1114,7 @@ fn application_errors_get_verbs_errors() {
         "forked_child_closes_the_inherited_context",
         "dealloc_pd_in_use",
         "reopen_after_leaked_objects",
+        "closed_contexts_with_leaked_objects_leave_no_threads",
     ] {
         assert!(
             text.lines().any(|l| l == format!("ok {check}")),

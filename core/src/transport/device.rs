@@ -112,6 +112,10 @@ pub struct Counters {
     /// frames carry: 4096 where AF_XDP has no multi-buffer). The request failed its work
     /// request with a local QP operation error; a READ response, the READ with a NAK.
     pub tx_too_big_for_buffer: u64,
+    /// Requests whose QP's source GID (its AV's `sgid_index`) names no address of the
+    /// interface any more (the address was removed), or one of the other IP family than the
+    /// destination: the work request failed with a local QP operation error, as on rdma_rxe.
+    pub tx_no_source_address: u64,
     pub uc_messages_dropped: u64,
     pub cq_overflows: u64,
     /// SENDs with invalidate, failed because nothing here can be invalidated (class J).
@@ -123,7 +127,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 31] {
+    pub fn fields(&self) -> [(&'static str, u64); 32] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -152,6 +156,7 @@ impl Counters {
             ("ud_no_receive", self.ud_no_receive),
             ("ud_too_long", self.ud_too_long),
             ("tx_too_big_for_buffer", self.tx_too_big_for_buffer),
+            ("tx_no_source_address", self.tx_no_source_address),
             ("uc_messages_dropped", self.uc_messages_dropped),
             ("cq_overflows", self.cq_overflows),
             ("invalidate_errors", self.invalidate_errors),
@@ -311,6 +316,11 @@ impl Device {
     /// every round).
     pub fn tx_too_big_for_buffer(&self) -> u64 {
         self.sh.counters.tx_too_big_for_buffer
+    }
+
+    /// [`Counters::tx_no_source_address`], without copying the rest.
+    pub fn tx_no_source_address(&self) -> u64 {
+        self.sh.counters.tx_no_source_address
     }
 
     /// What every QP and CQ is doing at `now`, a line each (see `Qp::report_line`), with the
@@ -814,9 +824,12 @@ impl Device {
         if let SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } =
             wr.op
         {
-            if length != 8 || remote_addr % 8 != 0 {
+            // A longer local buffer takes the original value in its first 8 bytes, as
+            // rdma-core's rxe provider accepts it (it refuses only fewer than 8).
+            if length < 8 || remote_addr % 8 != 0 {
                 return Err(VerbsError::Invalid(
-                    "atomics need one 8-byte local buffer and an 8-byte aligned remote address",
+                    "atomics need a local buffer of at least 8 bytes and an 8-byte aligned \
+                     remote address",
                 ));
             }
         }

@@ -349,11 +349,14 @@ impl Qp {
         let Some((mut writer, src, dst)) =
             self.start_packet(sh, &av, buf, &t, payload_len as usize)
         else {
-            // No path (no source address), or the path is there and the packet does not fit
-            // the transmit buffer: a path MTU above what the port's frames carry, which will
-            // not change while the QP lives.
+            // No path: the source GID names no address of the interface any more (removed
+            // under the QP; rdma_rxe fails the request the same way). Or the path is there and
+            // the packet does not fit the transmit buffer: a path MTU above what the port's
+            // frames carry, which will not change while the QP lives.
             if self.path_headers(sh, &av).is_some() {
                 sh.counters.tx_too_big_for_buffer += 1;
+            } else {
+                sh.counters.tx_no_source_address += 1;
             }
             self.sq[idx].state = WqeState::Error(WcStatus::LocQpOpErr);
             return None;

@@ -290,6 +290,13 @@ impl Neighbours {
     /// the old MAC by unicast, and when nobody answers the entry fails and is resolved again
     /// by broadcast; the watcher hands the new MAC to the cache. The same unicast probe keeps
     /// a live peer's entry REACHABLE, as rdma_rxe's traffic through the kernel does.
+    /// Ends the keep-alive thread (the engine stopped: nothing is sent any more). A stopped
+    /// engine lives on while objects its application never destroyed hold it, and a program
+    /// that reopens its device again and again would otherwise gather one idle thread each time.
+    pub(crate) fn stop_keep_alive(&mut self) {
+        self.keep_alive = None;
+    }
+
     pub fn keep_alive(&mut self, now: u64) {
         let Some(worker) = self.keep_alive.as_ref().filter(|w| !w.refused()) else {
             return;

@@ -21,8 +21,16 @@ use pcap_parser::{LegacyPcapBlock, Linktype, PcapHeader, ToVec};
 /// pcap headers and streams into garbage.
 static OPEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
+/// Paths this process has captured to: an engine started again on the same path (the device
+/// closed and opened again, or opened again after it failed) goes on at the end of the file
+/// instead of truncating the frames before it, which may be what the user wants to read.
+static CAPTURED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
 /// Longest frame written whole: a 9000-byte MTU frame with two VLAN tags fits.
 const SNAPLEN: u32 = 9022;
+
+/// The classic pcap file header's length.
+const PCAP_HEADER_LEN: u64 = 24;
 
 pub(crate) struct Capture {
     path: PathBuf,
@@ -32,7 +40,11 @@ pub(crate) struct Capture {
 }
 
 impl Capture {
-    /// Creates (or truncates) `path` and writes the pcap file header.
+    /// Opens `path` for this engine's frames: a new file, or one this process captured to
+    /// before (continued at its end), else truncated, with the pcap file header. Refused while
+    /// another engine, in this process or another, captures to it: the file is then left as
+    /// it is (`flock`: a second program started by mistake with the same `XROCE_PCAP` must
+    /// not cut the first one's file under it).
     pub(crate) fn create(path: &Path) -> io::Result<Self> {
         {
             let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
@@ -45,18 +57,7 @@ impl Capture {
             }
             open.push(path.to_path_buf());
         }
-        let opened = File::create(path).and_then(|file| {
-            let mut out = BufWriter::with_capacity(1 << 16, file);
-            let mut header = PcapHeader::new();
-            // Nanosecond timestamps.
-            header.magic_number = 0xa1b2_3c4d;
-            header.snaplen = SNAPLEN;
-            header.network = Linktype::ETHERNET;
-            out.write_all(&header.to_vec_raw().map_err(io::Error::other)?)?;
-            out.flush()?;
-            Ok(out)
-        });
-        match opened {
+        match Self::open_locked(path) {
             Ok(out) => Ok(Self {
                 path: path.to_path_buf(),
                 out,
@@ -67,6 +68,47 @@ impl Capture {
                 Err(e)
             }
         }
+    }
+
+    fn open_locked(path: &Path) -> io::Result<BufWriter<File>> {
+        use std::io::{Seek, SeekFrom};
+        use std::os::fd::AsRawFd;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "another process captures to it (give each program a file of its own)",
+                )
+            } else {
+                e
+            });
+        }
+        let mut captured = CAPTURED.lock().unwrap_or_else(|p| p.into_inner());
+        let ours = captured.iter().any(|p| p == path);
+        if ours && file.metadata()?.len() >= PCAP_HEADER_LEN {
+            file.seek(SeekFrom::End(0))?;
+            return Ok(BufWriter::with_capacity(1 << 16, file));
+        }
+        file.set_len(0)?;
+        let mut out = BufWriter::with_capacity(1 << 16, file);
+        let mut header = PcapHeader::new();
+        // Nanosecond timestamps.
+        header.magic_number = 0xa1b2_3c4d;
+        header.snaplen = SNAPLEN;
+        header.network = Linktype::ETHERNET;
+        out.write_all(&header.to_vec_raw().map_err(io::Error::other)?)?;
+        out.flush()?;
+        if !ours {
+            captured.push(path.to_path_buf());
+        }
+        Ok(out)
     }
 
     /// Appends one frame, stamped with the wall clock. Out of line and cold: the send and
@@ -183,9 +225,55 @@ mod tests {
         let (magic, got) = frames_in(&path);
         assert_eq!(magic, 0xa1b2_3c4d, "nanosecond timestamps");
         assert_eq!(got, sent);
-        // Closed, the path may be captured to again (and is truncated).
-        drop(Capture::create(&path).unwrap());
-        assert!(frames_in(&path).1.is_empty());
+        // Closed, the path may be captured to again by this process: the file goes on.
+        {
+            let mut c = Capture::create(&path).unwrap();
+            c.record(&[0xab; 70]);
+        }
+        let (_, got) = frames_in(&path);
+        assert_eq!(
+            got.len(),
+            sent.len() + 1,
+            "one file header, both engines' frames"
+        );
+        assert_eq!(got.last().map(|f| f.len()), Some(70));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A file another process captures to is left as it is: a second program started with
+    /// the same `XROCE_PCAP` by mistake must not cut it under the first.
+    #[test]
+    fn a_file_another_process_captures_to_is_refused_and_left_whole() {
+        let path =
+            std::env::temp_dir().join(format!("xroce-capture-held-{}.pcap", std::process::id()));
+        std::fs::write(&path, b"the other process's frames").unwrap();
+        // flock(1) holds the same kind of lock as a capturing engine, from another process.
+        let mut holder = std::process::Command::new("flock")
+            .arg(&path)
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("run flock(1)");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let refused = loop {
+            match Capture::create(&path) {
+                Err(e) => break e,
+                // flock(1) has not taken the lock yet: this one got it; let it go, try again.
+                Ok(c) => {
+                    drop(c);
+                    std::fs::write(&path, b"the other process's frames").unwrap();
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "flock(1) never took the lock"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        };
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert_eq!(refused.kind(), io::ErrorKind::AlreadyExists, "{refused}");
+        assert!(refused.to_string().contains("another process"), "{refused}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"the other process's frames");
         let _ = std::fs::remove_file(&path);
     }
 

@@ -56,8 +56,8 @@ pub struct EngineConfig {
     /// engine lock held (on the progress thread or an application thread), so it must not call
     /// back into the engine; the provider writes the event to a file descriptor and returns.
     pub on_event: Option<EventSink>,
-    /// Write every frame the engine sends and receives to this pcap file (created or
-    /// truncated; see `capture`). The interface's own taps do not see xroce's frames.
+    /// Write every frame the engine sends and receives to this pcap file (created, truncated
+    /// or, when this process captured to it before, continued; see `capture`). The interface's own taps do not see xroce's frames.
     pub capture: Option<std::path::PathBuf>,
     /// Notice at once when the XDP program is unloaded, from the removal of its pins (see
     /// [`crate::xdp::PinWatch`]). Without it (or when bpffs cannot be reached) an unload is
@@ -459,19 +459,6 @@ impl Engine {
             return Err(EngineError::DpdkNotBuilt);
         }
         let mut neighbours = Neighbours::open(&config.iface, config.multi_buffer())?;
-        // Before the socket: a capture that cannot be made stops the start, and nothing of
-        // the engine has to be undone.
-        let capture = match &config.capture {
-            Some(path) => {
-                Some(
-                    capture::Capture::create(path).map_err(|source| EngineError::Capture {
-                        path: path.clone(),
-                        source,
-                    })?,
-                )
-            }
-            None => None,
-        };
         let ifindex = neighbours.ifindex();
         // Watching before reading: an address that appears in between (IPv6 duplicate address
         // detection ending as the application starts) is a change the thread applies.
@@ -493,6 +480,21 @@ impl Engine {
                 Backend::AfXdp => open_af_xdp(&config, ifindex, &neighbours, &gids)?,
                 Backend::Dpdk => open_dpdk(&config)?,
             }
+        };
+        // Once the port is this engine's: a second program on a busy device, refused above,
+        // must not touch the capture file of the one that has it (and is told why it was
+        // refused, not about the file). A capture that cannot be made stops the start; the
+        // port and its notes go with this function's locals.
+        let capture = match &config.capture {
+            Some(path) => {
+                Some(
+                    capture::Capture::create(path).map_err(|source| EngineError::Capture {
+                        path: path.clone(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
         };
         if let Some(map) = local_addrs {
             neighbours.steer_only_to(map, gids.clone());
@@ -1545,6 +1547,7 @@ impl Engine {
         st.io.port = Box::new(crate::port::ClosedPort);
         st.queue_claims.clear();
         st.io.capture = None;
+        st.neighbours.stop_keep_alive();
     }
 }
 

@@ -108,6 +108,8 @@ pub(crate) struct PortState {
     pub(crate) failed: bool,
     /// The transport has met a packet too big for a transmit frame, and stderr was told.
     too_big_reported: bool,
+    /// [`Device::tx_no_source_address`] was reported on stderr.
+    no_source_reported: bool,
     /// Where every frame sent and received is written, when asked for.
     pub(crate) capture: Option<Capture>,
     pub(crate) steering: SteeringWatch,
@@ -200,6 +202,7 @@ impl PortState {
             link_down: false,
             failed: false,
             too_big_reported: false,
+            no_source_reported: false,
             capture,
             steering,
         }
@@ -596,6 +599,17 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     if !io.too_big_reported && dev.tx_too_big_for_buffer() > 0 {
         io.too_big_reported = true;
         report_too_big(shared, dev.port_mtu());
+    }
+    if !io.no_source_reported && dev.tx_no_source_address() > 0 {
+        io.no_source_reported = true;
+        crate::stderr_line!(
+            "xroce: netdev {}: a QP's source GID (the sgid_index of its address vector) no \
+             longer names an address of the interface (was the address removed?), so its work \
+             request failed with a local QP operation error; such a QP must be connected again \
+             with a current GID (`ibv_devinfo -v` lists them). (Said once; the state dump \
+             counts such requests: tx_no_source_address.)",
+            shared.config.iface
+        );
     }
 
     // Events from timers (and from loopback packets).
