@@ -2012,6 +2012,74 @@ fn ud_ipv6_grh_area_is_the_ipv6_header() {
     assert_eq!(&buf[40..1040], &data[..]);
 }
 
+/// A QP's send limits are sized as rdma_rxe sizes a send WQE: the room for `max_send_sge`
+/// SGEs (16 bytes each) or `max_inline_data` bytes, whichever is more, and both limits fill it.
+/// Asked for 2 SGEs and no inline data, a QP takes 32 inline bytes; asked for 1 SGE and 64
+/// inline bytes, it takes 4 SGEs.
+#[test]
+fn send_limits_fill_the_send_wqe_as_rdma_rxe_sizes_it() {
+    for (asked_sge, asked_inline, sge_limit, inline_limit) in [(2, 0, 2, 32), (1, 64, 4, 64)] {
+        let mut sim = Sim::new(46, 2, LinkConfig::default());
+        let mut o = ConnectOptions::default();
+        o.cap.max_send_sge = asked_sge;
+        o.cap.max_inline_data = asked_inline;
+        let (a, b) = connect(&mut sim, 0, 1, &o);
+        let cap = sim.nodes[0].dev.query_qp(a.qpn).unwrap().cap;
+        assert_eq!(
+            (cap.max_send_sge, cap.max_inline_data),
+            (sge_limit, inline_limit),
+            "asked for {asked_sge} SGEs and {asked_inline} inline bytes"
+        );
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        for (i, b) in sim.nodes[0].bytes_mut(&src).iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(1, &dst, 0, 1024))
+            .unwrap();
+        sim.nodes[1]
+            .post_recv(b.qpn, recv_wr(2, &dst, 1024, 1024))
+            .unwrap();
+        // At the inline limit, and with as many SGEs as the limit allows.
+        let mut inline = SendWr::new(1, SendOp::Send, vec![sge(&src, 0, inline_limit)]);
+        inline.flags = SendFlags::INLINE | SendFlags::SIGNALED;
+        sim.nodes[0].post_send(a.qpn, inline).unwrap();
+        let sges: Vec<Sge> = (0..sge_limit)
+            .map(|i| sge(&src, u64::from(i) * 8, 8))
+            .collect();
+        sim.nodes[0]
+            .post_send(a.qpn, SendWr::new(2, SendOp::Send, sges))
+            .unwrap();
+        let rc = wait_cq(&mut sim, 1, b.recv_cq, 2);
+        assert_eq!(
+            ids_and_status(&rc),
+            [(1, WcStatus::Success), (2, WcStatus::Success)]
+        );
+        let (got, want) = (sim.nodes[1].bytes(&dst), sim.nodes[0].bytes(&src));
+        assert_eq!(
+            &got[..inline_limit as usize],
+            &want[..inline_limit as usize]
+        );
+        let n = sge_limit as usize * 8;
+        assert_eq!(&got[1024..1024 + n], &want[..n]);
+        // One byte more inline, or one SGE more, is refused.
+        let mut over = SendWr::new(3, SendOp::Send, vec![sge(&src, 0, inline_limit + 1)]);
+        over.flags = SendFlags::INLINE;
+        assert!(matches!(
+            sim.nodes[0].post_send(a.qpn, over),
+            Err(VerbsError::Invalid(_))
+        ));
+        let sges: Vec<Sge> = (0..=sge_limit)
+            .map(|i| sge(&src, u64::from(i) * 8, 8))
+            .collect();
+        assert!(matches!(
+            sim.nodes[0].post_send(a.qpn, SendWr::new(4, SendOp::Send, sges)),
+            Err(VerbsError::Invalid(_))
+        ));
+    }
+}
+
 /// A QP whose source address was removed from the interface (its GID slot now empty) cannot
 /// send: the work request fails with a local QP operation error, as on rdma_rxe, and is
 /// counted, so that the engine can say why (nothing else would).

@@ -1903,6 +1903,51 @@ fn loopback_and_idle_cost_on(backend: Backend) {
 }
 
 /// The GID table follows the interface's addresses.
+/// With its interface down (the kernel then removes the interface's routes), connecting a QP
+/// fails with an error that says the interface is down and how to bring it up, not that
+/// there is no route to the peer or that it is reached through another interface.
+#[test]
+fn connecting_through_a_downed_interface_says_it_is_down() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrdown", 1500).expect("namespaces");
+    let iface = pair.iface(0).to_string();
+    let (me, peer) = (pair.ipv4(0), pair.ipv4(1));
+    let message = pair.run_in(0, move || {
+        xdp::load(&xdp::LoadOptions::new(&iface)).expect("load");
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let sgid_index = engine
+            .gids()
+            .iter()
+            .position(|g| *g == Some(IpAddress::V4(me.into())))
+            .expect("own GID") as u8;
+        let av = AddressVector {
+            dgid: IpAddress::V4(peer.into()),
+            sgid_index,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        };
+        let ip = |state: &str| {
+            // This thread is in the namespace; `ip` starts in it.
+            let out = std::process::Command::new("ip")
+                .args(["link", "set", &iface, state])
+                .output()
+                .expect("run ip");
+            assert!(out.status.success(), "ip link set {state}: {out:?}");
+        };
+        ip("down");
+        let refused = engine.resolve(&av).map_err(|e| e.to_string());
+        ip("up");
+        refused.expect_err("a peer reached through a downed interface")
+    });
+    assert!(
+        message.contains("is down") && message.contains("ip link set") && message.contains("up"),
+        "the error does not say the interface is down: {message}"
+    );
+}
+
 #[test]
 fn gid_table_follows_address_changes() {
     if !root_or_skip() {
@@ -2791,6 +2836,77 @@ fn an_engine_receives_on_every_queue_of_its_interface() {
     );
 }
 
+/// A 4 KiB buffer and an RC QP connected to a QP number nobody has at `peer`: what it sends
+/// is never acknowledged, so its retransmissions time out.
+fn connected_to_nobody(engine: &Engine, local: IpAddress, peer: IpAddress) -> (Buffer, Qp) {
+    let pd = engine.with_device(|d| d.alloc_pd());
+    let buf = Buffer::new(engine, pd, 4096);
+    let qp = create_qp(engine, pd, QpType::Rc);
+    to_init(engine, &qp);
+    let nobody = Endpoint {
+        qpn: 0x12345,
+        psn: 0,
+        ip: peer,
+        va: 0,
+        rkey: 0,
+    };
+    bring_up(engine, &qp, local, &nobody, 0, PathMtu::Mtu1024);
+    (buf, qp)
+}
+
+/// An interface given more receive queues after its engine started (`ethtool -L`, as a cloud
+/// agent may do) spreads frames over queues the engine has no socket on: the steering program
+/// passes those to the kernel and their QPs stall. Nothing else would say why; when
+/// retransmissions time out the engine looks, and says so (counted as `rx_queues_grown`).
+#[test]
+fn receive_queues_added_under_an_engine_are_reported() {
+    if !root_or_skip() {
+        return;
+    }
+    let turn = Turn::Shared(TURNS.read().unwrap_or_else(|p| p.into_inner()));
+    let setup = Setup::with_queues(1500, 4, turn);
+    let (iface, peer_iface) = (setup.pair.iface(0).to_string(), setup.pair.iface(1));
+    // One receive queue at side 0 (veth with XDP wants the peer to send on no more).
+    for (side, what) in [
+        (1, format!("{peer_iface} tx 1")),
+        (0, format!("{iface} rx 1")),
+    ] {
+        let out = setup
+            .pair
+            .exec(side, &format!("ethtool -L {what}"))
+            .expect("run ethtool");
+        assert!(out.status.success(), "ethtool -L {what}: {out:?}");
+    }
+    let local = IpAddress::V4(setup.pair.ipv4(0).into());
+    let peer = IpAddress::V4(setup.pair.ipv4(1).into());
+    setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        assert_eq!(engine.queues(), [0], "one queue at the start");
+        // Nobody answers: the SEND's retransmissions time out.
+        let (buf, qp) = connected_to_nobody(&engine, local, peer);
+        let grown = || engine.counters().rx_queues_grown.load(Ordering::Relaxed);
+        // Timeouts with the queues as they were: nothing to report.
+        engine
+            .post_send(qp.qpn, SendWr::new(1, SendOp::Send, vec![buf.sge(0, 64)]))
+            .expect("post_send");
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(engine.with_device(|d| d.counters().timeouts) > 0);
+        assert_eq!(grown(), 0, "reported with the queues unchanged");
+        // This thread is in the namespace; `ethtool` starts in it.
+        let out = std::process::Command::new("ethtool")
+            .args(["-L", &iface, "rx", "4"])
+            .output()
+            .expect("run ethtool");
+        assert!(out.status.success(), "ethtool -L {iface} rx 4: {out:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while grown() == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(grown(), 1, "not reported: {}", engine.stats_line());
+        drop(buf);
+    });
+}
+
 /// A SEND posted from the application's thread to an idle RC QP starts its retransmission
 /// timer there, while the progress thread sleeps with no timer to wait for. When the packet
 /// is lost and the application then waits outside its verbs (blocked in
@@ -2809,18 +2925,7 @@ fn a_lost_send_is_resent_while_the_application_waits_outside_its_verbs() {
     let peer = IpAddress::V4(setup.pair.ipv4(1).into());
     setup.pair.run_in(0, move || {
         let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-        let pd = engine.with_device(|d| d.alloc_pd());
-        let buf = Buffer::new(&engine, pd, 4096);
-        let qp = create_qp(&engine, pd, QpType::Rc);
-        to_init(&engine, &qp);
-        let nobody = Endpoint {
-            qpn: 0x12345,
-            psn: 0,
-            ip: peer,
-            va: 0,
-            rkey: 0,
-        };
-        bring_up(&engine, &qp, local, &nobody, 0, PathMtu::Mtu1024);
+        let (buf, qp) = connected_to_nobody(&engine, local, peer);
         // The progress thread spins a little after the set-up, then sleeps for events. Wait
         // past the new interfaces' IPv6 duplicate address detection (1 s): its end is an
         // address change, which wakes the thread and would let it see the timer anyway.

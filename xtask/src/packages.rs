@@ -78,6 +78,13 @@ const TEST_PACKAGES: &[Package] = &[
         demo: true,
     },
     Package {
+        name: "ethtool",
+        alternatives: &[],
+        required: true,
+        why: "`ethtool -L`: a namespace test changes an interface's queues under an engine",
+        demo: false,
+    },
+    Package {
         name: "strace",
         alternatives: &[],
         required: true,

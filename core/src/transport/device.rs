@@ -630,6 +630,15 @@ impl Device {
         if c.max_inline_data > limits::MAX_INLINE_DATA {
             return Err(VerbsError::Invalid("max_inline_data above 512"));
         }
+        let mut init = init;
+        // Sized as rdma_rxe sizes a send WQE: room for max_send_sge SGEs (16 bytes each) or
+        // max_inline_data bytes, whichever is more, and both limits then fill that room
+        // (reported back through the QP's capabilities). A program that asks for 2 SGEs and no
+        // inline data may post 32 inline bytes on rdma_rxe, and rc_pingpong-like programs
+        // choose inline from what is reported. Within the limits above: 32 SGEs are 512 bytes.
+        let wqe = (c.max_send_sge * 16).max(c.max_inline_data);
+        init.cap.max_send_sge = wqe / 16;
+        init.cap.max_inline_data = wqe;
         let mut qpn = self.next_qpn;
         while self.qps.contains_key(&qpn) || self.departed.contains_key(&qpn) {
             qpn = next_qpn(qpn);

@@ -42,6 +42,14 @@ pub enum AddressingError {
         /// `dst` is one of this namespace's own addresses (a local route).
         own_address: bool,
     },
+    /// The route to `dst` was not found on the engine's interface because the interface is
+    /// down (the kernel removes a down interface's routes): said instead of the "no route" or
+    /// "reached through another interface" the lookup gives then.
+    #[error(
+        "{iface} is down, so {dst} cannot be reached through it (`ip link set {iface} up`; the \
+         kernel removes a down interface's routes)"
+    )]
+    InterfaceDown { dst: IpAddr, iface: String },
     #[error("cannot look up {dst} in the engine's network namespace: {source}")]
     HomeNamespace {
         dst: IpAddr,
@@ -133,7 +141,18 @@ pub struct Resolved {
 impl Probe {
     pub fn wait(self, timeout: Duration) -> Result<Resolved, AddressingError> {
         let mut netlink = Netlink::open()?;
-        let (hop, mac, owner) = match way_to(&mut netlink, self.dst, self.ifindex)? {
+        let way = way_to(&mut netlink, self.dst, self.ifindex);
+        if matches!(way, Err(_) | Ok(Way::OtherInterface { .. })) {
+            if let Ok(iface) = netlink.interface_by_index(self.ifindex) {
+                if !iface.up {
+                    return Err(AddressingError::InterfaceDown {
+                        dst: self.dst,
+                        iface: iface.name,
+                    });
+                }
+            }
+        }
+        let (hop, mac, owner) = match way? {
             Way::OtherInterface { oif, own_address } => {
                 let mut name = |i| netlink.interface_name(i).ok().flatten();
                 return Err(AddressingError::OtherInterface {

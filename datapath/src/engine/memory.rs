@@ -3,8 +3,10 @@
 //! Verbs register memory by address: the application promises that `[addr, addr + len)` stays
 //! valid while the region is registered, and the device reads and writes it directly (a NIC by
 //! DMA, the engine by pointer). The transport checks keys, bounds and rights before every access;
-//! this map checks again that the bytes lie inside a registered range, so a transport bug cannot
-//! turn into a wild write.
+//! this map checks again that the bytes lie inside a registered range, and that a write lands
+//! in one registered for writing (`IBV_ACCESS_LOCAL_WRITE`, which every right to write implies),
+//! so a transport bug cannot turn into a wild write, nor into a write to memory the application
+//! registered read-only (which may be mapped read-only: the write would kill the process).
 
 use xroce_core::transport::{HostMemory, MemFault};
 
@@ -21,6 +23,8 @@ struct Range {
     start: u64,
     end: u64,
     refs: u32,
+    /// Registered with local write access.
+    writable: bool,
 }
 
 impl ProcessMemory {
@@ -28,13 +32,14 @@ impl ProcessMemory {
         Self::default()
     }
 
-    /// Records a registration of `[addr, addr + len)`.
+    /// Records a registration of `[addr, addr + len)`, `writable` when it was registered with
+    /// local write access.
     ///
     /// # Safety
-    /// The caller promises the range is memory of this process, readable and writable, and stays
-    /// so until `remove` is called for it; writes into it from the engine thread may happen at
-    /// any time until then (as from a NIC).
-    pub unsafe fn add(&mut self, addr: u64, len: u64) {
+    /// The caller promises the range is memory of this process, readable (and writable, when
+    /// `writable`), and stays so until `remove` is called for it; accesses from the engine
+    /// thread may happen at any time until then (as from a NIC).
+    pub unsafe fn add(&mut self, addr: u64, len: u64, writable: bool) {
         if len == 0 {
             return;
         }
@@ -44,7 +49,7 @@ impl ProcessMemory {
         if let Some(r) = self
             .ranges
             .iter_mut()
-            .find(|r| r.start == addr && r.end == end)
+            .find(|r| r.start == addr && r.end == end && r.writable == writable)
         {
             r.refs += 1;
             return;
@@ -56,17 +61,18 @@ impl ProcessMemory {
                 start: addr,
                 end,
                 refs: 1,
+                writable,
             },
         );
     }
 
-    /// Forgets one registration of `[addr, addr + len)`.
-    pub fn remove(&mut self, addr: u64, len: u64) {
+    /// Forgets one registration of `[addr, addr + len)` made with `writable`.
+    pub fn remove(&mut self, addr: u64, len: u64, writable: bool) {
         let end = addr.saturating_add(len);
         if let Some(i) = self
             .ranges
             .iter()
-            .position(|r| r.start == addr && r.end == end)
+            .position(|r| r.start == addr && r.end == end && r.writable == writable)
         {
             if self.ranges[i].refs > 1 {
                 self.ranges[i].refs -= 1;
@@ -76,13 +82,18 @@ impl ProcessMemory {
         }
     }
 
-    fn covered(&self, addr: u64, len: usize) -> bool {
+    /// One registration contains all of `[addr, addr + len)` (one registered for writing, when
+    /// `write`).
+    fn covered(&self, addr: u64, len: usize, write: bool) -> bool {
         let Some(end) = addr.checked_add(len as u64) else {
             return false;
         };
-        // The last range starting at or before `addr` that contains the whole access.
+        // The ranges starting at or before `addr`, one of which must contain the whole access.
         let upto = self.ranges.partition_point(|r| r.start <= addr);
-        self.ranges[..upto].iter().rev().any(|r| end <= r.end)
+        self.ranges[..upto]
+            .iter()
+            .rev()
+            .any(|r| end <= r.end && (r.writable || !write))
     }
 }
 
@@ -91,7 +102,7 @@ impl HostMemory for ProcessMemory {
         if out.is_empty() {
             return Ok(());
         }
-        if !self.covered(addr, out.len()) {
+        if !self.covered(addr, out.len(), false) {
             return Err(MemFault {
                 addr,
                 len: out.len(),
@@ -109,13 +120,14 @@ impl HostMemory for ProcessMemory {
         if data.is_empty() {
             return Ok(());
         }
-        if !self.covered(addr, data.len()) {
+        if !self.covered(addr, data.len(), true) {
             return Err(MemFault {
                 addr,
                 len: data.len(),
             });
         }
-        // SAFETY: as in `read`; the application granted write access by registering.
+        // SAFETY: as in `read`, in a registration made with local write access, which the
+        // application may only ask for on memory it can write (see `add`).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len())
         };
@@ -166,16 +178,49 @@ mod tests {
         let mut mem = ProcessMemory::new();
         assert!(mem.write(base, &[1]).is_err());
         // SAFETY: `buf` outlives `mem`'s use below and is removed before it is dropped.
-        unsafe { mem.add(base + 8, 16) };
+        unsafe { mem.add(base + 8, 16, true) };
         assert!(mem.write(base + 8, &[7; 16]).is_ok());
         assert!(mem.write(base + 7, &[7; 2]).is_err());
         assert!(mem.write(base + 20, &[7; 5]).is_err());
         let mut out = [0u8; 4];
         mem.read(base + 10, &mut out).unwrap();
         assert_eq!(out, [7; 4]);
-        mem.remove(base + 8, 16);
+        mem.remove(base + 8, 16, true);
         assert!(mem.read(base + 10, &mut out).is_err());
         assert_eq!(buf[8], 7);
         assert_eq!(buf[7], 0);
+    }
+
+    /// A range registered without local write access is read but never written, even where a
+    /// writable registration of other bytes lies next to it.
+    #[test]
+    fn a_read_only_registration_is_never_written() {
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        let mut mem = ProcessMemory::new();
+        // SAFETY: `buf` outlives `mem`'s use below; both ranges are removed before it is
+        // dropped.
+        unsafe {
+            mem.add(base, 32, false);
+            mem.add(base + 32, 16, true);
+        }
+        assert!(mem.write(base + 4, &[9; 4]).is_err());
+        assert!(mem.write(base + 28, &[9; 8]).is_err(), "across the two");
+        assert!(mem.write(base + 32, &[9; 8]).is_ok());
+        let mut out = [0u8; 4];
+        assert!(mem.read(base + 4, &mut out).is_ok());
+        // The same bytes registered for writing as well: now they may be written.
+        // SAFETY: as above.
+        unsafe { mem.add(base, 32, true) };
+        assert!(mem.write(base + 4, &[9; 4]).is_ok());
+        mem.remove(base, 32, true);
+        assert!(
+            mem.write(base + 4, &[8; 4]).is_err(),
+            "the read-only one stays"
+        );
+        mem.remove(base, 32, false);
+        mem.remove(base + 32, 16, true);
+        assert!(mem.read(base + 4, &mut out).is_err());
+        assert_eq!(&buf[..12], &[0, 0, 0, 0, 9, 9, 9, 9, 0, 0, 0, 0]);
     }
 }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use xroce_core::transport::memory::Access;
 use xroce_core::transport::qp::QpAttr;
 use xroce_core::transport::qp_state::AttrMask;
 use xroce_core::transport::verbs::{RecvWr, SendWr, VerbsError, WorkCompletion};
@@ -283,6 +284,9 @@ pub struct EngineCounters {
     /// Of those, holds that ran out before any ACK came for this side (each turns them off
     /// for `ANSWER_HOLDS_OFF_NS`).
     pub answer_holds_ran_out: AtomicU64,
+    /// The receive queues the interface uses, looked at when retransmissions time out, were
+    /// more than the engine took sockets on at its start (said on stderr; 1 once seen).
+    pub rx_queues_grown: AtomicU64,
 }
 
 /// State shared by the application side and the progress thread.
@@ -553,7 +557,10 @@ impl Engine {
                     port,
                     capture,
                     if xsks.is_some() {
-                        progress::SteeringWatch::new(&config.iface)
+                        progress::SteeringWatch::new(
+                            &config.iface,
+                            queues.iter().max().map_or(0, |&q| q + 1),
+                        )
                     } else {
                         // Frames reach a DPDK port without the steering program.
                         progress::SteeringWatch::none(&config.iface)
@@ -719,6 +726,7 @@ impl Engine {
                 "answer_holds_ran_out",
                 c.answer_holds_ran_out.load(Ordering::Relaxed),
             ),
+            ("rx_queues_grown", c.rx_queues_grown.load(Ordering::Relaxed)),
         ]);
         fields
             .iter()
@@ -871,8 +879,9 @@ impl Engine {
     > {
         let mut st = self.lock();
         let r = st.dev.reg_mr(pd, addr as u64, len as u64, access)?;
+        let writable = access.contains(Access::LOCAL_WRITE);
         // SAFETY: forwarded from this function's contract.
-        unsafe { st.mem.add(addr as u64, len as u64) };
+        unsafe { st.mem.add(addr as u64, len as u64, writable) };
         Ok(r)
     }
 
@@ -901,7 +910,8 @@ impl Engine {
         }
         for &pd in pds {
             for r in st.dev.dealloc_pd_with_contents(pd) {
-                st.mem.remove(r.va, r.len);
+                st.mem
+                    .remove(r.va, r.len, r.access.contains(Access::LOCAL_WRITE));
             }
         }
     }
@@ -909,7 +919,11 @@ impl Engine {
     pub fn dereg_mr(&self, mr: xroce_core::transport::memory::MrId) -> Result<(), VerbsError> {
         let mut st = self.lock();
         let region = st.dev.dereg_mr(mr)?;
-        st.mem.remove(region.va, region.len);
+        st.mem.remove(
+            region.va,
+            region.len,
+            region.access.contains(Access::LOCAL_WRITE),
+        );
         Ok(())
     }
 

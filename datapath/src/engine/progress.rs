@@ -130,12 +130,18 @@ pub(crate) struct SteeringWatch {
     program: u32,
     checked_at: u64,
     timeouts: u64,
+    /// Receive queues the engine has sockets on (0: not looked after).
+    queues_bound: u32,
+    /// More receive queues than that were reported on stderr.
+    queues_reported: bool,
 }
 
 impl SteeringWatch {
-    pub(crate) fn new(iface: &str) -> SteeringWatch {
+    /// `queues_bound`: the receive queues (0 up to it) the engine has sockets on.
+    pub(crate) fn new(iface: &str, queues_bound: u32) -> SteeringWatch {
         SteeringWatch {
             program: crate::xdp::attached_program_id(iface).unwrap_or(0),
+            queues_bound,
             ..SteeringWatch::none(iface)
         }
     }
@@ -147,6 +153,8 @@ impl SteeringWatch {
             program: 0,
             checked_at: 0,
             timeouts: 0,
+            queues_bound: 0,
+            queues_reported: false,
         }
     }
 
@@ -163,7 +171,33 @@ impl SteeringWatch {
         }
         self.timeouts = timeouts;
         self.checked_at = now;
+        self.report_more_queues(home);
         self.program_changed(home)
+    }
+
+    /// Says on stderr, once, when the interface now spreads frames over more receive queues
+    /// than the engine has sockets on (`ethtool -L` after the start, as a cloud agent may
+    /// do): the steering program passes what arrives on the others to the kernel, and the QPs
+    /// whose flows land there stall, which is why retransmissions time out.
+    fn report_more_queues(&mut self, home: Option<&HomeNetns>) {
+        if self.queues_reported || self.queues_bound == 0 {
+            return;
+        }
+        let iface = &self.iface;
+        let now = run_at_home(home, || crate::afxdp::receive_queues_in_use(iface));
+        if let Ok(Some(n)) = now {
+            if n > self.queues_bound {
+                self.queues_reported = true;
+                crate::stderr_line!(
+                    "xroce: netdev {iface} now has {n} receive queues, more than the {bound} \
+                     this engine took when it started: RoCEv2 frames on the others go to the \
+                     kernel, and the QPs whose flows land there stall. Restart the program, or \
+                     set the queues back (`ethtool -L {iface} combined {bound}`, or `rx \
+                     {bound}` where the driver counts receive channels apart).",
+                    bound = self.queues_bound
+                );
+            }
+        }
     }
 
     /// The program attached now is not the one this engine's socket was registered with.
@@ -522,10 +556,13 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     // Timers.
     if dev.poll_timeout().is_some_and(|t| t <= now) {
         work |= dev.handle_timeout(now);
-        if io
+        let gone = io
             .steering
-            .program_gone(now, dev.timeouts(), shared.home.as_ref())
-        {
+            .program_gone(now, dev.timeouts(), shared.home.as_ref());
+        if io.steering.queues_reported {
+            shared.counters.rx_queues_grown.store(1, Ordering::Relaxed);
+        }
+        if gone {
             fail_port(shared, st, steering_gone());
             return Round {
                 work: false,

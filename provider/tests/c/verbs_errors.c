@@ -321,15 +321,20 @@ int main(int argc, char **argv)
         CHECK("inline_at_limit", ok, "returned %d, status %d", r, wc.status);
         free(stack);
 
-        struct ibv_sge three[3] = {{(uintptr_t)buf, 8, mr->lkey},
-                                   {(uintptr_t)buf + 8, 8, mr->lkey},
-                                   {(uintptr_t)buf + 16, 8, mr->lkey}};
-        struct ibv_send_wr w3 = {.sg_list = three, .num_sge = 3, .opcode = IBV_WR_RDMA_WRITE,
-                                 .wr.rdma = {.remote_addr = (uintptr_t)buf, .rkey = mr->rkey}};
-        r = ibv_post_send(p.a, &w3, &bad);
-        CHECK("more_sges_than_max_send_sge", r == EINVAL, "returned %d", r);
+        /* One SGE more than the QP reports (as rdma_rxe, the limit fills the send WQE that
+         * max_inline_data sized: 4 SGEs for 64 inline bytes, though 2 were asked for). */
+        uint32_t sge_max = qi.cap.max_send_sge;
+        struct ibv_sge over[33];
+        for (uint32_t i = 0; i <= sge_max && i < 33; i++)
+            over[i] = (struct ibv_sge){(uintptr_t)buf + 8 * i, 8, mr->lkey};
+        struct ibv_send_wr wover = {.sg_list = over, .num_sge = (int)sge_max + 1,
+                                    .opcode = IBV_WR_RDMA_WRITE,
+                                    .wr.rdma = {.remote_addr = (uintptr_t)buf, .rkey = mr->rkey}};
+        r = sge_max < 32 ? ibv_post_send(p.a, &wover, &bad) : -1;
+        CHECK("more_sges_than_max_send_sge", r == EINVAL && sge_max == 4,
+              "returned %d (limit %u, 4 expected for 64 inline bytes)", r, sge_max);
 
-        struct ibv_send_wr wop = {.sg_list = three, .num_sge = 1, .opcode = 0x7f};
+        struct ibv_send_wr wop = {.sg_list = over, .num_sge = 1, .opcode = 0x7f};
         r = ibv_post_send(p.a, &wop, &bad);
         CHECK("unknown_opcode", r == EINVAL, "returned %d", r);
 
