@@ -1902,7 +1902,6 @@ fn loopback_and_idle_cost_on(backend: Backend) {
     assert!(share < 5.0, "an idle engine used {share:.2} % of a core");
 }
 
-/// The GID table follows the interface's addresses.
 /// With its interface down (the kernel then removes the interface's routes), connecting a QP
 /// fails with an error that says the interface is down and how to bring it up, not that
 /// there is no route to the peer or that it is reached through another interface.
@@ -1948,6 +1947,7 @@ fn connecting_through_a_downed_interface_says_it_is_down() {
     );
 }
 
+/// The GID table follows the interface's addresses.
 #[test]
 fn gid_table_follows_address_changes() {
     if !root_or_skip() {

@@ -167,6 +167,12 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
         if e.engine.failure().is_none() {
             e.contexts.fetch_add(1, Ordering::SeqCst);
             attach_context(&e, ctx);
+            // Failed between the look above and the attach: its IBV_EVENT_DEVICE_FATAL went
+            // only to the contexts attached then. This one is told too (once), and opens
+            // the device again as the others do.
+            if e.engine.failure().is_some() {
+                post_device_fatal(&ctx.async_tx, &ctx.fatal_posted);
+            }
             *mine = Some(e.clone());
             return Ok(e);
         }

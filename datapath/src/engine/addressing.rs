@@ -144,7 +144,8 @@ impl Probe {
         let way = way_to(&mut netlink, self.dst, self.ifindex);
         if matches!(way, Err(_) | Ok(Way::OtherInterface { .. })) {
             if let Ok(iface) = netlink.interface_by_index(self.ifindex) {
-                if !iface.up {
+                // Taken down, not merely without carrier: only the former loses its routes.
+                if !iface.admin_up {
                     return Err(AddressingError::InterfaceDown {
                         dst: self.dst,
                         iface: iface.name,
@@ -298,6 +299,13 @@ impl Neighbours {
         );
     }
 
+    /// Ends the keep-alive thread (the engine stopped: nothing is sent any more). A stopped
+    /// engine lives on while objects its application never destroyed hold it, and a program
+    /// that reopens its device again and again would otherwise gather one idle thread each time.
+    pub(crate) fn stop_keep_alive(&mut self) {
+        self.keep_alive = None;
+    }
+
     /// Once per [`KEEP_ALIVE_PERIOD_NS`] (at `now`), tells the kernel that the next hops packets
     /// went to since the last time are in use, as its own transmit path does for every packet
     /// (`neigh_event_send`, here through [`Netlink::solicit`]'s `NTF_USE`).
@@ -309,13 +317,6 @@ impl Neighbours {
     /// the old MAC by unicast, and when nobody answers the entry fails and is resolved again
     /// by broadcast; the watcher hands the new MAC to the cache. The same unicast probe keeps
     /// a live peer's entry REACHABLE, as rdma_rxe's traffic through the kernel does.
-    /// Ends the keep-alive thread (the engine stopped: nothing is sent any more). A stopped
-    /// engine lives on while objects its application never destroyed hold it, and a program
-    /// that reopens its device again and again would otherwise gather one idle thread each time.
-    pub(crate) fn stop_keep_alive(&mut self) {
-        self.keep_alive = None;
-    }
-
     pub fn keep_alive(&mut self, now: u64) {
         let Some(worker) = self.keep_alive.as_ref().filter(|w| !w.refused()) else {
             return;

@@ -21,10 +21,20 @@ use pcap_parser::{LegacyPcapBlock, Linktype, PcapHeader, ToVec};
 /// pcap headers and streams into garbage.
 static OPEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// Paths this process has captured to: an engine started again on the same path (the device
-/// closed and opened again, or opened again after it failed) goes on at the end of the file
-/// instead of truncating the frames before it, which may be what the user wants to read.
-static CAPTURED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Files this process finished capturing to, as it left them: an engine started again on the
+/// same path (the device closed and opened again, or opened again after it failed) goes on at
+/// the end of the file instead of truncating the frames before it, which may be what the user
+/// wants to read. Only the very file, as long as it was left: one replaced since (by tcpdump,
+/// say) or written to by anything else, or one whose last write failed, starts afresh.
+static FINISHED: Mutex<Vec<Finished>> = Mutex::new(Vec::new());
+
+struct Finished {
+    path: PathBuf,
+    /// `st_dev`, `st_ino` and length of the file when its capture ended.
+    dev: u64,
+    ino: u64,
+    len: u64,
+}
 
 /// Longest frame written whole: a 9000-byte MTU frame with two VLAN tags fits.
 const SNAPLEN: u32 = 9022;
@@ -81,18 +91,36 @@ impl Capture {
         // SAFETY: flock on a descriptor this function owns; no memory is involved.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "another process captures to it (give each program a file of its own)",
-                )
-            } else {
-                e
-            });
+            match e.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        "another process captures to it (give each program a file of its own)",
+                    ))
+                }
+                // A file system without locks (some NFS set-ups): capture without the guard,
+                // as before there was one, rather than refuse the device.
+                Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => {
+                    log::debug!("capture {} not locked: {e}", path.display())
+                }
+                _ => return Err(e),
+            }
         }
-        let mut captured = CAPTURED.lock().unwrap_or_else(|p| p.into_inner());
-        let ours = captured.iter().any(|p| p == path);
-        if ours && file.metadata()?.len() >= PCAP_HEADER_LEN {
+        let meta = file.metadata()?;
+        let continued = {
+            use std::os::unix::fs::MetadataExt;
+            let mut finished = FINISHED.lock().unwrap_or_else(|p| p.into_inner());
+            let at = finished.iter().position(|f| f.path == path);
+            let same = at.is_some_and(|i| {
+                let f = &finished[i];
+                (f.dev, f.ino, f.len) == (meta.dev(), meta.ino(), meta.len())
+            });
+            if let Some(i) = at {
+                finished.remove(i);
+            }
+            same && meta.len() >= PCAP_HEADER_LEN
+        };
+        if continued {
             file.seek(SeekFrom::End(0))?;
             return Ok(BufWriter::with_capacity(1 << 16, file));
         }
@@ -105,9 +133,6 @@ impl Capture {
         header.network = Linktype::ETHERNET;
         out.write_all(&header.to_vec_raw().map_err(io::Error::other)?)?;
         out.flush()?;
-        if !ours {
-            captured.push(path.to_path_buf());
-        }
         Ok(out)
     }
 
@@ -164,6 +189,20 @@ impl Capture {
 impl Drop for Capture {
     fn drop(&mut self) {
         self.flush();
+        if !self.failed {
+            if let Ok(meta) = self.out.get_ref().metadata() {
+                use std::os::unix::fs::MetadataExt;
+                FINISHED
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Finished {
+                        path: self.path.clone(),
+                        dev: meta.dev(),
+                        ino: meta.ino(),
+                        len: meta.len(),
+                    });
+            }
+        }
         forget(&self.path);
     }
 }
@@ -237,6 +276,22 @@ mod tests {
             "one file header, both engines' frames"
         );
         assert_eq!(got.last().map(|f| f.len()), Some(70));
+        // A file changed since (another tool wrote to it) is not continued: it starts afresh.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(b"someone else's bytes"))
+            .unwrap();
+        {
+            let mut c = Capture::create(&path).unwrap();
+            c.record(&[0xcd; 80]);
+        }
+        let (_, got) = frames_in(&path);
+        assert_eq!(
+            got,
+            [vec![0xcd; 80]],
+            "a fresh file with the new frame alone"
+        );
         let _ = std::fs::remove_file(&path);
     }
 

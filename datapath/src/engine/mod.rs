@@ -330,6 +330,12 @@ pub(crate) struct Shared {
     pub(crate) config: EngineConfig,
     /// The network namespace the engine started in, where its look-ups are made.
     pub(crate) home: Option<home_netns::HomeNetns>,
+    /// The receive queues the interface used when the engine started (AF_XDP, where the
+    /// driver reports channels): it has a socket on each.
+    pub(crate) rx_queues_at_start: Option<u32>,
+    /// Retransmissions timed out and the progress thread should compare the interface's
+    /// receive queues with [`Self::rx_queues_at_start`] (see `progress::report_more_queues`).
+    pub(crate) queues_check_due: AtomicBool,
 }
 
 /// What the lock protects.
@@ -548,6 +554,11 @@ impl Engine {
         let wake = unsafe { OwnedFd::from_raw_fd(efd) };
         let nap_alarm = nap_alarm::NapAlarm::new().map_err(EngineError::TimerFd)?;
         let queue = config.queue;
+        // Read again here rather than passed from where the sockets were opened: a DPDK port
+        // takes the whole interface, and a driver without channels reports none.
+        let rx_queues_at_start = xsks
+            .as_ref()
+            .and_then(|_| crate::afxdp::receive_queues_in_use(&config.iface));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 dev,
@@ -557,10 +568,7 @@ impl Engine {
                     port,
                     capture,
                     if xsks.is_some() {
-                        progress::SteeringWatch::new(
-                            &config.iface,
-                            queues.iter().max().map_or(0, |&q| q + 1),
-                        )
+                        progress::SteeringWatch::new(&config.iface)
                     } else {
                         // Frames reach a DPDK port without the steering program.
                         progress::SteeringWatch::none(&config.iface)
@@ -589,6 +597,8 @@ impl Engine {
             progress_tid: AtomicI32::new(0),
             epoch_ns: monotonic_ns(),
             home: home_netns::HomeNetns::current(),
+            rx_queues_at_start,
+            queues_check_due: AtomicBool::new(false),
             config,
         });
         let thread_shared = shared.clone();

@@ -130,18 +130,14 @@ pub(crate) struct SteeringWatch {
     program: u32,
     checked_at: u64,
     timeouts: u64,
-    /// Receive queues the engine has sockets on (0: not looked after).
-    queues_bound: u32,
-    /// More receive queues than that were reported on stderr.
-    queues_reported: bool,
+    /// A look was taken since [`Self::take_looked`] last said so.
+    looked: bool,
 }
 
 impl SteeringWatch {
-    /// `queues_bound`: the receive queues (0 up to it) the engine has sockets on.
-    pub(crate) fn new(iface: &str, queues_bound: u32) -> SteeringWatch {
+    pub(crate) fn new(iface: &str) -> SteeringWatch {
         SteeringWatch {
             program: crate::xdp::attached_program_id(iface).unwrap_or(0),
-            queues_bound,
             ..SteeringWatch::none(iface)
         }
     }
@@ -153,9 +149,14 @@ impl SteeringWatch {
             program: 0,
             checked_at: 0,
             timeouts: 0,
-            queues_bound: 0,
-            queues_reported: false,
+            looked: false,
         }
+    }
+
+    /// Whether retransmissions timed out and the watch looked since the last call: a moment
+    /// to check the interface's receive queues too (see [`report_more_queues`]).
+    fn take_looked(&mut self) -> bool {
+        std::mem::take(&mut self.looked)
     }
 
     /// True when retransmissions timed out since the last look and the program attached is
@@ -171,33 +172,8 @@ impl SteeringWatch {
         }
         self.timeouts = timeouts;
         self.checked_at = now;
-        self.report_more_queues(home);
+        self.looked = true;
         self.program_changed(home)
-    }
-
-    /// Says on stderr, once, when the interface now spreads frames over more receive queues
-    /// than the engine has sockets on (`ethtool -L` after the start, as a cloud agent may
-    /// do): the steering program passes what arrives on the others to the kernel, and the QPs
-    /// whose flows land there stall, which is why retransmissions time out.
-    fn report_more_queues(&mut self, home: Option<&HomeNetns>) {
-        if self.queues_reported || self.queues_bound == 0 {
-            return;
-        }
-        let iface = &self.iface;
-        let now = run_at_home(home, || crate::afxdp::receive_queues_in_use(iface));
-        if let Ok(Some(n)) = now {
-            if n > self.queues_bound {
-                self.queues_reported = true;
-                crate::stderr_line!(
-                    "xroce: netdev {iface} now has {n} receive queues, more than the {bound} \
-                     this engine took when it started: RoCEv2 frames on the others go to the \
-                     kernel, and the QPs whose flows land there stall. Restart the program, or \
-                     set the queues back (`ethtool -L {iface} combined {bound}`, or `rx \
-                     {bound}` where the driver counts receive channels apart).",
-                    bound = self.queues_bound
-                );
-            }
-        }
     }
 
     /// The program attached now is not the one this engine's socket was registered with.
@@ -209,6 +185,31 @@ impl SteeringWatch {
         let iface = &self.iface;
         let attached = run_at_home(home, || crate::xdp::attached_program_id(iface));
         matches!(attached, Ok(Ok(id)) if id != self.program)
+    }
+}
+
+/// Says on stderr, once, when the interface now uses more receive queues than it did when
+/// the engine started and took a socket on each (`ethtool -L` since, as a cloud guest agent
+/// may do): the steering program passes what arrives on the new ones to the kernel, and the
+/// QPs whose flows land there stall, which is why retransmissions time out. Called by the
+/// progress thread, which runs in the engine's namespace, without the engine lock.
+fn report_more_queues(shared: &Shared) {
+    let Some(bound) = shared.rx_queues_at_start else {
+        return;
+    };
+    if shared.counters.rx_queues_grown.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    let iface = &shared.config.iface;
+    if let Some(n) = crate::afxdp::receive_queues_in_use(iface).filter(|&n| n > bound) {
+        shared.counters.rx_queues_grown.store(1, Ordering::Relaxed);
+        crate::stderr_line!(
+            "xroce: netdev {iface} now has {n} receive queues, more than the {bound} it had \
+             when this engine started and took a socket on each: RoCEv2 frames on the others \
+             go to the kernel, and the QPs whose flows land there stall. Restart the program, \
+             or set the queues back (`ethtool -L {iface} combined {bound}`, or `rx {bound}` \
+             where the driver counts receive channels apart)."
+        );
     }
 }
 
@@ -559,8 +560,10 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
         let gone = io
             .steering
             .program_gone(now, dev.timeouts(), shared.home.as_ref());
-        if io.steering.queues_reported {
-            shared.counters.rx_queues_grown.store(1, Ordering::Relaxed);
+        if io.steering.take_looked() {
+            // Looked at by the progress thread, outside the engine lock (an ethtool request
+            // waits for RTNL, which must not hold up an application's verbs).
+            shared.queues_check_due.store(true, Ordering::Relaxed);
         }
         if gone {
             fail_port(shared, st, steering_gone());
@@ -886,6 +889,9 @@ pub(crate) fn run(
             (work, mid_message)
         };
         drop(guard);
+        if shared.queues_check_due.swap(false, Ordering::Relaxed) {
+            report_more_queues(&shared);
+        }
         // A message of several packets is coming in, and this thread runs on the CPU its
         // application polled from (which now waits for the message outside its verbs): wait
         // for the rest awake (see `MID_MESSAGE_WAIT_NS`), for at most

@@ -25,6 +25,9 @@ pub struct Interface {
     /// Administratively up (`IFF_UP`) and operationally up (`IFF_RUNNING`: carrier present),
     /// the condition under which rdma_rxe reports its port ACTIVE.
     pub up: bool,
+    /// Administratively up (`IFF_UP`), carrier or not: an interface taken down loses its
+    /// routes, one without carrier keeps them.
+    pub admin_up: bool,
     /// Receive queues the netdev has (`IFLA_NUM_RX_QUEUES`; 1 when the kernel does not say).
     /// A NIC spreads flows over them; an AF_XDP socket receives from one.
     pub rx_queues: u32,
@@ -175,6 +178,7 @@ pub(crate) fn interface_from(
         mac,
         mtu,
         up: flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running),
+        admin_up: flags.contains(LinkFlags::Up),
         rx_queues,
     })
 }

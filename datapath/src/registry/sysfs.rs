@@ -345,6 +345,7 @@ mod tests {
                 mac,
                 mtu: 1500,
                 up: true,
+                admin_up: true,
                 rx_queues: 1,
             },
             gids: gids.into_iter().map(Some).collect(),
