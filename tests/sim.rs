@@ -447,7 +447,8 @@ pub struct QpEnd {
     pub recv_cq: CqId,
 }
 
-/// Creates a QP on node `i` in RESET, with CQs of `o.cqe` entries and no SRQ.
+/// Creates a QP on node `i` in RESET, with CQs of at least `o.cqe` entries (see
+/// `cq::rounded_capacity`) and no SRQ.
 pub fn create_qp(sim: &mut Sim, i: usize, o: &ConnectOptions) -> QpEnd {
     create_qp_with(sim, i, o, o.cqe, o.cqe, None)
 }

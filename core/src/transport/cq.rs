@@ -22,19 +22,37 @@ pub(crate) enum Pushed {
     Stored {
         notify: bool,
     },
-    /// The CQ was full: the completion could not be stored and the CQ is now in error.
-    Overflow,
+    /// The CQ was full: the completion was not stored. `first` when it is the first one lost
+    /// since a completion was last stored (the overrun to report as `IBV_EVENT_CQ_ERR`).
+    Overflow {
+        first: bool,
+    },
 }
 
-/// A completion queue. Completions are stored up to the capacity given at creation; one more is
-/// an overrun, which puts the CQ in error (reported once as `IBV_EVENT_CQ_ERR`) rather than
-/// overwriting or silently dropping entries.
+/// A completion queue. Completions are stored up to its capacity; one more is an overrun: it is
+/// not stored (nothing stored is overwritten), and the first of a run of them is reported as
+/// `IBV_EVENT_CQ_ERR`. What the overrun does to the QP is the transport's to decide.
 #[derive(Debug)]
 pub struct CompletionQueue {
     capacity: usize,
     entries: VecDeque<WorkCompletion>,
     armed: Armed,
     overflowed: bool,
+    /// Completions were lost and none has been stored since.
+    overrunning: bool,
+    /// Armed at least once (see [`CompletionQueue::notifies`]).
+    notifies: bool,
+}
+
+/// The capacity rdma_rxe gives a CQ asked for `cqe` entries: its queue has a power-of-two
+/// number of slots, one more than the entries it must hold, and every slot but one is usable
+/// (`rxe_queue_init`), so 1 stays 1, 4 becomes 7 and 512 becomes 1023. Verbs reports it as the
+/// CQ's `cqe`, and programs tried on rdma_rxe (or on a NIC, which rounds up too) may rely on it.
+/// Asked for more than 2^31 - 1 (far above any device's `max_cqe`), it gives `u32::MAX`.
+pub fn rounded_capacity(cqe: u32) -> u32 {
+    cqe.checked_add(1)
+        .and_then(u32::checked_next_power_of_two)
+        .map_or(u32::MAX, |slots| slots - 1)
 }
 
 impl CompletionQueue {
@@ -44,6 +62,8 @@ impl CompletionQueue {
             entries: VecDeque::with_capacity(capacity.min(4096)),
             armed: Armed::No,
             overflowed: false,
+            overrunning: false,
+            notifies: false,
         }
     }
 
@@ -67,8 +87,11 @@ impl CompletionQueue {
     pub(crate) fn push(&mut self, wc: WorkCompletion) -> Pushed {
         if self.entries.len() >= self.capacity {
             self.overflowed = true;
-            return Pushed::Overflow;
+            let first = !self.overrunning;
+            self.overrunning = true;
+            return Pushed::Overflow { first };
         }
+        self.overrunning = false;
         self.entries.push_back(wc);
         let notify = match self.armed {
             Armed::No => false,
@@ -90,12 +113,44 @@ impl CompletionQueue {
     }
 
     /// Arms the CQ: the next completion (only a solicited one when `solicited_only`) raises a
-    /// notification.
-    pub fn req_notify(&mut self, solicited_only: bool) {
+    /// notification. True the first time the CQ is armed.
+    pub fn req_notify(&mut self, solicited_only: bool) -> bool {
         self.armed = if solicited_only {
             Armed::SolicitedOnly
         } else {
             Armed::Any
         };
+        !std::mem::replace(&mut self.notifies, true)
+    }
+
+    /// Its application has armed it (`ibv_req_notify_cq`) at least once: it learns of this
+    /// CQ's completions from its completion channel.
+    pub fn notifies(&self) -> bool {
+        self.notifies
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::device::limits::MAX_CQE;
+
+    /// rdma_rxe's sizes (`rxe_queue_init`): one slot is kept free in a power-of-two queue.
+    #[test]
+    fn a_cq_holds_what_rdma_rxe_rounds_its_size_up_to() {
+        for (asked, holds) in [
+            (1, 1),
+            (2, 3),
+            (3, 3),
+            (4, 7),
+            (100, 127),
+            (512, 1023),
+            (1023, 1023),
+            (1024, 2047),
+            (MAX_CQE, MAX_CQE),
+            (u32::MAX, u32::MAX),
+        ] {
+            assert_eq!(rounded_capacity(asked), holds, "asked for {asked}");
+        }
     }
 }

@@ -176,6 +176,8 @@ pub(crate) struct Shared {
     pub port_mtu: PathMtu,
     pub counters: Counters,
     ip_ident: u16,
+    /// CQs their application has armed at least once (see [`Device::completion_events_used`]).
+    notifying_cqs: usize,
 }
 
 impl Shared {
@@ -197,12 +199,12 @@ impl Shared {
         }
     }
 
-    /// Stores a completion; false when the CQ overflowed (the CQ-error event is raised once).
+    /// Stores a completion; false when the CQ overflowed (the CQ-error event is raised for the
+    /// first completion lost since one was last stored).
     pub fn complete(&mut self, cq: CqId, wc: WorkCompletion) -> bool {
         let Some(q) = self.cqs.get_mut(&cq) else {
             return false;
         };
-        let was_overflowed = q.overflowed();
         match q.push(wc) {
             Pushed::Stored { notify } => {
                 self.counters.completions += 1;
@@ -211,9 +213,9 @@ impl Shared {
                 }
                 true
             }
-            Pushed::Overflow => {
+            Pushed::Overflow { first } => {
                 self.counters.cq_overflows += 1;
-                if !was_overflowed {
+                if first {
                     self.events.push_back(Event::Async(AsyncEvent::CqError(cq)));
                 }
                 false
@@ -290,6 +292,7 @@ impl Device {
                 port_mtu: config.port_mtu,
                 counters: Counters::default(),
                 ip_ident: 0,
+                notifying_cqs: 0,
             },
             next_qpn: if (limits::FIRST_QPN..MAX_QPN).contains(&config.first_qpn) {
                 config.first_qpn
@@ -455,6 +458,10 @@ impl Device {
 
     // ----- completion queues -----
 
+    /// A CQ for at least `cqe` completions: it holds [`cq::rounded_capacity`]`(cqe)`, as
+    /// rdma_rxe's would (`cq(id).capacity()` tells).
+    ///
+    /// [`cq::rounded_capacity`]: super::cq::rounded_capacity
     pub fn create_cq(&mut self, cqe: u32) -> Result<CqId, VerbsError> {
         if cqe == 0 || cqe > limits::MAX_CQE {
             return Err(VerbsError::Invalid(
@@ -462,7 +469,10 @@ impl Device {
             ));
         }
         let id = handle_ids::next_free(&mut self.next_cq, &self.sh.cqs, CqId);
-        self.sh.cqs.insert(id, CompletionQueue::new(cqe as usize));
+        let capacity = super::cq::rounded_capacity(cqe);
+        self.sh
+            .cqs
+            .insert(id, CompletionQueue::new(capacity as usize));
         Ok(id)
     }
 
@@ -474,11 +484,15 @@ impl Device {
         {
             return Err(VerbsError::Busy("completion queue"));
         }
-        self.sh
+        let q = self
+            .sh
             .cqs
             .remove(&cq)
-            .map(|_| ())
-            .ok_or(VerbsError::NoSuchObject("completion queue"))
+            .ok_or(VerbsError::NoSuchObject("completion queue"))?;
+        if q.notifies() {
+            self.sh.notifying_cqs -= 1;
+        }
+        Ok(())
     }
 
     pub fn cq(&self, cq: CqId) -> Option<&CompletionQueue> {
@@ -506,8 +520,19 @@ impl Device {
             .cqs
             .get_mut(&cq)
             .ok_or(VerbsError::NoSuchObject("completion queue"))?;
-        q.req_notify(solicited_only);
+        if q.req_notify(solicited_only) {
+            self.sh.notifying_cqs += 1;
+        }
         Ok(())
+    }
+
+    /// Some CQ has been armed (`ibv_req_notify_cq`): the application learns of (some of) its
+    /// completions from its completion channel rather than by polling for them. Sticky: between
+    /// a notification and the application arming the CQ again, no CQ may be armed. Per device,
+    /// so per engine: one armed CQ in any context of the process turns the engine's ACK holds
+    /// off for all its QPs (they then get their ACKs as from a NIC, only less batched).
+    pub fn completion_events_used(&self) -> bool {
+        self.sh.notifying_cqs > 0
     }
 
     // ----- shared receive queues -----

@@ -626,7 +626,10 @@ impl Qp {
     }
 
     /// Retires the SQ head with `status`: a completion if signalled or failed, the READ/atomic
-    /// slot returned, and on failure the QP to ERROR.
+    /// slot returned, and on failure the QP to ERROR. A successful completion the send CQ has
+    /// no room for is lost and the QP goes on, as in rdma_rxe, whose completer ignores the
+    /// failed post (the CQ reports the overrun as `IBV_EVENT_CQ_ERR`): a program that lets a
+    /// small send CQ fill up runs on there, and must here too.
     pub(crate) fn retire_head(&mut self, sh: &mut Shared, status: WcStatus) {
         // What is needed of the WQE is read where it lies; moving the whole of it out of the
         // queue (256 bytes) was a tenth of this function's cost, once per message.
@@ -651,12 +654,10 @@ impl Qp {
         if has_rd_atomic {
             self.req.rd_atomic_avail = (self.req.rd_atomic_avail + 1).min(self.req.rd_atomic_max);
         }
-        let ok = wc.is_none_or(|wc| sh.complete(self.send_cq, wc));
-        if status != WcStatus::Success || !ok {
-            if !ok {
-                sh.events
-                    .push_back(super::Event::Async(AsyncEvent::QpFatal(self.qpn)));
-            }
+        if let Some(wc) = wc {
+            sh.complete(self.send_cq, wc);
+        }
+        if status != WcStatus::Success {
             // The send side failed, not the receive side: what the responder owes for the
             // requests it took still goes out (rdma_rxe had sent it already).
             let taken = self.resp.psn;

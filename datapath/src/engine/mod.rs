@@ -1192,6 +1192,14 @@ impl Engine {
         let answers = st.dev.answers_awaiting_acks();
         progress::receive(&self.shared, st, now);
         if st.dev.completions_stored() != completions || st.dev.ack_only_requests() != requests {
+            if st.dev.completion_events_used() {
+                // An application that learns of completions from its completion channel: a
+                // held ACK would reach the peer behind the answer, and the peer's events would
+                // come in an order no RDMA NIC gives (see `progress::thread_round`). The ACKs
+                // go now.
+                progress::send(&self.shared, st, now);
+                return st.dev.poll_cq(cq, max, out);
+            }
             match st.deferred {
                 Deferred::Nothing => {
                     // A message that came while this side waits for the ACK of its own (a

@@ -290,6 +290,18 @@ pub(crate) fn progress_once(shared: &Shared, st: &mut State) -> Round {
 /// atomic requests never start a hold, nor do frames for an application that does not poll
 /// (`ib_write_bw`'s receiver) or polled long ago; a hold that ran out is sent before the
 /// round receives, so that what comes in is held afresh for its own answer.
+///
+/// Nor is anything held for an application that has armed a CQ (`ibv_req_notify_cq`): it
+/// learns of its completions from its completion channel. Held, the ACK for its peer's message
+/// left behind its answer, so the peer's receive completion came before its send completion, which
+/// an RDMA NIC never does (its ACK leaves at once, long before any answer). perftest's
+/// `ib_send_lat -e` waits for one event after each send and then polls the send CQ once: given
+/// the receive event there, it took it for the send's, and then waited for ever for the receive
+/// event it had already taken. (Whether a CQ is armed at the moment says little: each
+/// notification disarms its CQ until the application arms it again.) The ACK then leaves in
+/// the round that received its request; only a request already queued in that same round
+/// (never the answer to that request, which the application posts after the event) goes
+/// ahead of it.
 pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     let now = shared.now();
     let mut round = Round {
@@ -310,6 +322,7 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
             .fetch_add(received as u64, Ordering::Relaxed);
     }
     let hold = match st.deferred {
+        _ if st.dev.completion_events_used() => false,
         Deferred::AcksUntil { .. } => true,
         Deferred::Nothing => {
             let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);

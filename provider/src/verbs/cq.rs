@@ -63,8 +63,15 @@ pub unsafe extern "C" fn create_cq(
             return std::ptr::null_mut();
         }
     };
-    let id = match engine.engine.with_device(|d| d.create_cq(cqe as u32)) {
-        Ok(id) => id,
+    // The CQ holds at least what was asked, rounded up as rdma_rxe rounds it; verbs reports
+    // what it holds.
+    let created = engine.engine.with_device(|d| {
+        let id = d.create_cq(cqe as u32)?;
+        let capacity = d.cq(id).map_or(cqe as usize, |q| q.capacity());
+        Ok::<_, xroce_core::transport::VerbsError>((id, capacity))
+    });
+    let (id, capacity) = match created {
+        Ok(created) => created,
         Err(e) => {
             set_errno(errno(&e));
             return std::ptr::null_mut();
@@ -74,7 +81,7 @@ pub unsafe extern "C" fn create_cq(
         // SAFETY: all-zero is a valid `ibv_cq`; libibverbs (verbs_init_cq) fills in the
         // context, channel, user context, mutex and condition variable.
         cq: ibv_cq {
-            cqe,
+            cqe: c_int::try_from(capacity).unwrap_or(cqe),
             handle: id.0,
             ..unsafe { std::mem::zeroed() }
         },
