@@ -214,35 +214,18 @@ impl Rig {
     /// busy 2-core machine) it refuses to print a report. That is perftest and the machine, not
     /// xroce, so such a run is repeated (at most twice more).
     fn server_client(&self, args: &[&str]) -> (String, String) {
-        self.server_client_counted(args, None)
+        self.server_client_counted(args, None, None)
     }
 
     /// [`Rig::server_client`], the client's engines adding their counters to `stats`
     /// (`XROCE_STATS_FILE`).
     fn server_client_with_stats(&self, args: &[&str], stats: &std::path::Path) -> (String, String) {
-        self.server_client_counted(args, Some(stats))
+        self.server_client_counted(args, Some(stats), None)
     }
 
-    /// [`Rig::server_client`], the client's engines adding their counters to `client_stats`
-    /// and the server's to `server_stats`.
-    fn server_client_both_counted(
-        &self,
-        args: &[&str],
-        client_stats: &std::path::Path,
-        server_stats: &std::path::Path,
-    ) -> (String, String) {
-        self.server_client_retried(args, Some(client_stats), Some(server_stats))
-    }
-
+    /// [`Rig::server_client`], each side's engines adding their counters to its stats file, if
+    /// it has one.
     fn server_client_counted(
-        &self,
-        args: &[&str],
-        stats: Option<&std::path::Path>,
-    ) -> (String, String) {
-        self.server_client_retried(args, stats, None)
-    }
-
-    fn server_client_retried(
         &self,
         args: &[&str],
         stats: Option<&std::path::Path>,
@@ -745,7 +728,7 @@ fn perftest_modes_beyond_the_defaults() {
     ] {
         let _ = std::fs::remove_file(&client_stats);
         let _ = std::fs::remove_file(&server_stats);
-        let (s, c) = rig.server_client_both_counted(args, &client_stats, &server_stats);
+        let (s, c) = rig.server_client_counted(args, Some(&client_stats), Some(&server_stats));
         // perftest prints one result row per size, starting with the size in bytes.
         let rows = c
             .lines()
