@@ -340,13 +340,34 @@ pub fn xsk_pingpong_turns(
     count: usize,
     frames: usize,
 ) -> RoundTrip {
+    let turn = PingTurn {
+        payload,
+        frames,
+        trailing_acks: false,
+    };
+    raw_pingpong(pair, turn, count)
+}
+
+/// Like [`xsk_pingpong_turns`] with two frames per turn, but each end answers as soon as the
+/// message is in and takes the ACK-sized frame behind it whenever it comes: the floor of an
+/// RC ping-pong whose ends wait for nothing but the answer (the ACK still crosses the path
+/// and costs both ends' CPUs, but no turn waits for it).
+pub fn xsk_pingpong_trailing_ack(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
+    let turn = PingTurn {
+        payload,
+        frames: 2,
+        trailing_acks: true,
+    };
+    raw_pingpong(pair, turn, count)
+}
+
+fn raw_pingpong(pair: &NetnsPair, turn: PingTurn, count: usize) -> RoundTrip {
     let (a, b) = (pair.ipv4(0), pair.ipv4(1));
     let (ib, ia) = (pair.iface(1).to_string(), pair.iface(0).to_string());
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let (ready_tx, ready_rx) = mpsc::channel();
     let echo = pair.spawn_in(1, move || {
-        let turn = PingTurn { payload, frames };
         let ready = || {
             ready_tx.send(()).ok();
         };
@@ -355,8 +376,7 @@ pub fn xsk_pingpong_turns(
     });
     ready_rx.recv().ok();
     let rtts = pair.run_in(0, move || {
-        xsk_ping(&ia, a, b, PingTurn { payload, frames }, count)
-            .unwrap_or_else(|e| panic!("raw AF_XDP ping: {e}"))
+        xsk_ping(&ia, a, b, turn, count).unwrap_or_else(|e| panic!("raw AF_XDP ping: {e}"))
     });
     stop.store(true, Ordering::Relaxed);
     echo.join().expect("echo");
@@ -370,6 +390,10 @@ pub fn xsk_pingpong_turns(
 pub struct PingTurn {
     pub payload: usize,
     pub frames: usize,
+    /// The other end answers once the message is in, without waiting for the ACK-sized
+    /// frames behind it (taken as they come). Told apart by their length, so the message's
+    /// frames must differ from it.
+    pub trailing_acks: bool,
 }
 
 /// Ready-made frames of a turn, from `own` to `peer`.
@@ -377,23 +401,54 @@ struct TurnFrames {
     message: Vec<Vec<u8>>,
     ack: Vec<u8>,
     acks: usize,
+    trailing_acks: bool,
 }
 
 impl TurnFrames {
-    fn new(end: &RawEnd, own: Ipv4Addr, peer: Ipv4Addr, turn: PingTurn) -> Self {
-        TurnFrames {
-            message: pieces(turn.payload)
+    fn new(end: &RawEnd, own: Ipv4Addr, peer: Ipv4Addr, turn: PingTurn) -> Result<Self, String> {
+        Self::from_frames(
+            pieces(turn.payload)
                 .into_iter()
                 .map(|len| udp_frame(end.mac, end.peer_mac, own, peer, len))
                 .collect(),
-            ack: udp_frame(end.mac, end.peer_mac, own, peer, ACK_PAYLOAD),
-            acks: turn.frames.max(1) - 1,
+            udp_frame(end.mac, end.peer_mac, own, peer, ACK_PAYLOAD),
+            turn,
+        )
+    }
+
+    fn from_frames(message: Vec<Vec<u8>>, ack: Vec<u8>, turn: PingTurn) -> Result<Self, String> {
+        if turn.trailing_acks && message.iter().any(|m| m.len() == ack.len()) {
+            return Err(format!(
+                "a message of {} bytes has frames as long as an ACK's: trailing ACKs would \
+                 count as the message",
+                turn.payload
+            ));
         }
+        Ok(TurnFrames {
+            message,
+            ack,
+            acks: turn.frames.max(1) - 1,
+            trailing_acks: turn.trailing_acks,
+        })
     }
 
     /// Frames in a turn.
     fn frames(&self) -> usize {
         self.message.len() + self.acks
+    }
+
+    /// Frames of a turn the other end waits for before it answers.
+    fn awaited(&self) -> usize {
+        if self.trailing_acks {
+            self.message.len()
+        } else {
+            self.frames()
+        }
+    }
+
+    /// Whether a received frame is one of those [`Self::awaited`] counts.
+    fn awaits(&self, frame: &[u8]) -> bool {
+        !self.trailing_acks || frame.len() != self.ack.len()
     }
 
     fn send(&self, end: &mut RawEnd) {
@@ -440,13 +495,17 @@ pub fn xsk_echo(
     ready: impl FnOnce(),
 ) -> Result<u64, String> {
     let mut end = try_raw_end(iface, peer)?;
-    let reply = TurnFrames::new(&end, own, peer, turn);
+    let reply = TurnFrames::new(&end, own, peer, turn)?;
     ready();
     let (mut got, mut answered) = (0, 0u64);
     let started = Instant::now();
     let mut last = started;
     while !stop.load(Ordering::Relaxed) {
-        if end.sock.recv(64, &mut |_| got += 1) > 0 {
+        if end
+            .sock
+            .recv(64, &mut |f| got += usize::from(reply.awaits(f)))
+            > 0
+        {
             last = Instant::now();
         } else if got > 0 && last.elapsed() > TURN_GAP {
             // Part of a turn, then nothing for longer than a turn takes: the rest was lost,
@@ -461,8 +520,8 @@ pub fn xsk_echo(
                 return Err(format!("no frame from {peer} within {:?}", l.wait));
             }
         }
-        while got >= reply.frames() {
-            got -= reply.frames();
+        while got >= reply.awaited() {
+            got -= reply.awaited();
             reply.send(&mut end);
             answered += 1;
         }
@@ -481,15 +540,17 @@ pub fn xsk_ping(
     count: usize,
 ) -> Result<Vec<f64>, String> {
     let mut end = try_raw_end(iface, peer)?;
-    let ping = TurnFrames::new(&end, own, peer, turn);
+    let ping = TurnFrames::new(&end, own, peer, turn)?;
     let mut rtts = Vec::with_capacity(count);
     let mut lost_in_a_row = 0;
     'pings: for _ in 0..count {
         let t = Instant::now();
         ping.send(&mut end);
         let mut got = 0;
-        while got < ping.frames() {
-            end.sock.recv(ping.frames() - got, &mut |_| got += 1);
+        while got < ping.awaited() {
+            // Up to a whole turn: trailing ACKs of the last turn may come first.
+            end.sock
+                .recv(ping.frames(), &mut |f| got += usize::from(ping.awaits(f)));
             if t.elapsed() > Duration::from_secs(1) {
                 // Lost: no sample. Let stragglers of this turn arrive and drop them.
                 lost_in_a_row += 1;
@@ -889,6 +950,27 @@ mod tests {
         assert_eq!(pieces(5000), [4096, 904]);
         assert_eq!(pieces(65536), [4096; 16]);
         assert_eq!(pieces(0), [0], "an empty message is still a frame");
+    }
+
+    #[test]
+    fn a_turn_with_trailing_acks_waits_for_the_message_alone() {
+        let turn = |trailing_acks| PingTurn {
+            payload: 64,
+            frames: 2,
+            trailing_acks,
+        };
+        let (message, ack) = (vec![0u8; 106], vec![0u8; 62]);
+        let trailing =
+            TurnFrames::from_frames(vec![message.clone()], ack.clone(), turn(true)).unwrap();
+        assert_eq!((trailing.frames(), trailing.awaited()), (2, 1));
+        assert!(trailing.awaits(&message));
+        assert!(!trailing.awaits(&ack));
+        let waiting =
+            TurnFrames::from_frames(vec![message.clone()], ack.clone(), turn(false)).unwrap();
+        assert_eq!((waiting.frames(), waiting.awaited()), (2, 2));
+        assert!(waiting.awaits(&message) && waiting.awaits(&ack));
+        // A message frame as long as the ACK cannot be told from it.
+        assert!(TurnFrames::from_frames(vec![ack.clone()], ack, turn(true)).is_err());
     }
 
     #[test]

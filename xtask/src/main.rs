@@ -551,7 +551,10 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
          answer still carries the ACK for the request it answers (two frames per turn on the\n\
          wire). `each SEND's ACK awaited`: both sides wait for each SEND's completion before the\n\
          next step, as perftest's `ib_send_lat` does, which puts the ACK frame behind each answer\n\
-         on the turn's path; `raw AF_XDP, 2 frames per turn` is the floor of that exchange.\n"
+         on the turn's path; `raw AF_XDP, 2 frames per turn` is the floor of that exchange.\n\
+         `raw AF_XDP, answer + trailing ACK-sized frame` is the floor of `xroce RC SEND`: each end\n\
+         answers as soon as the message is in and takes the frame behind it when it comes, so\n\
+         the ACK crosses the path and costs both CPUs but no turn waits for it.\n"
     );
     let path = root.join("bench/results/datapath.md");
     std::fs::write(&path, doc).map_err(|e| format!("cannot write {}: {e}", path.display()))?;

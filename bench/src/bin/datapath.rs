@@ -212,7 +212,12 @@ fn run() {
                 "    raw AF_XDP, 2 frames per turn (RC's answer + ACK)   p50 {:.1} µs  p99 {:.1} µs",
                 two.0, two.1
             );
-            (one, two)
+            let trailing = rt(baseline::xsk_pingpong_trailing_ack(pair, 64, PINGS));
+            eprintln!(
+                "    raw AF_XDP, answer + trailing ACK-sized frame   p50 {:.1} µs  p99 {:.1} µs",
+                trailing.0, trailing.1
+            );
+            (one, two, trailing)
         };
         let xroce = |pair: &NetnsPair| {
             let reaped = xroce_pingpong(pair, SendAcks::Reaped);
@@ -227,11 +232,12 @@ fn run() {
             );
             (reaped, awaited)
         };
-        let ((reaped, awaited), (raw, raw2)) =
+        let ((reaped, awaited), (raw, raw2, raw_trailing)) =
             paired::in_order(paired::xroce_first(round), || xroce(&pair), || raw(&pair));
         pings.push(PingRound {
             raw,
             raw2,
+            raw_trailing,
             reaped,
             awaited,
         });
@@ -250,13 +256,16 @@ fn run() {
     };
     let raw1 = |r: &PingRound| r.raw;
     let raw2 = |r: &PingRound| r.raw2;
+    let raw_trailing = |r: &PingRound| r.raw_trailing;
     let reaped = |r: &PingRound| r.reaped;
     let awaited = |r: &PingRound| r.awaited;
     let median_of = |v: Vec<f64>| paired::median(v).unwrap_or(f64::NAN);
     let raw_p50 = median_of(pings.iter().map(|r| r.raw.0).collect());
     let raw_p99 = median_of(pings.iter().map(|r| r.raw.1).collect());
     let raw2_vs_raw = ping(raw2, raw1, false);
+    let trailing_vs_raw = ping(raw_trailing, raw1, false);
     let reaped_vs_raw = ping(reaped, raw1, false);
+    let reaped_vs_trailing = ping(reaped, raw_trailing, false);
     let awaited_vs_raw = ping(awaited, raw1, false);
     let awaited_vs_raw2 = ping(awaited, raw2, false);
     let reaped_p99 = ping(reaped, raw1, true);
@@ -277,12 +286,19 @@ fn run() {
     ));
     rows.push((
         "".into(),
+        "raw AF_XDP, answer + trailing ACK-sized frame".into(),
+        trailing_vs_raw.median_xroce().unwrap_or(f64::NAN),
+        ratio(&trailing_vs_raw, "raw AF_XDP"),
+    ));
+    rows.push((
+        "".into(),
         "xroce RC SEND".into(),
         xroce_p50,
         format!(
-            "{}, {:.2}× kernel UDP",
+            "{}, {:.2}× kernel UDP; {}",
             ratio(&reaped_vs_raw, "raw AF_XDP"),
-            xroce_p50 / udp_rtt.0
+            xroce_p50 / udp_rtt.0,
+            ratio(&reaped_vs_trailing, "raw with a trailing ACK")
         ),
     ));
     rows.push((
@@ -432,6 +448,8 @@ fn rounds() -> usize {
 struct PingRound {
     raw: (f64, f64),
     raw2: (f64, f64),
+    /// Raw AF_XDP with an ACK-sized frame behind each answer that nobody waits for.
+    raw_trailing: (f64, f64),
     reaped: (f64, f64),
     awaited: (f64, f64),
 }

@@ -70,7 +70,11 @@ fn run(args: &[String]) -> Result<String, String> {
                 "PAYLOAD {payload}, FRAMES {frames}: 1 to 1472 bytes, 1 to 8 frames"
             ));
         }
-        Ok(PingTurn { payload, frames })
+        Ok(PingTurn {
+            payload,
+            frames,
+            trailing_acks: false,
+        })
     };
     match args {
         [mode, iface, own, peer, payload, secs] if mode == "send" => {
