@@ -26,9 +26,10 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> ExitCode {
     // Say so, since it costs speed and rules out zero-copy. And a program already attached
     // keeps its mode whatever was asked.
     let why = match (mode, &added.xdp) {
-        (None, LoadOutcome::Loaded(a)) if a.mode == XdpMode::Generic => {
-            "; the driver has no native XDP".to_string()
-        }
+        (None, LoadOutcome::Loaded(a)) if a.mode == XdpMode::Generic => match &a.native_refused {
+            Some(answer) => format!("; the driver refused native XDP: {answer}"),
+            None => "; the driver has no native XDP".to_string(),
+        },
         (Some(asked), LoadOutcome::AlreadyLoaded(a)) if a.mode != asked => {
             format!("; not {asked} as asked: `xroce link del {name}` unloads it, then add again")
         }

@@ -117,7 +117,7 @@ enum LinkCommand {
         #[arg(value_name = "NAME netdev DEV", num_args = 1.., required = true)]
         words: Vec<String>,
         /// How to attach the XDP program when it is not loaded yet: auto (native where the
-        /// driver has it, else generic), native (driver mode, needed for zero-copy; fails on
+        /// driver takes it, else generic), native (driver mode, needed for zero-copy; fails on
         /// drivers without it) or generic (works with any driver, slower).
         #[arg(long, default_value = "auto", value_parser = ["auto", "native", "generic"])]
         mode: String,

@@ -721,6 +721,65 @@ fn a_driver_without_native_xdp_gets_generic_mode() {
     assert_eq!(unloaded, UnloadOutcome::Unloaded);
 }
 
+/// A driver that has native XDP but refuses it on this interface (here veth, whose receive
+/// queues are fewer than its peer's transmit queues: `ENOSPC`; virtio-net refuses native XDP
+/// at MTUs its buffers do not take). Asked for native, the loader says so and leaves nothing
+/// behind; left to choose, it attaches in generic mode and says why.
+#[test]
+fn a_driver_refusing_native_xdp_gets_generic_mode_when_left_to_choose() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrld-queues", 1500).expect("namespaces");
+    let out = pair
+        .exec(
+            1,
+            "ip link add xrldq0 numrxqueues 1 numtxqueues 1 type veth peer name xrldq1 \
+             numtxqueues 2 numrxqueues 2 && ip link set xrldq0 up && ip link set xrldq1 up",
+        )
+        .expect("ip link add veth");
+    assert!(out.status.success(), "{out:?}");
+    let iface = "xrldq0";
+
+    let err = load(&pair, 1, LoadOptions::new(iface).with_mode(XdpMode::Native))
+        .expect_err("native XDP on a veth with fewer receive queues than its peer sends on");
+    assert!(matches!(err, XdpError::AttachRefused { .. }), "{err:?}");
+    assert!(err.to_string().contains("--mode generic"), "{err}");
+    let status = pair.run_in(1, move || xdp::status(Some(iface)).expect("status"));
+    assert!(
+        status
+            .iter()
+            .all(|s| s.xroce.is_none() && s.stale_pins.is_none()),
+        "{status:?}"
+    );
+
+    let loaded = load(&pair, 1, LoadOptions::new(iface)).expect("load, mode left to choose");
+    let LoadOutcome::Loaded(attachment) = &loaded else {
+        panic!("not loaded afresh: {loaded:?}");
+    };
+    assert_eq!(attachment.mode, XdpMode::Generic, "{loaded:?}");
+    let answer = attachment.native_refused.as_deref().unwrap_or_default();
+    assert!(
+        answer.contains(&std::io::Error::from_raw_os_error(libc::ENOSPC).to_string()),
+        "{loaded:?}"
+    );
+    let out = pair
+        .exec(1, "ip -d link show dev xrldq0")
+        .expect("ip link show");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("xdpgeneric"),
+        "{out:?}"
+    );
+    // Found attached, it is reported as it is, with no refusal to tell.
+    let again = load(&pair, 1, LoadOptions::new(iface)).expect("load again");
+    assert!(
+        matches!(&again, LoadOutcome::AlreadyLoaded(a) if a.mode == XdpMode::Generic && a.native_refused.is_none()),
+        "{again:?}"
+    );
+    let unloaded = pair.run_in(1, move || xdp::unload(iface)).expect("unload");
+    assert_eq!(unloaded, UnloadOutcome::Unloaded);
+}
+
 #[test]
 fn another_program_is_left_alone() {
     if !root_or_skip() {

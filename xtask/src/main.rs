@@ -95,7 +95,7 @@ enum XdpCommand {
         /// The interface, e.g. eth0.
         #[arg(long, value_name = "IF")]
         iface: String,
-        /// Attach mode: auto (native where the driver has it, else generic), native (in the
+        /// Attach mode: auto (native where the driver takes it, else generic), native (in the
         /// driver; needed for zero-copy; fails on drivers without it) or generic (works with
         /// any driver, slower).
         #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
@@ -132,7 +132,7 @@ enum XdpCommand {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
-    /// Native where the driver has it, else generic.
+    /// Native where the driver takes it, else generic.
     Auto,
     /// Driver mode.
     Native,

@@ -68,7 +68,7 @@ fn load(opts: &LoadOptions) -> Result<(), String> {
         opts.iface,
         match opts.mode {
             Some(mode) => format!("{mode} mode"),
-            None => "native mode where the driver has it, else generic".to_string(),
+            None => "native mode where the driver takes it, else generic".to_string(),
         },
         match opts.build {
             Some(build) => format!("{build} build"),
@@ -86,6 +86,9 @@ fn load(opts: &LoadOptions) -> Result<(), String> {
                 a.prog_id,
                 a.link_id
             );
+            if let Some(answer) = &a.native_refused {
+                println!("==> generic mode: the driver refused native XDP ({answer})");
+            }
             println!(
                 "==> pinned in {} (it stays attached after this command; \
                  `cargo xtask xdp unload --iface {}` removes it)",

@@ -217,7 +217,7 @@ pub fn links() -> Result<Vec<Link>, RegistryError> {
 }
 
 /// Adds link `name` on `netdev`: loads the XDP program there in `mode` (`None`: native where
-/// the driver has it, else generic) if it is not loaded, records the link, creates the device
+/// the driver takes it, else generic) if it is not loaded, records the link, creates the device
 /// node and regenerates the tree. On failure, undoes what it did.
 pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> Result<Added, RegistryError> {
     check_name(name)?;

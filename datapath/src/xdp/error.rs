@@ -107,6 +107,21 @@ pub enum XdpError {
         source: io::Error,
     },
 
+    /// The driver refused native mode for a reason of its own (veth with fewer receive queues
+    /// than its peer has transmit queues answers `ENOSPC`).
+    #[error(
+        "the driver of {iface} refused native XDP with the {build} build: {source}; try \
+         `--mode generic`"
+    )]
+    AttachRefused {
+        /// The interface.
+        iface: String,
+        /// The build that was being attached.
+        build: ProgramBuild,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+
     /// The BPF filesystem cannot be found, mounted or used.
     #[error(
         "cannot use the BPF filesystem at /sys/fs/bpf: {detail}. Mount it as root with \

@@ -230,7 +230,8 @@ pub struct LoadOptions {
     pub iface: String,
     /// Attach mode. `None` (the default) leaves it to the kernel, as `ip link set ... xdp`
     /// does: native where the driver implements XDP, generic where it does not (a bridge,
-    /// many virtual devices). `Some` takes that mode or fails.
+    /// many virtual devices); and generic where the driver refuses native mode (see
+    /// [`Attachment::native_refused`]). `Some` takes that mode or fails.
     pub mode: Option<XdpMode>,
     /// Forced build; `None` chooses by MTU ([`ProgramBuild::for_mtu`]), and falls back to the
     /// frags build when the driver refuses the plain one for its MTU (on veth, when the
@@ -239,8 +240,8 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    /// The kernel's choice of mode (native where the driver implements XDP); build chosen by
-    /// MTU.
+    /// The kernel's choice of mode (native where the driver implements and takes XDP, else
+    /// generic); build chosen by MTU.
     pub fn new(iface: &str) -> LoadOptions {
         LoadOptions {
             iface: iface.to_string(),
@@ -279,6 +280,10 @@ pub struct Attachment {
     pub link_id: u32,
     /// The directory holding the link and map pins.
     pub pin_dir: PathBuf,
+    /// Attached in generic mode because the driver refused native mode, which the loader
+    /// tried first as no mode was asked for: the driver's answer. `None` otherwise, and for a
+    /// program found attached.
+    pub native_refused: Option<String>,
 }
 
 /// Result of [`load`].
@@ -430,10 +435,10 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
         Some(build) => build,
         None => ProgramBuild::for_mtu(link.mtu),
     };
-    match load_and_pin(iface, opts.mode, &link, &dir, build) {
+    let attempt = |mode: Option<XdpMode>| match load_and_pin(iface, mode, &link, &dir, build) {
         Err(e) if frags_may_fit(&e, opts.build) => {
             log::info!("{iface}: the plain build was refused ({e}); loading the frags build");
-            match load_and_pin(iface, opts.mode, &link, &dir, ProgramBuild::Frags) {
+            match load_and_pin(iface, mode, &link, &dir, ProgramBuild::Frags) {
                 // veth's refusal named the MTU: the frags build's answer is the news.
                 Err(again) if !matches!(e, XdpError::MtuTooLarge { .. }) => {
                     log::info!("{iface}: the frags build was refused too ({again})");
@@ -443,6 +448,47 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
             }
         }
         result => result,
+    };
+    match attempt(opts.mode) {
+        // Left to choose, the kernel tries native mode wherever the driver implements XDP,
+        // and some drivers that do refuse it here (virtio-net at an MTU its buffers do not
+        // take, veth with fewer receive queues than its peer sends on). Generic mode takes
+        // any driver: "auto" means that, as for a driver without native XDP.
+        Err(native) if opts.mode.is_none() && generic_may_take(&native) => {
+            log::info!("{iface}: native XDP was refused ({native}); attaching in generic mode");
+            let mut outcome = attempt(Some(XdpMode::Generic))?;
+            if let LoadOutcome::Loaded(a) = &mut outcome {
+                a.native_refused = Some(refusal_reason(&native));
+            }
+            Ok(outcome)
+        }
+        result => result,
+    }
+}
+
+/// Whether a refusal of native mode (the kernel's choice when none was asked for) leaves
+/// generic mode worth a try: the driver's own refusals, not another program in the way, a
+/// missing privilege, a program the kernel would not load, or an MTU the build does not
+/// take (its message says which build does).
+fn generic_may_take(refusal: &XdpError) -> bool {
+    match refusal {
+        XdpError::DriverRefused { mode, .. } | XdpError::ModeNotSupported { mode, .. } => {
+            *mode == XdpMode::Native
+        }
+        XdpError::AttachRefused { .. } => true,
+        _ => false,
+    }
+}
+
+/// What the driver said when it refused native mode, short enough for `xroce link add`'s
+/// line.
+fn refusal_reason(refusal: &XdpError) -> String {
+    match refusal {
+        XdpError::DriverRefused { source, mtu, .. } => format!("{source} at MTU {mtu}"),
+        XdpError::ModeNotSupported { source, .. } | XdpError::AttachRefused { source, .. } => {
+            source.to_string()
+        }
+        other => other.to_string(),
     }
 }
 
@@ -535,6 +581,7 @@ fn attach_and_pin(
         prog_id: info.prog_id,
         link_id: info.id,
         pin_dir: dir.to_path_buf(),
+        native_refused: None,
     }))
 }
 
@@ -615,6 +662,12 @@ fn attach_error(
             mode,
             build,
             mtu: link.mtu,
+            source: err,
+        },
+        // Any other refusal of native mode (veth's ENOSPC, say) is the driver's too.
+        _ if mode == XdpMode::Native && !is_permission(&err) => XdpError::AttachRefused {
+            iface: iface.to_string(),
+            build,
             source: err,
         },
         _ => XdpError::kernel(
@@ -1037,6 +1090,7 @@ impl LiveLink {
             prog_id: self.prog_id,
             link_id: self.link_id,
             pin_dir: dir.to_path_buf(),
+            native_refused: None,
         })
     }
 }
@@ -1575,6 +1629,48 @@ mod tests {
             einval(),
         );
         assert!(matches!(generic, XdpError::Kernel { .. }), "{generic:?}");
+    }
+
+    #[test]
+    fn native_refusals_of_the_drivers_own_leave_generic_to_try() {
+        let link = eth0(1500);
+        let refused = |mode, errno| {
+            attach_error(
+                "eth0",
+                mode,
+                &link,
+                ProgramBuild::Plain,
+                io::Error::from_raw_os_error(errno),
+            )
+        };
+        // veth with fewer receive queues than its peer sends on.
+        let enospc = refused(XdpMode::Native, libc::ENOSPC);
+        assert!(
+            matches!(enospc, XdpError::AttachRefused { .. }),
+            "{enospc:?}"
+        );
+        assert!(enospc.to_string().contains("--mode generic"), "{enospc}");
+        assert!(generic_may_take(&enospc));
+        assert!(generic_may_take(&refused(XdpMode::Native, libc::EINVAL)));
+        assert!(generic_may_take(&refused(
+            XdpMode::Native,
+            libc::EOPNOTSUPP
+        )));
+        // Not the driver's: a missing privilege, another program in the way, refusals in
+        // generic mode itself.
+        for (mode, errno) in [
+            (XdpMode::Native, libc::EPERM),
+            (XdpMode::Native, libc::EBUSY),
+            (XdpMode::Generic, libc::ENOSPC),
+            (XdpMode::Generic, libc::EINVAL),
+        ] {
+            let e = refused(mode, errno);
+            assert!(!generic_may_take(&e), "{mode} errno {errno}: {e:?}");
+        }
+        assert!(matches!(
+            refused(XdpMode::Native, libc::EPERM),
+            XdpError::PermissionDenied { .. }
+        ));
     }
 
     #[test]
