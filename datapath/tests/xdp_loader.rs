@@ -57,6 +57,17 @@ fn ip_link_show(pair: &NetnsPair, side: usize) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Neither xroce's program nor pins of it on `iface` (a refused load leaves nothing behind).
+fn assert_nothing_left(pair: &NetnsPair, side: usize, iface: &'static str) {
+    let status = pair.run_in(side, move || xdp::status(Some(iface)).expect("status"));
+    assert!(
+        status
+            .iter()
+            .all(|s| s.xroce.is_none() && s.stale_pins.is_none()),
+        "{status:?}"
+    );
+}
+
 fn ping(pair: &NetnsPair, from: usize, to: IpAddr, size: usize) {
     let out = pair
         .exec(from, &format!("ping -c 2 -i 0.2 -W 1 -s {size} {to}"))
@@ -699,13 +710,7 @@ fn a_driver_without_native_xdp_gets_generic_mode() {
         "{err:?}"
     );
     assert!(err.to_string().contains("--mode generic"), "{err}");
-    let status = pair.run_in(1, move || xdp::status(Some(bridge)).expect("status"));
-    assert!(
-        status
-            .iter()
-            .all(|s| s.xroce.is_none() && s.stale_pins.is_none()),
-        "{status:?}"
-    );
+    assert_nothing_left(&pair, 1, bridge);
 
     let loaded = load(&pair, 1, LoadOptions::new(bridge)).expect("load on a bridge");
     assert_eq!(loaded.attachment().mode, XdpMode::Generic, "{loaded:?}");
@@ -745,13 +750,7 @@ fn a_driver_refusing_native_xdp_gets_generic_mode_when_left_to_choose() {
         .expect_err("native XDP on a veth with fewer receive queues than its peer sends on");
     assert!(matches!(err, XdpError::AttachRefused { .. }), "{err:?}");
     assert!(err.to_string().contains("--mode generic"), "{err}");
-    let status = pair.run_in(1, move || xdp::status(Some(iface)).expect("status"));
-    assert!(
-        status
-            .iter()
-            .all(|s| s.xroce.is_none() && s.stale_pins.is_none()),
-        "{status:?}"
-    );
+    assert_nothing_left(&pair, 1, iface);
 
     let loaded = load(&pair, 1, LoadOptions::new(iface)).expect("load, mode left to choose");
     let LoadOutcome::Loaded(attachment) = &loaded else {
