@@ -482,7 +482,8 @@ pub struct EchoLimits {
 }
 
 /// The answering end of a raw ping-pong on its own: busy-polls `iface` and answers every
-/// turn's worth of frames with a turn of its own to `peer`, until `stop` is set or `limits`
+/// turn's worth of frames (or, with `turn.trailing_acks`, every message, whatever ACK-sized
+/// frames come behind it) with a turn of its own to `peer`, until `stop` is set or `limits`
 /// say so. `ready` runs once the socket takes frames. Returns how many turns it answered.
 /// Needs xroce's XDP program on `iface`.
 pub fn xsk_echo(

@@ -22,8 +22,9 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> ExitCode {
     };
     // The link exists now whatever happens to the output (a closed pipe must not panic).
     let mut out = io::stdout().lock();
-    // Generic mode nobody asked for: the kernel picks it when the driver has no native XDP.
-    // Say so, since it costs speed and rules out zero-copy. And a program already attached
+    // Generic mode nobody asked for: the kernel picks it when the driver has no native XDP,
+    // the loader when the driver refused native XDP here. Say so, and why, since it costs
+    // speed and rules out zero-copy. And a program already attached
     // keeps its mode whatever was asked.
     let why = match (mode, &added.xdp) {
         (None, LoadOutcome::Loaded(a)) if a.mode == XdpMode::Generic => match &a.native_refused {

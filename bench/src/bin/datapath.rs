@@ -199,8 +199,9 @@ fn run() {
         "    kernel UDP   p50 {:.1} µs  p99 {:.1} µs",
         udp_rtt.0, udp_rtt.1
     );
-    // Raw AF_XDP (one frame and two frames per turn) and xroce (both ways) back to back in
-    // each round; the order alternates (see `xroce_bench::paired`).
+    // Raw AF_XDP (one frame per turn, two, and one with an ACK-sized frame trailing it) and
+    // xroce (both ways) back to back in each round; the order alternates (see
+    // `xroce_bench::paired`).
     let mut pings: Vec<PingRound> = Vec::new();
     for round in 0..rounds {
         eprintln!("  round {} of {rounds}", round + 1);

@@ -664,12 +664,20 @@ fn attach_error(
             mtu: link.mtu,
             source: err,
         },
-        // Any other refusal of native mode (veth's ENOSPC, say) is the driver's too.
-        _ if mode == XdpMode::Native && !is_permission(&err) => XdpError::AttachRefused {
-            iface: iface.to_string(),
-            build,
-            source: err,
-        },
+        // Drivers' own refusals of native mode under other errnos: veth with fewer receive
+        // queues than its peer sends on (ENOSPC), whose peer is gone (ENOTCONN), or whose
+        // peer's MTU exceeds even the frags build's (ERANGE); virtio-net with too few free
+        // transmit queues for XDP (ENOMEM). Anything else (the interface gone, say) is the
+        // kernel's answer as it is.
+        Some(libc::ENOSPC) | Some(libc::ENOTCONN) | Some(libc::ERANGE) | Some(libc::ENOMEM)
+            if mode == XdpMode::Native =>
+        {
+            XdpError::AttachRefused {
+                iface: iface.to_string(),
+                build,
+                source: err,
+            }
+        }
         _ => XdpError::kernel(
             iface,
             format!("attaching the {build} XDP program in {mode} mode"),
@@ -1656,11 +1664,12 @@ mod tests {
             XdpMode::Native,
             libc::EOPNOTSUPP
         )));
-        // Not the driver's: a missing privilege, another program in the way, refusals in
-        // generic mode itself.
+        // Not the driver's: a missing privilege, another program in the way, the interface
+        // gone, refusals in generic mode itself.
         for (mode, errno) in [
             (XdpMode::Native, libc::EPERM),
             (XdpMode::Native, libc::EBUSY),
+            (XdpMode::Native, libc::ENODEV),
             (XdpMode::Generic, libc::ENOSPC),
             (XdpMode::Generic, libc::EINVAL),
         ] {

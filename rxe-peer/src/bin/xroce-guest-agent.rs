@@ -91,30 +91,46 @@ fn run(req: &Request) -> Reply {
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    // The command's end is awaited in a thread of its own, blocked in waitpid: polling for it
+    // The command's end is awaited in a thread of its own, blocked in waitid: polling for it
     // woke this guest's single vCPU 200 times a second for as long as a command ran, each
     // wake-up taking the CPU from the program measured (perftest's latency turns in the
-    // benchmark's guests).
-    let (done_tx, done_rx) = mpsc::channel();
+    // benchmark's guests). That thread does not reap the command (`WNOWAIT`): until this one
+    // does, after killing what is left of its process group, the group's id cannot pass to
+    // another process.
+    let (exited_tx, exited_rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let _ = done_tx.send(child.wait());
-    });
-    let mut timed_out = false;
-    let status = match done_rx.recv_timeout(Duration::from_millis(req.timeout_ms)) {
-        Ok(Ok(s)) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
-        Ok(Err(_)) | Err(RecvTimeoutError::Disconnected) => 1,
-        Err(RecvTimeoutError::Timeout) => {
-            timed_out = true;
-            // SAFETY: killing the process group this request started.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-            // The waiting thread reaps it.
-            let _ = done_rx.recv_timeout(Duration::from_secs(5));
-            TIMED_OUT
+        loop {
+            // SAFETY: waitid writes only into `info`, which lives for the call.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: as above; `pid` is this request's child, reaped only by `child.wait`.
+            let rc = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOWAIT,
+                )
+            };
+            if rc == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+            {
+                break;
+            }
         }
-    };
-    // The group may have left processes holding the pipes (background jobs): end them too.
-    // SAFETY: as above.
+        let _ = exited_tx.send(());
+    });
+    let timed_out = matches!(
+        exited_rx.recv_timeout(Duration::from_millis(req.timeout_ms)),
+        Err(RecvTimeoutError::Timeout)
+    );
+    // On a timeout the command, and in any case what its group left running (background jobs
+    // holding the pipes), is ended.
+    // SAFETY: killing the process group this request started, whose leader is not reaped yet.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
+    let status = match child.wait() {
+        _ if timed_out => TIMED_OUT,
+        Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
+        Err(_) => 1,
+    };
     let stdout = out.join().unwrap_or_default();
     let mut stderr = err.join().unwrap_or_default();
     if timed_out {
