@@ -24,8 +24,8 @@ pub fn add(name: &str, netdev: &str, mode: Option<XdpMode>) -> ExitCode {
     let mut out = io::stdout().lock();
     // Generic mode nobody asked for: the kernel picks it when the driver has no native XDP,
     // the loader when the driver refused native XDP here. Say so, and why, since it costs
-    // speed and rules out zero-copy. And a program already attached
-    // keeps its mode whatever was asked.
+    // speed and rules out zero-copy. And a program already attached keeps its mode whatever
+    // was asked.
     let why = match (mode, &added.xdp) {
         (None, LoadOutcome::Loaded(a)) if a.mode == XdpMode::Generic => match &a.native_refused {
             Some(answer) => format!("; the driver refused native XDP: {answer}"),
