@@ -1,6 +1,8 @@
 //! rdma_rxe↔rdma_rxe next to xroce↔xroce in identical QEMU guests on one bridge: the same two
-//! guests (Debian's kernel, 1 vCPU under the same emulation) run perftest over their rdma_rxe
-//! devices, then over xroce devices on the same interfaces, in alternating rounds. Emulated CPUs
+//! guests (a Debian kernel, 1 vCPU under the same emulation) run perftest over their rdma_rxe
+//! devices, then over xroce devices on the same interfaces, in alternating rounds. Which
+//! kernel matters to rdma_rxe, the kernel's own code: the suite compares on Debian 13's
+//! (the current release's rdma_rxe) and on Debian 12's (an older one, this machine's). Emulated CPUs
 //! make the absolute numbers meaningless; the ratio between the two stacks is what counts, and
 //! the emulation's speed drifts with what else the host runs: one pair of runs moved the ratio
 //! between 0.75 and 1.35 on the same build, so each number is the median of several rounds.
@@ -9,7 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use xroce_datapath::netns;
-use xroce_rxe_peer::{default_cache_dir, ensure_image, Guest, GuestConfig, Lab, Recovery};
+use xroce_rxe_peer::{
+    default_cache_dir, ensure_image_for, Guest, GuestConfig, GuestKernel, Lab, Recovery,
+};
 
 use crate::perftest::{parse_bw, parse_lat};
 
@@ -40,6 +44,8 @@ pub const ROUNDS: usize = 3;
 /// every round's numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Comparison {
+    /// The guests' kernel release (`uname -r`).
+    pub kernel_version: String,
     pub rxe: GuestNumbers,
     pub xroce: GuestNumbers,
     /// (rdma_rxe, xroce) of each round, in order.
@@ -70,8 +76,14 @@ pub struct PingTimes {
 /// UDP payload of the raw stream: 1 KiB, the payload of a full RoCE packet at path MTU 1024.
 pub const RAW_PAYLOAD: usize = 1024;
 
-pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, String> {
-    let image = ensure_image(&default_cache_dir(), say).map_err(|e| e.to_string())?;
+/// Runs the comparison in two guests booting `kernel`.
+pub fn compare(
+    bin_dir: &Path,
+    kernel: GuestKernel,
+    say: &mut dyn FnMut(&str),
+) -> Result<Comparison, String> {
+    let image = ensure_image_for(&default_cache_dir(), kernel, say).map_err(|e| e.to_string())?;
+    let kernel_version = image.kernel_version.clone();
     // Named with the benchmarks' prefix, so that an interrupted run removes it, and made
     // only while the run is not being interrupted (as its namespace pairs are).
     let lab = netns::unless_refused(|| {
@@ -96,7 +108,9 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
             c
         })
         .collect();
-    say("booting two identical guests (rdma_rxe and xroce in each)");
+    say(&format!(
+        "booting two identical guests, kernel {kernel_version} (rdma_rxe and xroce in each)"
+    ));
     let g = lab.boot_all(guests).map_err(|e| e.to_string())?;
     let mut rounds = Vec::with_capacity(ROUNDS);
     for round in 1..=ROUNDS {
@@ -148,6 +162,7 @@ pub fn compare(bin_dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Comparison, 
     });
     xroce_link(&g, "del xr0")?;
     Ok(Comparison {
+        kernel_version,
         rxe: median_numbers(rounds.iter().map(|r| r.0)),
         xroce: median_numbers(rounds.iter().map(|r| r.1)),
         rounds,

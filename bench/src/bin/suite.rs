@@ -20,6 +20,7 @@ use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, XrocePair, DEV
 use xroce_bench::report::{number, size_text, Goal, Kind, Report, Row};
 use xroce_bench::{guests, plot};
 use xroce_datapath::afxdp;
+use xroce_rxe_peer::GuestKernel;
 
 struct Options {
     quick: bool,
@@ -77,8 +78,12 @@ const SCALE: &str = "Scale: ib_write_bw 64 KiB with many QPs, path MTU 4096";
 const CPU: &str = "CPU cost of streaming";
 const IDLE: &str = "Idle CPU with connected QPs";
 const MEMORY: &str = "Resident memory of an xroce process";
-const GUESTS_LAT: &str = "Identical QEMU guests (TCG, 1 vCPU each): latency, path MTU 1024";
-const GUESTS_BW: &str = "Identical QEMU guests (TCG, 1 vCPU each): bandwidth, path MTU 1024";
+const GUESTS: &str = "Identical QEMU guests (TCG, 1 vCPU each)";
+/// The guests' kernels, each compared in guests of its own: Debian 13's (the rdma_rxe of the
+/// current Debian release) and Debian 12's (an older rdma_rxe, this machine's release).
+/// rdma_rxe is the kernel's own code, and it changed between the two (6.12's runs its packet work on a workqueue, 6.1's in tasklets), so one
+/// kernel alone would not say how xroce compares with what users run.
+const GUEST_KERNELS: [GuestKernel; 2] = [GuestKernel::Debian13, GuestKernel::Debian12];
 
 fn main() {
     run();
@@ -624,139 +629,26 @@ fn run() {
     drop(x);
 
     // ---------------------------------------------------------------- guests
-    let mut guest_numbers = None;
+    let mut guest_rounds = Vec::new();
     if opts.guests {
-        p.say("QEMU guests: rdma_rxe vs xroce");
-        match guests::compare(&bin_dir, &mut |m| p.say(m)) {
-            Ok(c) => {
-                let (rxe, xroce) = (c.rxe, c.xroce);
-                for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
-                    r.rows.push(Row {
-                        p99: Some(n.send_lat_p99_us),
-                        ..Row::new(
-                            GUESTS_LAT,
-                            "ib_send_lat",
-                            64,
-                            method,
-                            Kind::LatencyUs,
-                            n.send_lat_us,
-                        )
-                    });
+        for kernel in GUEST_KERNELS {
+            p.say(&format!("QEMU guests ({kernel} kernel): rdma_rxe vs xroce"));
+            match guests::compare(&bin_dir, kernel, &mut |m| p.say(m)) {
+                Ok(c) => {
+                    report_guests(&mut r, kernel, &c);
+                    guest_rounds.push((kernel, c.rounds));
                 }
-                for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
-                    r.rows.push(Row::new(
-                        GUESTS_BW,
-                        "ib_write_bw",
-                        65536,
-                        method,
-                        Kind::MegabytesPerSecond,
-                        n.write_bw_mb_s,
-                    ));
-                }
-                let per_round: Vec<String> = c
-                    .rounds
-                    .iter()
-                    .map(|(rxe, xroce)| {
-                        format!(
-                            "{:.2}× / {:.2}×",
-                            xroce.write_bw_mb_s / rxe.write_bw_mb_s,
-                            xroce.send_lat_us / rxe.send_lat_us
-                        )
-                    })
-                    .collect();
-                r.notes.push(format!(
-                    "Guests: each number is the median of {} rounds, each round running both \
-                     back to back (rdma_rxe first in the first round, xroce first in the \
-                     second, and so on); xroce's bandwidth / latency as a multiple of \
-                     rdma_rxe's in each round: {} (the goals are the medians of these). ib_send_lat 64 B minimum (the path without scheduling delays): \
-                     rdma_rxe {:.0} µs, xroce {:.0} µs. Under TCG both pay mostly for the \
-                     emulated kernel network path (virtio, interrupts, softirq), which they share.",
-                    c.rounds.len(),
-                    per_round.join(", "),
-                    rxe.send_lat_min_us,
-                    xroce.send_lat_min_us
-                ));
-                let host_cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-                let [rxe_in, rxe_out] = rxe.write_bw_vcpu_cores;
-                let [xroce_in, xroce_out] = xroce.write_bw_vcpu_cores;
-                r.notes.push(format!(
-                    "Guests: host CPU of the guests' vCPU threads during ib_write_bw (median of \
-                     the rounds), as cores of the host's {host_cpus}: with rdma_rxe the \
-                     receiving guest's {rxe_in:.2} and the sending guest's {rxe_out:.2}, with \
-                     xroce {xroce_in:.2} and {xroce_out:.2}. A vCPU that computed all the time \
-                     would use a whole core; below that, the guest spent the rest waiting on \
-                     QEMU's emulated devices, or idle."
-                ));
-                match &c.raw_stream_mb_s {
-                    Ok(raw) => {
-                        r.rows.push(Row::new(
-                            GUESTS_BW,
-                            "1 KiB UDP frames",
-                            guests::RAW_PAYLOAD as u64,
-                            "raw AF_XDP",
-                            Kind::MegabytesPerSecond,
-                            *raw,
-                        ));
-                        r.notes.push(format!(
-                            "Guests: raw AF_XDP streams {raw:.1} MB/s of 1 KiB payloads from one \
-                             guest to the other, the most any stack there can carry; twice \
-                             rdma_rxe's bandwidth would be {:.1} MB/s, {:.2}× that ceiling. \
-                             rdma_rxe reaches {:.2}× of it, xroce {:.2}×.",
-                            2.0 * rxe.write_bw_mb_s,
-                            2.0 * rxe.write_bw_mb_s / raw,
-                            rxe.write_bw_mb_s / raw,
-                            xroce.write_bw_mb_s / raw
-                        ));
-                    }
-                    Err(e) => r
-                        .notes
-                        .push(format!("guests: the raw AF_XDP stream failed: {e}")),
-                }
-                match &c.raw_one_way_us {
-                    Ok(raw) => {
-                        for (method, t) in [
-                            (RAW_ONE_WAY, raw.one_frame),
-                            (RAW_TWO_FRAMES, raw.two_frames),
-                        ] {
-                            r.rows.push(Row::new(
-                                GUESTS_LAT,
-                                "64 B ping-pong, one way",
-                                64,
-                                method,
-                                Kind::LatencyUs,
-                                t.p50,
-                            ));
-                        }
-                        let (floor, half) = (raw.two_frames.p50, rxe.send_lat_us / 2.0);
-                        r.notes.push(format!(
-                            "Guests: raw AF_XDP ping-pong between the guests takes {:.0} µs \
-                             one-way (minimum {:.0}) with one frame per turn and {floor:.0} µs \
-                             (minimum {:.0}) with RC's two (the answer and an ACK-sized frame, \
-                             one kick), busy-polled as perftest polls: the floor of RC there. \
-                             Half rdma_rxe's ib_send_lat would be {half:.0} µs, {:.2}× that \
-                             floor; rdma_rxe takes {:.2}× it, xroce {:.2}×.",
-                            raw.one_frame.p50,
-                            raw.one_frame.min,
-                            raw.two_frames.min,
-                            half / floor,
-                            rxe.send_lat_us / floor,
-                            xroce.send_lat_us / floor
-                        ));
-                    }
-                    Err(e) => r
-                        .notes
-                        .push(format!("guests: the raw AF_XDP ping-pong failed: {e}")),
-                }
-                guest_numbers = Some(c.rounds.clone());
+                Err(e) => r
+                    .notes
+                    .push(format!("guest comparison ({kernel} kernel) failed: {e}")),
             }
-            Err(e) => r.notes.push(format!("guest comparison failed: {e}")),
         }
     } else {
         r.notes
             .push("QEMU guest comparison skipped (--quick or --no-guests)".into());
     }
 
-    goals(&mut r, &b2b, &scale, udp_rt, guest_numbers.as_deref());
+    goals(&mut r, &b2b, &scale, udp_rt, &guest_rounds);
     r.notes.push(format!(
         "Baselines: raw AF_XDP is xroce's own AF_XDP socket code sending the same prebuilt \
          UDP frame (no protocol, no checksum) as fast as the ring takes it, round trips \
@@ -1053,13 +945,141 @@ fn paired_goal(
     }
 }
 
+/// The guests' rows and notes for the comparison `c` in guests booting `kernel`.
+fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
+    let label = format!("{kernel} kernel {}", c.kernel_version);
+    let lat_section = format!("{GUESTS}, {label}: latency, path MTU 1024");
+    let bw_section = format!("{GUESTS}, {label}: bandwidth, path MTU 1024");
+    let (rxe, xroce) = (c.rxe, c.xroce);
+    for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
+        r.rows.push(Row {
+            p99: Some(n.send_lat_p99_us),
+            ..Row::new(
+                &lat_section,
+                "ib_send_lat",
+                64,
+                method,
+                Kind::LatencyUs,
+                n.send_lat_us,
+            )
+        });
+    }
+    for (method, n) in [("rdma_rxe", rxe), ("xroce", xroce)] {
+        r.rows.push(Row::new(
+            &bw_section,
+            "ib_write_bw",
+            65536,
+            method,
+            Kind::MegabytesPerSecond,
+            n.write_bw_mb_s,
+        ));
+    }
+    let per_round: Vec<String> = c
+        .rounds
+        .iter()
+        .map(|(rxe, xroce)| {
+            format!(
+                "{:.2}× / {:.2}×",
+                xroce.write_bw_mb_s / rxe.write_bw_mb_s,
+                xroce.send_lat_us / rxe.send_lat_us
+            )
+        })
+        .collect();
+    r.notes.push(format!(
+        "Guests ({kernel}): each number is the median of {} rounds, each round running both \
+         back to back (rdma_rxe first in the first round, xroce first in the \
+         second, and so on); xroce's bandwidth / latency as a multiple of \
+         rdma_rxe's in each round: {} (the goals are the medians of these). ib_send_lat 64 B minimum (the path without scheduling delays): \
+         rdma_rxe {:.0} µs, xroce {:.0} µs. Under TCG both pay mostly for the \
+         emulated kernel network path (virtio, interrupts, softirq), which they share.",
+        c.rounds.len(),
+        per_round.join(", "),
+        rxe.send_lat_min_us,
+        xroce.send_lat_min_us
+    ));
+    let host_cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let [rxe_in, rxe_out] = rxe.write_bw_vcpu_cores;
+    let [xroce_in, xroce_out] = xroce.write_bw_vcpu_cores;
+    r.notes.push(format!(
+        "Guests ({kernel}): host CPU of the guests' vCPU threads during ib_write_bw (median of \
+         the rounds), as cores of the host's {host_cpus}: with rdma_rxe the \
+         receiving guest's {rxe_in:.2} and the sending guest's {rxe_out:.2}, with \
+         xroce {xroce_in:.2} and {xroce_out:.2}. A vCPU that computed all the time \
+         would use a whole core; below that, the guest spent the rest waiting on \
+         QEMU's emulated devices, or idle."
+    ));
+    match &c.raw_stream_mb_s {
+        Ok(raw) => {
+            r.rows.push(Row::new(
+                &bw_section,
+                "1 KiB UDP frames",
+                guests::RAW_PAYLOAD as u64,
+                "raw AF_XDP",
+                Kind::MegabytesPerSecond,
+                *raw,
+            ));
+            r.notes.push(format!(
+                "Guests ({kernel}): raw AF_XDP streams {raw:.1} MB/s of 1 KiB payloads from one \
+                 guest to the other, the most any stack there can carry; twice \
+                 rdma_rxe's bandwidth would be {:.1} MB/s, {:.2}× that ceiling. \
+                 rdma_rxe reaches {:.2}× of it, xroce {:.2}×.",
+                2.0 * rxe.write_bw_mb_s,
+                2.0 * rxe.write_bw_mb_s / raw,
+                rxe.write_bw_mb_s / raw,
+                xroce.write_bw_mb_s / raw
+            ));
+        }
+        Err(e) => r.notes.push(format!(
+            "guests ({kernel}): the raw AF_XDP stream failed: {e}"
+        )),
+    }
+    match &c.raw_one_way_us {
+        Ok(raw) => {
+            for (method, t) in [
+                (RAW_ONE_WAY, raw.one_frame),
+                (RAW_TWO_FRAMES, raw.two_frames),
+            ] {
+                r.rows.push(Row::new(
+                    &lat_section,
+                    "64 B ping-pong, one way",
+                    64,
+                    method,
+                    Kind::LatencyUs,
+                    t.p50,
+                ));
+            }
+            let (floor, half) = (raw.two_frames.p50, rxe.send_lat_us / 2.0);
+            r.notes.push(format!(
+                "Guests ({kernel}): raw AF_XDP ping-pong between the guests takes {:.0} µs \
+                 one-way (minimum {:.0}) with one frame per turn and {floor:.0} µs \
+                 (minimum {:.0}) with RC's two (the answer and an ACK-sized frame, \
+                 one kick), busy-polled as perftest polls: the floor of RC there. \
+                 Half rdma_rxe's ib_send_lat would be {half:.0} µs, {:.2}× that \
+                 floor; rdma_rxe takes {:.2}× it, xroce {:.2}×.",
+                raw.one_frame.p50,
+                raw.one_frame.min,
+                raw.two_frames.min,
+                half / floor,
+                rxe.send_lat_us / floor,
+                xroce.send_lat_us / floor
+            ));
+        }
+        Err(e) => r.notes.push(format!(
+            "guests ({kernel}): the raw AF_XDP ping-pong failed: {e}"
+        )),
+    }
+}
+
 /// The issue's goals, each a ratio of two numbers of this run.
 fn goals(
     r: &mut Report,
     b2b: &BackToBack,
     scale: &Paired,
     udp_rt: RoundTrip,
-    guests: Option<&[(guests::GuestNumbers, guests::GuestNumbers)]>,
+    guests: &[(
+        GuestKernel,
+        Vec<(guests::GuestNumbers, guests::GuestNumbers)>,
+    )],
 ) {
     let mut out = Vec::new();
     paired_goal(
@@ -1195,7 +1215,7 @@ fn goals(
         false,
         "%",
     );
-    if let Some(rounds) = guests {
+    for (kernel, rounds) in guests {
         // As on the host: the median of the rounds' ratios, each from two runs back to back.
         let (mut bw, mut lat) = (Paired::default(), Paired::default());
         for (rxe, xroce) in rounds {
@@ -1204,7 +1224,7 @@ fn goals(
         }
         paired_goal(
             &mut out,
-            "guests: xroce vs rdma_rxe ib_write_bw",
+            &format!("guests ({kernel} kernel): xroce vs rdma_rxe ib_write_bw"),
             &bw,
             2.0,
             true,
@@ -1212,7 +1232,7 @@ fn goals(
         );
         paired_goal(
             &mut out,
-            "guests: xroce vs rdma_rxe ib_send_lat",
+            &format!("guests ({kernel} kernel): xroce vs rdma_rxe ib_send_lat"),
             &lat,
             0.5,
             false,
