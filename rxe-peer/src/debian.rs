@@ -15,6 +15,8 @@ use crate::{run_checked, PeerError, Result};
 
 /// Debian 13.
 pub const DEBIAN_13: &str = "trixie";
+/// Newer packages built for Debian 13, its kernels among them.
+pub const DEBIAN_13_BACKPORTS: &str = "trixie-backports";
 
 /// One suite of Debian's archive (`main`), with apt state under a directory of its own.
 pub struct Archive {

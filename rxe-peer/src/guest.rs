@@ -38,6 +38,11 @@ pub struct GuestConfig {
     pub memory_mib: u32,
     /// Host files to copy into the guest: (host path, guest path).
     pub extra_files: Vec<(PathBuf, String)>,
+    /// A NIC whose buffers the guest maps through its DMA API (virtio's
+    /// `VIRTIO_F_ACCESS_PLATFORM`), which virtio-net's AF_XDP zero-copy needs (Linux 6.13 and
+    /// later, e.g. [`crate::GuestKernel::Debian13Backports`]). Off by default: every frame's
+    /// mapping then costs more, rdma_rxe's too, so comparisons leave it off.
+    pub dma_api_nic: bool,
 }
 
 impl GuestConfig {
@@ -49,6 +54,7 @@ impl GuestConfig {
             rxe: true,
             memory_mib: 1024,
             extra_files: Vec::new(),
+            dma_api_nic: false,
         }
     }
 }
@@ -641,7 +647,13 @@ fn start(
         // a lost notification. Bandwidth between guests was the same either way here.
         .arg("-device")
         .arg(format!(
-            "virtio-net-pci,netdev=n0,id=nic0,event_idx=off,mac={mac}"
+            "virtio-net-pci,netdev=n0,id=nic0,event_idx=off{},mac={mac}",
+            // A modern-only device: a legacy one cannot offer VIRTIO_F_ACCESS_PLATFORM.
+            if config.dma_api_nic {
+                ",disable-legacy=on,iommu_platform=on"
+            } else {
+                ""
+            }
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::null());

@@ -16,8 +16,9 @@ pub enum RxePeerCommand {
     /// the kernel package (about 70 MB; Debian 13's about 110 MB, and its package index);
     /// cached under target/rxe-peer (or $XROCE_RXE_PEER_CACHE).
     Image {
-        /// The guests' kernel: debian-12 (6.1, from this machine's apt sources) or debian-13
-        /// (6.12, from Debian's archive; the rdma_rxe Debian 13 users run).
+        /// The guests' kernel: debian-12 (6.1, from this machine's apt sources), debian-13
+        /// (6.12, from Debian's archive; the rdma_rxe Debian 13 users run) or
+        /// debian-13-backports (the newest kernel built for Debian 13).
         #[arg(long, default_value_t = GuestKernel::Debian12)]
         kernel: GuestKernel,
     },
@@ -57,11 +58,18 @@ pub enum RxePeerCommand {
         /// /opt/xroce/xroce exec -- ...`), your own test program.
         #[arg(long, value_name = "FILE")]
         file: Vec<PathBuf>,
-        /// The guests' kernel: debian-12 (6.1, from this machine's apt sources) or debian-13
-        /// (6.12, from Debian's archive; the rdma_rxe Debian 13 users run). The userspace is
-        /// this machine's (Debian 12) either way.
+        /// The guests' kernel: debian-12 (6.1, from this machine's apt sources), debian-13
+        /// (6.12, from Debian's archive; the rdma_rxe Debian 13 users run) or
+        /// debian-13-backports (the newest kernel built for Debian 13). The userspace is this
+        /// machine's (Debian 12) either way.
         #[arg(long, default_value_t = GuestKernel::Debian12)]
         kernel: GuestKernel,
+        /// Give the guests NICs that AF_XDP zero-copy can use: virtio-net with
+        /// VIRTIO_F_ACCESS_PLATFORM (the guest maps every buffer through its DMA API), which
+        /// its zero-copy needs from Linux 6.13 on (`--kernel debian-13-backports`). Every
+        /// frame's mapping costs more, rdma_rxe's too.
+        #[arg(long)]
+        zero_copy_nic: bool,
     },
     /// Run a shell command in a guest and print its output; exits with the command's status
     /// (124 when it was stopped at the timeout).
@@ -113,6 +121,7 @@ pub fn run(root: &Path, command: RxePeerCommand) -> Result<(), String> {
             release,
             file,
             kernel,
+            zero_copy_nic,
         } => up(
             root,
             UpOptions {
@@ -123,6 +132,7 @@ pub fn run(root: &Path, command: RxePeerCommand) -> Result<(), String> {
                 xroce: xroce.then_some(if release { "release" } else { "debug" }),
                 files: &file,
                 kernel,
+                zero_copy_nic,
             },
         ),
         RxePeerCommand::Run {
@@ -206,6 +216,7 @@ struct UpOptions<'a> {
     /// Copied into every guest under /opt/files.
     files: &'a [PathBuf],
     kernel: GuestKernel,
+    zero_copy_nic: bool,
 }
 
 fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
@@ -217,6 +228,7 @@ fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
         xroce,
         files,
         kernel,
+        zero_copy_nic,
     } = opts;
     need_root("the lab is a network namespace with a bridge and taps")?;
     // Ctrl-C while the guests boot: the lab and the namespaces made for it go again (the
@@ -283,16 +295,14 @@ fn up(root: &Path, opts: UpOptions) -> Result<(), String> {
         ensure_image_for(&default_cache_dir(), kernel, &mut say).map_err(|e| e.to_string())?;
     let lab = Lab::new("xroce-peer", mtu, image, agent).map_err(|e| e.to_string())?;
     let mut created = Vec::new();
-    let booted = match boot_lab(
-        root,
-        &lab,
-        guests,
-        attach,
-        no_rxe,
-        &extra_files,
-        &mut created,
-    )
-    .and_then(|b| crate::interrupt::interrupted().map(|()| b))
+    let template = GuestConfig {
+        rxe: !no_rxe,
+        extra_files,
+        dma_api_nic: zero_copy_nic,
+        ..GuestConfig::rxe("template", 10)
+    };
+    let booted = match boot_lab(root, &lab, guests, attach, &template, &mut created)
+        .and_then(|b| crate::interrupt::interrupted().map(|()| b))
     {
         Ok(b) => b,
         Err(e) => {
@@ -328,8 +338,7 @@ fn boot_lab(
     lab: &Lab,
     guests: u8,
     attach: &[String],
-    no_rxe: bool,
-    extra_files: &[(PathBuf, String)],
+    template: &GuestConfig,
     created: &mut Vec<String>,
 ) -> Result<Vec<Guest>, String> {
     for (i, ns) in attach.iter().enumerate() {
@@ -343,11 +352,10 @@ fn boot_lab(
         say(&format!("namespace {ns}: rxepeer0 {addr}/24 on the bridge"));
     }
     let configs: Vec<GuestConfig> = (1..=guests)
-        .map(|i| {
-            let mut c = GuestConfig::rxe(&format!("rxe{i}"), 10 + i);
-            c.rxe = !no_rxe;
-            c.extra_files = extra_files.to_vec();
-            c
+        .map(|i| GuestConfig {
+            name: format!("rxe{i}"),
+            host: 10 + i,
+            ..template.clone()
         })
         .collect();
     say(&format!(

@@ -18,6 +18,6 @@ mod socket;
 pub use channels::receive_queues_in_use;
 pub use queue_set::{QueueSet, RECEIVE_ONLY};
 pub use socket::{
-    binds_multi_buffer, kernel_supports_multi_buffer, port_path_mtu, BindMode, XskConfig, XskError,
-    XskSocket, XskStats, FRAME_SIZE,
+    binds_multi_buffer, fits_one_frame, kernel_supports_multi_buffer, port_path_mtu, BindMode,
+    XskConfig, XskError, XskSocket, XskStats, FRAME_SIZE,
 };

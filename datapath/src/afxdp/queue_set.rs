@@ -22,6 +22,7 @@ pub const RECEIVE_ONLY: XskConfig = XskConfig {
     mode: super::BindMode::Auto,
     receive_only: true,
     single_buffer: false,
+    fits_one_frame: false,
 };
 
 /// A sending and receiving socket plus receive-only sockets on the interface's other queues.

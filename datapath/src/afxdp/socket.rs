@@ -83,6 +83,42 @@ pub fn port_path_mtu(netdev_mtu: u32, multi_buffer: bool) -> PathMtu {
     }
 }
 
+/// One way of binding a socket: zero-copy or copy mode, with or without multi-buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BindAttempt {
+    zero_copy: bool,
+    multi_buffer: bool,
+}
+
+/// The binds [`XskSocket::open`] tries in `mode`, in order, going on to the next only when the
+/// driver refuses zero-copy. Zero-copy comes first, with multi-buffer when it is asked for; then,
+/// where the interface's frames fit one UMEM frame, zero-copy without it: many drivers'
+/// zero-copy takes one buffer per frame (virtio-net's, for one) and refuses `XDP_USE_SG` with
+/// `EOPNOTSUPP`, the answer of a driver without zero-copy too, and copy mode would cost such a
+/// NIC a copy of every frame each way for a capability its MTU does not need. Copy mode last.
+fn bind_attempts(mode: BindMode, multi_buffer: bool, fits_one_frame: bool) -> Vec<BindAttempt> {
+    let mut attempts = Vec::with_capacity(3);
+    if mode != BindMode::Copy {
+        attempts.push(BindAttempt {
+            zero_copy: true,
+            multi_buffer,
+        });
+        if multi_buffer && fits_one_frame {
+            attempts.push(BindAttempt {
+                zero_copy: true,
+                multi_buffer: false,
+            });
+        }
+    }
+    if mode != BindMode::ZeroCopy {
+        attempts.push(BindAttempt {
+            zero_copy: false,
+            multi_buffer,
+        });
+    }
+    attempts
+}
+
 /// How to bind the socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BindMode {
@@ -108,6 +144,21 @@ pub struct XskConfig {
     /// Binds without multi-buffer even where the kernel has it, as on kernels before 6.6:
     /// frames then fit one UMEM frame. Tests use it to run that path on a newer kernel.
     pub single_buffer: bool,
+    /// The interface's frames fit one UMEM frame at its MTU (see [`fits_one_frame`]): where
+    /// the driver's zero-copy takes one buffer per frame and so refuses multi-buffer, zero-copy
+    /// then binds without it rather than falling back to copy mode.
+    pub fits_one_frame: bool,
+}
+
+/// Headroom the kernel leaves in front of a received frame in a UMEM frame
+/// (`XDP_PACKET_HEADROOM`; the UMEM's own headroom is 0).
+const XDP_HEADROOM: u32 = 256;
+
+/// Whether every frame of an interface with `netdev_mtu` (Ethernet header and up to two VLAN
+/// tags included) fits one UMEM frame behind the kernel's headroom, so that sockets need no
+/// multi-buffer to carry it.
+pub fn fits_one_frame(netdev_mtu: u32) -> bool {
+    netdev_mtu.saturating_add(14 + 2 * 4) <= FRAME_SIZE - XDP_HEADROOM
 }
 
 impl XskConfig {
@@ -132,6 +183,7 @@ impl Default for XskConfig {
             mode: BindMode::Auto,
             receive_only: false,
             single_buffer: false,
+            fits_one_frame: false,
         }
     }
 }
@@ -405,23 +457,38 @@ impl XskSocket {
     /// In `Auto` mode zero-copy is tried first and copy mode used when the driver refuses it.
     /// Multi-buffer (`XDP_USE_SG`) is requested when the kernel has it, so frames larger than a
     /// UMEM frame work; without it such frames cannot be sent or received ([`port_path_mtu`]
-    /// keeps the transport's packets below that size).
+    /// keeps the transport's packets below that size). A driver whose zero-copy refuses
+    /// multi-buffer gets zero-copy without it when `config.fits_one_frame`
+    /// ([`Self::is_multi_buffer`] says which it was).
     pub fn open(ifindex: u32, config: XskConfig) -> Result<Self, XskError> {
         assert!(
             config.ring_size.is_power_of_two()
                 && (config.frames >= 2 * config.ring_size
                     || (config.receive_only && config.frames >= config.ring_size))
         );
-        match config.mode {
-            BindMode::Copy => Self::open_with(ifindex, config, libc::XDP_COPY),
-            BindMode::ZeroCopy => Self::open_with(ifindex, config, libc::XDP_ZEROCOPY),
-            BindMode::Auto => match Self::open_with(ifindex, config, libc::XDP_ZEROCOPY) {
-                Err(XskError::ZeroCopyUnsupported { .. }) => {
-                    Self::open_with(ifindex, config, libc::XDP_COPY)
-                }
-                other => other,
-            },
+        let attempts = bind_attempts(config.mode, config.multi_buffer(), config.fits_one_frame);
+        let bind = |a: &BindAttempt| {
+            let config = XskConfig {
+                single_buffer: config.single_buffer || !a.multi_buffer,
+                ..config
+            };
+            let flag = if a.zero_copy {
+                libc::XDP_ZEROCOPY
+            } else {
+                libc::XDP_COPY
+            };
+            Self::open_with(ifindex, config, flag)
+        };
+        let Some((last, first)) = attempts.split_last() else {
+            return Self::open_with(ifindex, config, libc::XDP_COPY);
+        };
+        for a in first {
+            match bind(a) {
+                Err(XskError::ZeroCopyUnsupported { .. }) => continue,
+                other => return other,
+            }
         }
+        bind(last)
     }
 
     fn open_with(ifindex: u32, config: XskConfig, copy_flag: u16) -> Result<Self, XskError> {
@@ -553,6 +620,12 @@ impl XskSocket {
 
     pub fn is_zero_copy(&self) -> bool {
         self.zero_copy
+    }
+
+    /// Whether the socket is bound with multi-buffer (`XDP_USE_SG`): frames larger than a UMEM
+    /// frame travel only then.
+    pub fn is_multi_buffer(&self) -> bool {
+        self.multi_buffer
     }
 
     pub fn queue(&self) -> u32 {
@@ -904,6 +977,48 @@ mod tests {
         assert!(release_at_least("7.0-rc1", 6, 6));
         assert!(!release_at_least("5.19.17", 6, 6));
         assert!(!release_at_least("", 6, 6));
+    }
+
+    #[test]
+    fn zero_copy_does_without_multi_buffer_before_copy_mode_where_frames_fit_one_umem_frame() {
+        let zc = |multi_buffer| BindAttempt {
+            zero_copy: true,
+            multi_buffer,
+        };
+        let copy = |multi_buffer| BindAttempt {
+            zero_copy: false,
+            multi_buffer,
+        };
+        assert_eq!(
+            bind_attempts(BindMode::Auto, true, true),
+            [zc(true), zc(false), copy(true)]
+        );
+        // A 9000-byte MTU needs multi-buffer: copy mode keeps it rather than zero-copy drop it.
+        assert_eq!(
+            bind_attempts(BindMode::Auto, true, false),
+            [zc(true), copy(true)]
+        );
+        // Without multi-buffer (kernels before 6.6, or not asked for) there is nothing to drop.
+        assert_eq!(
+            bind_attempts(BindMode::Auto, false, true),
+            [zc(false), copy(false)]
+        );
+        assert_eq!(
+            bind_attempts(BindMode::ZeroCopy, true, true),
+            [zc(true), zc(false)]
+        );
+        assert_eq!(bind_attempts(BindMode::ZeroCopy, true, false), [zc(true)]);
+        assert_eq!(bind_attempts(BindMode::Copy, true, true), [copy(true)]);
+    }
+
+    #[test]
+    fn frames_fit_one_umem_frame_up_to_an_mtu_of_3818() {
+        // 3818 + Ethernet header + two VLAN tags = 3840, a 4096-byte frame behind 256 of headroom.
+        assert!(fits_one_frame(1500));
+        assert!(fits_one_frame(3818));
+        assert!(!fits_one_frame(3819));
+        assert!(!fits_one_frame(9000));
+        assert!(!fits_one_frame(u32::MAX));
     }
 
     #[test]

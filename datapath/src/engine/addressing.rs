@@ -248,6 +248,12 @@ impl Neighbours {
         })
     }
 
+    /// Whether the engine's sockets turned out to carry frames larger than one UMEM frame
+    /// (`open` took what they were asked for): the port MTU follows the interface's MTU by it.
+    pub fn set_multi_buffer(&mut self, multi_buffer: bool) {
+        self.multi_buffer = multi_buffer;
+    }
+
     pub fn ifindex(&self) -> u32 {
         self.iface.index
     }

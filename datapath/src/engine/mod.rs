@@ -483,6 +483,7 @@ impl Engine {
             queues,
             queue_claims,
             zero_copy,
+            multi_buffer,
         } = {
             // Each kind checks for the other's note and leaves its own under this lock.
             let _start = queue_claim::start_lock(&config.iface);
@@ -506,6 +507,8 @@ impl Engine {
             }
             None => None,
         };
+        // The port MTU follows later MTU changes by what the sockets turned out to carry.
+        neighbours.set_multi_buffer(multi_buffer);
         if let Some(map) = local_addrs {
             neighbours.steer_only_to(map, gids.clone());
         }
@@ -537,7 +540,7 @@ impl Engine {
         let gids = tree.unwrap_or_else(|| gids.into_iter().map(Some).collect());
         let dev = Device::new(DeviceConfig {
             gids: gids.into_iter().map(|g| g.map(core_address)).collect(),
-            port_mtu: crate::afxdp::port_path_mtu(mtu, config.multi_buffer()),
+            port_mtu: crate::afxdp::port_path_mtu(mtu, multi_buffer),
             key_seed,
             first_qpn: random_first_qpn(u32::from_le_bytes(qpn_seed)),
         });
@@ -737,6 +740,8 @@ impl Engine {
                 c.answer_holds_ran_out.load(Ordering::Relaxed),
             ),
             ("rx_queues_grown", c.rx_queues_grown.load(Ordering::Relaxed)),
+            // Not a counter: 1 when the sockets bound in zero-copy mode.
+            ("zero_copy", u64::from(self.zero_copy)),
         ]);
         fields
             .iter()
@@ -1352,6 +1357,10 @@ struct OpenedPort {
     queues: Vec<u32>,
     queue_claims: Vec<queue_claim::QueueClaim>,
     zero_copy: bool,
+    /// Whether the port carries frames larger than one UMEM frame (DPDK's does); the
+    /// configuration asked for it, but zero-copy may have done without (see
+    /// [`XskSocket::open`]).
+    multi_buffer: bool,
 }
 
 /// AF_XDP sockets on the interface's queues, entered into the steering program's map.
@@ -1383,8 +1392,9 @@ fn open_af_xdp(
     }
     let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
         .unwrap_or_else(|| neighbours.rx_queues());
-    let (socket, others) = open_sockets(ifindex, config, rx_queues)?;
+    let (socket, others) = open_sockets(ifindex, config, rx_queues, neighbours.mtu())?;
     let zero_copy = socket.is_zero_copy();
+    let multi_buffer = socket.is_multi_buffer();
     let bound: Vec<(u32, RawFd)> = std::iter::once(&socket)
         .chain(&others)
         .map(|s| (s.queue(), s.as_raw_fd()))
@@ -1418,6 +1428,7 @@ fn open_af_xdp(
         queues: bound.iter().map(|&(q, _)| q).collect(),
         queue_claims,
         zero_copy,
+        multi_buffer,
     })
 }
 
@@ -1452,6 +1463,7 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
             .into_iter()
             .collect(),
         zero_copy: false,
+        multi_buffer: true,
     })
 }
 
@@ -1471,7 +1483,9 @@ fn open_sockets(
     ifindex: u32,
     config: &EngineConfig,
     rx_queues: u32,
+    netdev_mtu: u32,
 ) -> Result<(XskSocket, Vec<XskSocket>), EngineError> {
+    let fits_one_frame = crate::afxdp::fits_one_frame(netdev_mtu);
     let busy = |queue| EngineError::QueueInUse {
         iface: config.iface.clone(),
         queue,
@@ -1500,6 +1514,7 @@ fn open_sockets(
                 queue,
                 mode: config.bind_mode,
                 single_buffer: config.single_buffer,
+                fits_one_frame,
                 ..XskConfig::default()
             };
             let sock = XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)).map_err(
@@ -1514,6 +1529,7 @@ fn open_sockets(
                 queue,
                 mode: config.bind_mode,
                 single_buffer: config.single_buffer,
+                fits_one_frame,
                 ..RECEIVE_ONLY
             };
             match XskSocket::open_when_free(ifindex, xsk, Duration::from_secs(1)) {
