@@ -7,6 +7,7 @@
 //! the emulation's speed drifts with what else the host runs: one pair of runs moved the ratio
 //! between 0.75 and 1.35 on the same build, so each number is the median of several rounds.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,9 @@ pub struct Comparison {
     pub xroce: GuestNumbers,
     /// (rdma_rxe, xroce) of each round, in order.
     pub rounds: Vec<(GuestNumbers, GuestNumbers)>,
+    /// What went wrong in a run and was recovered from by running it again (a guest whose
+    /// kernel panicked or whose link stalled), one line each.
+    pub incidents: Vec<String>,
     /// The path's ceiling: raw AF_XDP streaming 1 KiB UDP payloads from one guest to the
     /// other (MB/s), or why it could not be measured.
     pub raw_stream_mb_s: Result<f64, String>,
@@ -112,12 +116,13 @@ pub fn compare(
         "booting two identical guests, kernel {kernel_version} (rdma_rxe and xroce in each)"
     ));
     let g = lab.boot_all(guests).map_err(|e| e.to_string())?;
+    let incidents = RefCell::new(Vec::new());
     let mut rounds = Vec::with_capacity(ROUNDS);
     for round in 1..=ROUNDS {
         // The order alternates, as on the host, so that neither always runs second.
         let xroce_first = crate::paired::xroce_first(round - 1);
-        let first = measure_stack_recovering(&lab, &g, xroce_first, round, say)?;
-        let second = measure_stack_recovering(&lab, &g, !xroce_first, round, say)?;
+        let first = measure_stack_recovering(&lab, &g, xroce_first, round, &incidents, say)?;
+        let second = measure_stack_recovering(&lab, &g, !xroce_first, round, &incidents, say)?;
         rounds.push(if xroce_first {
             (second, first)
         } else {
@@ -139,6 +144,7 @@ pub fn compare(
         &lab,
         &g,
         &RAW_PROGRAMS,
+        &incidents,
         say,
         &mut |_| raw_stream(&g),
         &readd_device,
@@ -149,6 +155,7 @@ pub fn compare(
             &lab,
             &g,
             &RAW_PROGRAMS,
+            &incidents,
             say,
             &mut |_| raw_pingpong(&g, frames),
             &readd_device,
@@ -166,6 +173,7 @@ pub fn compare(
         rxe: median_numbers(rounds.iter().map(|r| r.0)),
         xroce: median_numbers(rounds.iter().map(|r| r.1)),
         rounds,
+        incidents: incidents.into_inner(),
         raw_stream_mb_s,
         raw_one_way_us,
     })
@@ -183,6 +191,7 @@ fn measure_stack_recovering(
     g: &[Guest],
     xroce: bool,
     round: usize,
+    incidents: &RefCell<Vec<String>>,
     say: &mut dyn FnMut(&str),
 ) -> Result<GuestNumbers, String> {
     let remove_devices = || {
@@ -197,6 +206,7 @@ fn measure_stack_recovering(
         lab,
         g,
         &PROGRAMS,
+        incidents,
         say,
         &mut |say| measure_stack(g, xroce, round, say),
         &remove_devices,
@@ -207,15 +217,18 @@ fn measure_stack_recovering(
 type Say<'a> = &'a mut dyn FnMut(&str);
 
 /// `run`, run a second time if it failed because qemu stopped taking a guest's frames
-/// ([`Guest::transmit_stalls`], seen twice in about 345 runs of `ib_read_bw` at full speed):
-/// the stalled guest's link is taken down and up again (or, if it still does not answer, the
-/// guest booted again), what is left of `programs` in both guests killed, and `tidy` called
-/// first. A failure without a stall, or a second one, is
-/// returned with both guests' consoles.
+/// ([`Guest::transmit_stalls`], seen twice in about 345 runs of `ib_read_bw` at full speed)
+/// or a guest's kernel panicked (its qemu ends; Debian 13's rdma_rxe did, in its receive path,
+/// once in the suite's first runs): the stalled guest's link is taken down and up again (or,
+/// if it still does not answer, the guest booted again), a panicked guest booted again, what
+/// is left of `programs` in both guests killed, and `tidy` called first; each such incident
+/// is added to `incidents`. A failure without either, or a second one, is returned with both
+/// guests' consoles.
 fn recovering<T>(
     lab: &Lab,
     g: &[Guest],
     programs: &[&str],
+    incidents: &RefCell<Vec<String>>,
     say: &mut dyn FnMut(&str),
     run: &mut dyn FnMut(Say<'_>) -> Result<T, String>,
     tidy: &dyn Fn(),
@@ -226,21 +239,44 @@ fn recovering<T>(
         Ok(value) => return Ok(value),
         Err(failure) => failure,
     };
+    // A guest whose kernel panicked (qemu runs with -no-reboot, so it ends): booted again.
+    let panicked: Vec<&Guest> = g.iter().filter(|guest| !guest.qemu_alive()).collect();
     // A stall the guest's kernel reported, or one it did not report but that left the guest
     // answering nothing (see `Guest::answers`).
     let stalled: Vec<&Guest> = g
         .iter()
         .zip(&stalls)
         .filter(|(guest, before)| {
-            guest.transmit_stalls() > **before
-                || (guest.qemu_alive() && !guest.answers(Duration::from_secs(15)))
+            guest.qemu_alive()
+                && (guest.transmit_stalls() > **before || !guest.answers(Duration::from_secs(15)))
         })
         .map(|(guest, _)| guest)
         .collect();
-    if stalled.is_empty() {
+    if stalled.is_empty() && panicked.is_empty() {
         return Err(with_reports(failure));
     }
+    for guest in &panicked {
+        let report = guest.report();
+        let incident = format!(
+            "guest {}'s kernel panicked ({}) during: {}",
+            guest.name(),
+            panic_lines(&report),
+            failure.lines().next().unwrap_or("")
+        );
+        say(&format!(
+            "{incident}; booting it again, then running it again"
+        ));
+        guest
+            .restart(lab)
+            .map_err(|e| format!("{failure}{report}\nthen restarting the guest: {e}"))?;
+        incidents.borrow_mut().push(incident);
+    }
     for guest in &stalled {
+        incidents.borrow_mut().push(format!(
+            "guest {}'s link stalled during: {}",
+            guest.name(),
+            failure.lines().next().unwrap_or("")
+        ));
         say(&format!(
             "qemu stopped taking guest {}'s frames (its transmit queue timed out, or it \
              stopped answering); taking its link down and up (booting it again if that is not \
@@ -262,6 +298,24 @@ fn recovering<T>(
     }
     tidy();
     run(say).map_err(|e| with_reports(format!("{e}\n(a second run, after: {failure})")))
+}
+
+/// The lines of a guest's report (its console's end) that say where its kernel panicked.
+fn panic_lines(report: &str) -> String {
+    let lines: Vec<&str> = report
+        .lines()
+        .map(str::trim)
+        .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest))
+        .filter(|l| {
+            l.starts_with("RIP: ") || l.starts_with("Kernel panic") || l.starts_with("BUG: ")
+        })
+        .take(3)
+        .collect();
+    if lines.is_empty() {
+        "its qemu ended".to_string()
+    } else {
+        lines.join("; ")
+    }
 }
 
 /// One stack's numbers in one round: xroce's (its XDP program attached only for its own runs,
@@ -521,6 +575,23 @@ mod tests {
             None
         );
         assert_eq!(parse_ping_line("guest-stream: no such interface\n"), None);
+    }
+
+    #[test]
+    fn a_panic_is_told_by_where_the_kernel_was() {
+        // From Debian 13's rdma_rxe guest in a suite run.
+        let report = "\n--- guest bench0: qemu (pid 4068) has ended; console's last lines:\n\
+            [   17.678363]  rxe_xmit_packet+0x27a/0x300 [rdma_rxe]\n\
+            [   17.681349] ---[ end trace 0000000000000000 ]---\n\
+            [   17.681644] RIP: 0010:net_rx_action+0xef/0x420\n\
+            [   17.682192] RSP: 0018:ff609a4500003ea0 EFLAGS: 5074d412\n\
+            [   17.683976] Kernel panic - not syncing: Fatal exception in interrupt\n";
+        assert_eq!(
+            panic_lines(report),
+            "RIP: 0010:net_rx_action+0xef/0x420; Kernel panic - not syncing: Fatal exception in \
+             interrupt"
+        );
+        assert_eq!(panic_lines("XROCE-READY bench0\n"), "its qemu ended");
     }
 
     #[test]

@@ -948,6 +948,13 @@ fn paired_goal(
 /// The guests' rows and notes for the comparison `c` in guests booting `kernel`.
 fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
     let label = format!("{kernel} kernel {}", c.kernel_version);
+    if !c.incidents.is_empty() {
+        r.notes.push(format!(
+            "Guests ({kernel}): runs that failed and were run again, after booting the guest \
+             again or bouncing its link: {}.",
+            c.incidents.join("; ")
+        ));
+    }
     let lat_section = format!("{GUESTS}, {label}: latency, path MTU 1024");
     let bw_section = format!("{GUESTS}, {label}: bandwidth, path MTU 1024");
     let (rxe, xroce) = (c.rxe, c.xroce);
