@@ -445,7 +445,8 @@ fn module_closure(root: &Path, version: &str) -> Result<BTreeSet<PathBuf>> {
             &format!("modprobe --show-depends {m}"),
         ) {
             Ok(out) => out,
-            Err(_) if *m == CRC32_MODULE => continue,
+            // Only where the kernel has no such module.
+            Err(_) if *m == CRC32_MODULE && !has_module(&base, m) => continue,
             Err(e) => return Err(e),
         };
         for line in out.lines() {
@@ -458,6 +459,12 @@ fn module_closure(root: &Path, version: &str) -> Result<BTreeSet<PathBuf>> {
         }
     }
     Ok(set)
+}
+
+/// Whether depmod's index under `base` (a kernel's modules directory) lists `module`.
+fn has_module(base: &Path, module: &str) -> bool {
+    fs::read_to_string(base.join("modules.dep"))
+        .is_ok_and(|dep| dep.contains(&format!("/{module}.ko")))
 }
 
 /// A module tree with just `modules`, and depmod's index for exactly those.

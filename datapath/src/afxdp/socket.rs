@@ -154,11 +154,14 @@ pub struct XskConfig {
 /// (`XDP_PACKET_HEADROOM`; the UMEM's own headroom is 0).
 const XDP_HEADROOM: u32 = 256;
 
-/// Whether every frame of an interface with `netdev_mtu` (Ethernet header and up to two VLAN
-/// tags included) fits one UMEM frame behind the kernel's headroom, so that sockets need no
-/// multi-buffer to carry it.
+/// Whether every frame of an interface with `netdev_mtu` fits one UMEM frame behind the
+/// kernel's headroom, so that sockets need no multi-buffer to carry it. Counted as newer
+/// kernels count when they check a zero-copy bind without multi-buffer: the Ethernet header,
+/// two VLAN tags and the frame check sequence, against the frame's room rounded down to 128
+/// bytes (older kernels allow a few bytes more).
 pub fn fits_one_frame(netdev_mtu: u32) -> bool {
-    netdev_mtu.saturating_add(14 + 2 * 4) <= FRAME_SIZE - XDP_HEADROOM
+    let room = (FRAME_SIZE - XDP_HEADROOM) / 128 * 128;
+    netdev_mtu.saturating_add(14 + 2 * 4 + 4) <= room
 }
 
 impl XskConfig {
@@ -485,6 +488,18 @@ impl XskSocket {
         for a in first {
             match bind(a) {
                 Err(XskError::ZeroCopyUnsupported { .. }) => continue,
+                // Left to choose, anything but a queue in use goes on to the next way: the
+                // kernel refuses zero-copy with multi-buffer before the driver is asked, but
+                // without it the driver answers, and not always with an errno that says "no
+                // zero-copy" (virtio-net's ENOENT without mergeable receive buffers, ENOMEM),
+                // where copy mode works.
+                Err(e)
+                    if config.mode == BindMode::Auto
+                        && !matches!(e, XskError::QueueBusy { .. }) =>
+                {
+                    log::debug!("zero-copy bind refused ({e}); trying the next way");
+                    continue;
+                }
                 other => return other,
             }
         }
@@ -1012,11 +1027,12 @@ mod tests {
     }
 
     #[test]
-    fn frames_fit_one_umem_frame_up_to_an_mtu_of_3818() {
-        // 3818 + Ethernet header + two VLAN tags = 3840, a 4096-byte frame behind 256 of headroom.
+    fn frames_fit_one_umem_frame_up_to_an_mtu_of_3814() {
+        // 3814 + Ethernet header + two VLAN tags + FCS = 3840, a 4096-byte frame behind 256 of
+        // headroom.
         assert!(fits_one_frame(1500));
-        assert!(fits_one_frame(3818));
-        assert!(!fits_one_frame(3819));
+        assert!(fits_one_frame(3814));
+        assert!(!fits_one_frame(3815));
         assert!(!fits_one_frame(9000));
         assert!(!fits_one_frame(u32::MAX));
     }

@@ -740,7 +740,7 @@ impl Engine {
                 c.answer_holds_ran_out.load(Ordering::Relaxed),
             ),
             ("rx_queues_grown", c.rx_queues_grown.load(Ordering::Relaxed)),
-            // Not a counter: 1 when the sockets bound in zero-copy mode.
+            // Not a counter: 1 when the socket the engine sends on bound in zero-copy mode.
             ("zero_copy", u64::from(self.zero_copy)),
         ]);
         fields
@@ -1394,7 +1394,11 @@ fn open_af_xdp(
         .unwrap_or_else(|| neighbours.rx_queues());
     let (socket, others) = open_sockets(ifindex, config, rx_queues, neighbours.mtu())?;
     let zero_copy = socket.is_zero_copy();
-    let multi_buffer = socket.is_multi_buffer();
+    // Each socket chose its own way; frames too large for one that went without multi-buffer
+    // would be lost on its queue, so the port carries them only if every socket does.
+    let multi_buffer = std::iter::once(&socket)
+        .chain(&others)
+        .all(XskSocket::is_multi_buffer);
     let bound: Vec<(u32, RawFd)> = std::iter::once(&socket)
         .chain(&others)
         .map(|s| (s.queue(), s.as_raw_fd()))

@@ -468,16 +468,17 @@ fn report_too_long(shared: &Shared, tx: &Transmit, mtu: u32, port_mtu: PathMtu) 
 
 /// Says on stderr, once, why a work request failed with a local QP operation error (or a
 /// READ was NAKed): its packet did not fit a transmit frame. Only a QP whose path MTU is 4096
-/// on sockets without multi-buffer (kernels before 6.6) makes such packets; the port's active
-/// MTU there is 2048.
+/// on sockets without multi-buffer (kernels before 6.6, or zero-copy on a driver whose
+/// zero-copy takes one buffer per frame) makes such packets; the port's active MTU there is
+/// 2048.
 fn report_too_big(shared: &Shared, port_mtu: PathMtu) {
     let (iface, active) = (&shared.config.iface, port_mtu.bytes());
     crate::stderr_line!(
         "xroce: netdev {iface}: a packet did not fit a transmit frame, so its work request \
          failed (local QP operation error) or, for a READ response, the READ was refused: a \
          QP's path MTU is above what the engine's AF_XDP sockets carry (frames of more than \
-         one page need sockets bound with multi-buffer, which Linux has from 6.6). Ask for a \
-         path MTU of at most {active} \
+         one page need sockets bound with multi-buffer, which Linux has from 6.6 and which \
+         zero-copy on some drivers does without). Ask for a path MTU of at most {active} \
          (e.g. `-m {active}`). (Said once; the state dump counts such packets: \
          tx_too_big_for_buffer.)"
     );
