@@ -100,7 +100,8 @@ pub struct Neighbours {
     /// Counts the kernel's changes applied to the cache, so that a resolution that raced one
     /// is not stored over it (see [`Self::learn`]).
     changes: u64,
-    /// The engine's sockets carry frames larger than one UMEM frame (see [`Self::open`]).
+    /// The engine's sockets carry frames larger than one UMEM frame (see
+    /// [`Self::set_multi_buffer`]).
     multi_buffer: bool,
     /// Where the device's GID files are kept equal to the engine's table (see
     /// `EngineConfig::gid_mirror`).
@@ -230,15 +231,16 @@ fn way_to(netlink: &mut Netlink, dst: IpAddr, ifindex: u32) -> Result<Way, Netli
 }
 
 impl Neighbours {
-    /// `multi_buffer`: whether the engine's sockets carry frames larger than one UMEM frame,
-    /// which decides the port's active MTU when the interface's MTU changes.
-    pub fn open(iface: &str, multi_buffer: bool) -> Result<Self, AddressingError> {
+    /// Opened before the engine's sockets (they need the interface's index and MTU), so it
+    /// takes their frames to be one UMEM frame at most until [`Self::set_multi_buffer`] says
+    /// what they turned out to carry.
+    pub fn open(iface: &str) -> Result<Self, AddressingError> {
         let mut netlink = Netlink::open()?;
         let iface = netlink.interface_by_name(iface)?;
         Ok(Self {
             keep_alive: super::keep_alive::KeepAlive::start(iface.index),
             iface,
-            multi_buffer,
+            multi_buffer: false,
             gid_mirror: None,
             steered: None,
             cache: HashMap::default(),
@@ -248,8 +250,8 @@ impl Neighbours {
         })
     }
 
-    /// Whether the engine's sockets turned out to carry frames larger than one UMEM frame
-    /// (`open` took what they were asked for): the port MTU follows the interface's MTU by it.
+    /// Whether the engine's sockets carry frames larger than one UMEM frame, which decides the
+    /// port's active MTU when the interface's MTU changes.
     pub fn set_multi_buffer(&mut self, multi_buffer: bool) {
         self.multi_buffer = multi_buffer;
     }
@@ -668,7 +670,7 @@ mod tests {
     /// which every network namespace has; the cache is what is checked.)
     #[test]
     fn cached_next_hops_follow_their_gateway_and_route_changes() {
-        let mut n = Neighbours::open("lo", true).expect("loopback interface");
+        let mut n = Neighbours::open("lo").expect("loopback interface");
         let lo = n.ifindex();
         let mut dev = Device::new(DeviceConfig {
             gids: Vec::new(),

@@ -165,12 +165,6 @@ impl EngineConfig {
             backend: Backend::AfXdp,
         }
     }
-
-    /// Whether the engine's port carries frames larger than one UMEM frame (the DPDK port
-    /// carries whole frames of any MTU it accepts).
-    pub fn multi_buffer(&self) -> bool {
-        self.backend == Backend::Dpdk || crate::afxdp::binds_multi_buffer(self.single_buffer)
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -468,7 +462,7 @@ impl Engine {
         if !config.backend.built_in() {
             return Err(EngineError::DpdkNotBuilt);
         }
-        let mut neighbours = Neighbours::open(&config.iface, config.multi_buffer())?;
+        let mut neighbours = Neighbours::open(&config.iface)?;
         let ifindex = neighbours.ifindex();
         // Watching before reading: an address that appears in between (IPv6 duplicate address
         // detection ending as the application starts) is a change the thread applies.
@@ -507,7 +501,7 @@ impl Engine {
             }
             None => None,
         };
-        // The port MTU follows later MTU changes by what the sockets turned out to carry.
+        // The port MTU follows later MTU changes by what the sockets carry.
         neighbours.set_multi_buffer(multi_buffer);
         if let Some(map) = local_addrs {
             neighbours.steer_only_to(map, gids.clone());
