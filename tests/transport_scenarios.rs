@@ -7,6 +7,7 @@ use std::cell::Cell;
 use std::collections::HashSet;
 use std::rc::Rc;
 
+use xroce_core::transport::requester::MAX_UNACKED_PSNS;
 use xroce_core::transport::{
     Access, AddressVector, AhId, AsyncEvent, AttrMask, Counters, CqId, Event, MemoryRegion, Nanos,
     PathMtu, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, VerbsError,
@@ -643,27 +644,33 @@ fn write_retry_resumes_mid_message_without_reth() {
     );
 }
 
-/// The requester never runs more than 128 PSNs ahead of the oldest unacknowledged one (digest
-/// §4.3): with every response lost, a 200-packet WRITE puts exactly 129 packets on the wire
-/// before the timer fires.
+/// The requester never runs more than `MAX_UNACKED_PSNS` PSNs ahead of the oldest
+/// unacknowledged one: with every response lost, a longer WRITE puts exactly one more packet
+/// than that on the wire before the timer fires (rdma_rxe's window, at its 128, lets as many
+/// through: `req.psn` may equal `comp.psn` plus the window).
 #[test]
-fn send_window_is_128_psns() {
+fn send_window_stops_the_requester() {
     let mut sim = Sim::new(26, 2, LinkConfig::default());
     let o = ConnectOptions::default();
     let (a, b) = connect(&mut sim, 0, 1, &o);
-    let src = sim.nodes[0].alloc(200 * 1024, RW);
-    let dst = sim.nodes[1].alloc(200 * 1024, RW);
+    let src = sim.nodes[0].alloc(STALLED_WRITE_LEN, RW);
+    let dst = sim.nodes[1].alloc(STALLED_WRITE_LEN, RW);
     stall_a_write_in_the_window(&mut sim, a, &o, &src, &dst);
     assert_eq!(
         sim.nodes[1].dev.query_qp(b.qpn).unwrap().rq_psn,
-        o.psn.0 + 129,
-        "the responder executed all 129"
+        o.psn.0 + WINDOW_PACKETS,
+        "the responder executed every packet sent"
     );
 }
 
-/// Posts a 200-packet WRITE from `src` to `dst` (node 0 to node 1) with every response lost,
-/// and runs until just before the retransmission timer: the window has then put exactly 129
-/// packets on the wire.
+/// Packets a requester sends with no response coming back: the window and one.
+const WINDOW_PACKETS: u32 = MAX_UNACKED_PSNS + 1;
+/// A WRITE longer than the window (1 KiB packets).
+const STALLED_WRITE_LEN: usize = (WINDOW_PACKETS as usize + 71) * 1024;
+
+/// Posts a WRITE of `STALLED_WRITE_LEN` from `src` to `dst` (node 0 to node 1) with every
+/// response lost, and runs until just before the retransmission timer: the window has then
+/// put exactly `WINDOW_PACKETS` packets on the wire.
 fn stall_a_write_in_the_window(
     sim: &mut Sim,
     a: QpEnd,
@@ -675,12 +682,16 @@ fn stall_a_write_in_the_window(
     sim.nodes[0]
         .post_send(
             a.qpn,
-            SendWr::new(1, write_op(dst, 0), vec![sge(src, 0, 200 * 1024)]),
+            SendWr::new(
+                1,
+                write_op(dst, 0),
+                vec![sge(src, 0, STALLED_WRITE_LEN as u32)],
+            ),
         )
         .unwrap();
     let t = spec_timeout_ns(o.timeout);
     assert!(!sim.run_until(t - 1, |s| cq_len(s, 0, a.send_cq) > 0));
-    assert_eq!(counters(sim, 0).tx_requests, 129);
+    assert_eq!(counters(sim, 0).tx_requests, u64::from(WINDOW_PACKETS));
 }
 
 /// A region deregistered while a message through it is under way: the packets already sent
@@ -692,8 +703,8 @@ fn a_region_deregistered_mid_message_stops_the_message() {
     let mut sim = Sim::new(27, 2, LinkConfig::default());
     let o = ConnectOptions::default();
     let (a, _b) = connect(&mut sim, 0, 1, &o);
-    let src = sim.nodes[0].alloc(200 * 1024, RW);
-    let dst = sim.nodes[1].alloc(200 * 1024, RW);
+    let src = sim.nodes[0].alloc(STALLED_WRITE_LEN, RW);
+    let dst = sim.nodes[1].alloc(STALLED_WRITE_LEN, RW);
     // A second registration of the same memory, which goes away mid-message.
     let pd = sim.nodes[0].pd;
     let (id, doomed) = sim.nodes[0].dev.reg_mr(pd, src.va, src.len, RW).unwrap();
@@ -704,7 +715,7 @@ fn a_region_deregistered_mid_message_stops_the_message() {
     assert_eq!(ids_and_status(&sc), [(1, WcStatus::LocProtErr)]);
     assert_eq!(
         counters(&sim, 0).tx_requests,
-        129,
+        u64::from(WINDOW_PACKETS),
         "nothing sent after the deregistration"
     );
     assert_eq!(state(&sim, a), QpState::Error);

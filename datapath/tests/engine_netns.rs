@@ -1673,7 +1673,10 @@ fn sockets_without_multi_buffer_cap_the_port_and_fail_what_no_frame_holds() {
         |_, config| config.single_buffer = true,
         move |me: Side<Endpoint>| {
             let (side, pd, engine) = (me.index, me.pd, &me.engine);
-            let port_mtu = engine.with_device(|d| d.port_mtu());
+            let port_mtu = (
+                engine.with_device(|d| d.port_mtu()),
+                engine.is_multi_buffer(),
+            );
             // [0, LONG): side 0's WRITE lands here on side 1, and side 1's memory that side 0
             // READs back; [LONG, 2 LONG): what the QP at 4096 writes.
             let mut buf = Buffer::new(engine, pd, 3 * LONG);
@@ -1727,7 +1730,11 @@ fn sockets_without_multi_buffer_cap_the_port_and_fail_what_no_frame_holds() {
         },
     );
     let [(mtu0, read_back, statuses, too_big, _), (mtu1, _, _, _, landed)] = results;
-    assert_eq!((mtu0, mtu1), (PathMtu::Mtu2048, PathMtu::Mtu2048));
+    assert_eq!(
+        (mtu0, mtu1),
+        ((PathMtu::Mtu2048, false), (PathMtu::Mtu2048, false)),
+        "both ports at 2048, neither taking frames longer than one UMEM frame"
+    );
     assert!(
         read_back == pattern(11, LONG),
         "the 64 KiB WRITE and READ at path MTU 2048 came back changed"

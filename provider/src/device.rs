@@ -301,8 +301,10 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     0
 }
 
-/// Port 1's attributes, computed from the netdev as rdma_rxe computes them.
-pub fn port_attr(nd: &xroce_datapath::netlink::Interface) -> ibv_port_attr {
+/// Port 1's attributes, computed from the netdev as rdma_rxe computes them. `multi_buffer`:
+/// whether the port carries frames longer than one UMEM frame (else its active MTU stops at
+/// 2048; see [`xroce_datapath::afxdp::port_path_mtu`]).
+pub fn port_attr(nd: &xroce_datapath::netlink::Interface, multi_buffer: bool) -> ibv_port_attr {
     ibv_port_attr {
         state: if nd.up {
             IBV_PORT_ACTIVE
@@ -310,10 +312,7 @@ pub fn port_attr(nd: &xroce_datapath::netlink::Interface) -> ibv_port_attr {
             IBV_PORT_DOWN
         },
         max_mtu: PathMtu::Mtu4096 as u32,
-        active_mtu: xroce_datapath::afxdp::port_path_mtu(
-            nd.mtu,
-            xroce_datapath::afxdp::kernel_supports_multi_buffer(),
-        ) as u32,
+        active_mtu: xroce_datapath::afxdp::port_path_mtu(nd.mtu, multi_buffer) as u32,
         gid_tbl_len: registry::GID_TABLE_LEN as c_int,
         port_cap_flags: 1 << 16, // IBV_PORT_CM_SUP, as rxe
         max_msg_sz: 1 << 31,
@@ -340,8 +339,14 @@ pub(crate) unsafe extern "C" fn query_port(
     let Some(nd) = netdev(st) else {
         return libc::ENODEV;
     };
+    // What the running engine's sockets got, which is what its QPs are held to: a zero-copy
+    // socket on a driver whose zero-copy takes one buffer per frame has no multi-buffer even
+    // where the kernel has it. Before the engine starts, the kernel's capability is the guess
+    // (the sockets do without multi-buffer only where the path MTU is 2048 or less anyway).
+    let multi_buffer = crate::engines::running_multi_buffer(st)
+        .unwrap_or_else(xroce_datapath::afxdp::kernel_supports_multi_buffer);
     // SAFETY: libibverbs passes a full `struct ibv_port_attr`.
-    unsafe { *attr = port_attr(&nd) };
+    unsafe { *attr = port_attr(&nd, multi_buffer) };
     0
 }
 

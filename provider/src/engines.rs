@@ -134,6 +134,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Whether the engine that carries (or will carry) the context's frames has multi-buffer
+/// sockets: the context's own engine, else one this process runs on the same netdev; `None`
+/// when neither has started yet (nothing is bound, so what the sockets will get is a guess).
+pub fn running_multi_buffer(ctx: &ContextState) -> Option<bool> {
+    if let Some(e) = &*lock(&ctx.engine) {
+        return Some(e.engine.is_multi_buffer());
+    }
+    let me = std::process::id();
+    lock(&ENGINES)
+        .iter()
+        .filter(|(n, _)| *n == ctx.netdev)
+        .filter_map(|(_, w)| w.upgrade())
+        .find(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
+        .map(|e| e.engine.is_multi_buffer())
+}
+
 /// The context's engine, starting it (or joining this process's engine on the same netdev).
 /// On failure prints why, once per attempt, and returns the errno for the verb.
 pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {

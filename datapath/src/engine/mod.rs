@@ -452,6 +452,8 @@ pub struct Engine {
     /// Every queue it receives on, the one it sends on first.
     queues: Vec<u32>,
     zero_copy: bool,
+    /// Every socket carries frames longer than one UMEM frame (see [`Engine::is_multi_buffer`]).
+    multi_buffer: bool,
 }
 
 impl Engine {
@@ -612,6 +614,7 @@ impl Engine {
             ifindex,
             queues,
             zero_copy,
+            multi_buffer,
         })
     }
 
@@ -632,6 +635,13 @@ impl Engine {
 
     pub fn is_zero_copy(&self) -> bool {
         self.zero_copy
+    }
+
+    /// Whether the port carries frames longer than one UMEM frame (every socket bound with
+    /// multi-buffer, or the DPDK backend): without it the port's path MTU stops at 2048, and
+    /// stays there if the interface's MTU is raised later (see [`crate::afxdp::port_path_mtu`]).
+    pub fn is_multi_buffer(&self) -> bool {
+        self.multi_buffer
     }
 
     /// What moves this engine's frames.
@@ -736,6 +746,8 @@ impl Engine {
             ("rx_queues_grown", c.rx_queues_grown.load(Ordering::Relaxed)),
             // Not a counter: 1 when the socket the engine sends on bound in zero-copy mode.
             ("zero_copy", u64::from(self.zero_copy)),
+            // Nor this: 1 when every socket carries frames longer than one UMEM frame.
+            ("multi_buffer", u64::from(self.multi_buffer)),
         ]);
         fields
             .iter()
