@@ -17,8 +17,8 @@ use crate::wire::{AtomicEthRepr, DethRepr, Opcode, RethRepr, TransportRepr};
 /// An RC requester never runs more than this many PSNs ahead of the oldest unacknowledged one.
 ///
 /// rdma_rxe stops at 128 (`RXE_MAX_UNACKED_PSNS`); the window is the requester's own choice
-/// (a responder takes any in-order PSN), and 128 was too small. An ACK is asked for every 65
-/// packets of a long message, so with 128 a requester may send only about 64 packets more
+/// (a responder takes any in-order PSN), and 128 was too small. An ACK is asked for on every
+/// 66th packet of a long message, so with 128 a requester may send only about 63 packets more
 /// while an ACK makes its way back. Between two TCG guests (path MTU 1024, packets 60-100 µs
 /// apart at the sender) the ACK often took longer, the window stood full in a third of the
 /// samples, and `ib_write_bw` reached 15.6-17.0 MB/s against 18-26 MB/s with 512 (stop 57,
@@ -337,7 +337,7 @@ impl Qp {
             // queued right behind it and will go out next: the ACK that one asks for covers
             // both (ACKs are cumulative), so a burst of small messages costs one ACK instead of
             // one each. rdma_rxe asks on every last packet; its responder answers any AckReq,
-            // and an ACK is still asked for at least every 65 packets, well inside the send
+            // and an ACK is still asked for at least every 66th packet, well inside the send
             // window. Only in RTS (in SQD the next message will not start), and only when the
             // next one will send a packet (a local error would leave this one unacknowledged
             // until the retransmission timer). READ and atomic requests are answered anyway and
