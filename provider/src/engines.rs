@@ -141,13 +141,19 @@ pub fn running_multi_buffer(ctx: &ContextState) -> Option<bool> {
     if let Some(e) = &*lock(&ctx.engine) {
         return Some(e.engine.is_multi_buffer());
     }
+    running_on(&lock(&ENGINES), &ctx.netdev).map(|e| e.engine.is_multi_buffer())
+}
+
+/// This process's engine on `netdev` among `all`, if one is running. A stopped engine stays
+/// listed while objects the application never destroyed hold it; a live one on the same
+/// netdev may come after it. Only this process's own: a forked child inherits its parent's
+/// records, whose engine has no progress thread here and whose rings are the parent's.
+fn running_on(all: &[(String, Weak<EngineRef>)], netdev: &str) -> Option<Arc<EngineRef>> {
     let me = std::process::id();
-    lock(&ENGINES)
-        .iter()
-        .filter(|(n, _)| *n == ctx.netdev)
+    all.iter()
+        .filter(|(n, _)| n == netdev)
         .filter_map(|(_, w)| w.upgrade())
         .find(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
-        .map(|e| e.engine.is_multi_buffer())
 }
 
 /// The context's engine, starting it (or joining this process's engine on the same netdev).
@@ -169,17 +175,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     }
     let mut all = lock(&ENGINES);
     all.retain(|(_, w)| w.strong_count() > 0);
-    // A stopped engine stays listed while objects the application never destroyed hold it;
-    // a live one on the same netdev may come after it.
-    // Only this process's own: a forked child inherits its parent's records, whose engine
-    // has no progress thread here and whose rings are the parent's.
-    let me = std::process::id();
-    if let Some(e) = all
-        .iter()
-        .filter(|(n, _)| *n == ctx.netdev)
-        .filter_map(|(_, w)| w.upgrade())
-        .find(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
-    {
+    if let Some(e) = running_on(&all, &ctx.netdev) {
         if e.engine.failure().is_none() {
             e.contexts.fetch_add(1, Ordering::SeqCst);
             attach_context(&e, ctx);
