@@ -120,7 +120,12 @@ fn show_link(link: &Link, out: &mut dyn Write) -> io::Result<()> {
         link.netdev,
         if iface.up { "ACTIVE" } else { "DOWN" },
         iface.mtu,
-        port_path_mtu(iface.mtu, kernel_supports_multi_buffer()).bytes()
+        // What the engine holding the interface got, else what a new one would get.
+        port_path_mtu(
+            iface.mtu,
+            engine::holder_multi_buffer(&iface.name).unwrap_or_else(kernel_supports_multi_buffer)
+        )
+        .bytes()
     )?;
     // What programs read: the tree's table (addresses keep their indices there), else the
     // kernel's addresses in order.

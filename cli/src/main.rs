@@ -139,9 +139,11 @@ enum LinkCommand {
     ///
     /// One line per device: name, interface, state (ACTIVE when the interface is up with
     /// carrier, DOWN otherwise), interface MTU and the RoCE path MTU derived from it as
-    /// rdma_rxe does (the port's active MTU, which `ibv_devinfo` shows too; at most 2048 on
-    /// kernels before 6.6, whose AF_XDP has no multi-buffer); then its GIDs by index, and whether the XDP program is attached and an
-    /// engine's AF_XDP socket is bound to queue 0. Prints nothing when there are none.
+    /// rdma_rxe does (the port's active MTU, which `ibv_devinfo` shows too; at most 2048
+    /// where the sockets have no multi-buffer: kernels before 6.6, and zero-copy on some
+    /// drivers, as the running engine's note says); then its GIDs by index, and whether the
+    /// XDP program is attached and an engine's AF_XDP socket is bound to queue 0. Prints
+    /// nothing when there are none.
     ///
     /// Example: `xroce link show` or `xroce link show xroce0`
     Show {

@@ -505,6 +505,12 @@ fn rc_suite_on(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, backends: [Backend
             ..EngineConfig::new(&server_iface)
         })
         .expect("engine");
+        // What another process reads from the notes the engine leaves (on either backend).
+        assert_eq!(
+            xroce_datapath::engine::holder_multi_buffer(&server_iface),
+            Some(engine.is_multi_buffer()),
+            "the engine's note on {server_iface}"
+        );
         let pd = engine.with_device(|d| d.alloc_pd());
         // [0, WRITE): WRITE target; [WRITE, +READ): READ source; then SEND target; then the
         // atomic counter.
@@ -1669,10 +1675,19 @@ fn sockets_without_multi_buffer_cap_the_port_and_fail_what_no_frame_holds() {
     const LONG: usize = 64 * 1024;
     const FITS: usize = 3000;
     let setup = Setup::new(9000);
+    let ifaces = [0, 1].map(|side| setup.pair.iface(side).to_string());
     let results = setup.on_both_sides_configured(
         |_, config| config.single_buffer = true,
         move |me: Side<Endpoint>| {
             let (side, pd, engine) = (me.index, me.pd, &me.engine);
+            // Another process (`xroce link show`, `ibv_devinfo`) learns it from the queue's
+            // note, and reports the same active MTU.
+            let holder = xroce_datapath::engine::queue_holder(&ifaces[side], 0);
+            assert_eq!(
+                holder.map(|h| h.multi_buffer),
+                Some(Some(false)),
+                "the queue's note"
+            );
             let port_mtu = (
                 engine.with_device(|d| d.port_mtu()),
                 engine.is_multi_buffer(),

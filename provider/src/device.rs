@@ -341,9 +341,12 @@ pub(crate) unsafe extern "C" fn query_port(
     };
     // What the running engine's sockets got, which is what its QPs are held to: a zero-copy
     // socket on a driver whose zero-copy takes one buffer per frame has no multi-buffer even
-    // where the kernel has it. Before the engine starts, the kernel's capability is the guess
-    // (the sockets do without multi-buffer only where the path MTU is 2048 or less anyway).
+    // where the kernel has it. That engine is this process's, or another process's that holds
+    // the interface (`ibv_devinfo` run beside the program: this process could not start one).
+    // With neither, the kernel's capability is the guess (the sockets do without multi-buffer
+    // only where the path MTU is 2048 or less anyway).
     let multi_buffer = crate::engines::running_multi_buffer(st)
+        .or_else(|| xroce_datapath::engine::holder_multi_buffer(&nd.name))
         .unwrap_or_else(xroce_datapath::afxdp::kernel_supports_multi_buffer);
     // SAFETY: libibverbs passes a full `struct ibv_port_attr`.
     unsafe { *attr = port_attr(&nd, multi_buffer) };

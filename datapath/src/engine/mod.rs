@@ -34,7 +34,7 @@ use xroce_core::wire::IpAddress;
 
 pub use addressing::{AddressingError, Applied, Neighbours};
 pub use memory::ProcessMemory;
-pub use queue_claim::{holder as queue_holder, interface_holder, QueueHolder};
+pub use queue_claim::{holder as queue_holder, holder_multi_buffer, interface_holder, QueueHolder};
 
 use crate::afxdp::{BindMode, QueueSet, XskConfig, XskError, XskSocket, RECEIVE_ONLY};
 use crate::netlink::core_address;
@@ -1411,7 +1411,7 @@ fn open_af_xdp(
         .collect();
     let queue_claims: Vec<_> = bound
         .iter()
-        .filter_map(|&(queue, _)| queue_claim::claim(&config.iface, queue))
+        .filter_map(|&(queue, _)| queue_claim::claim(&config.iface, queue, multi_buffer))
         .collect();
     let (port, wait_fd): (Box<dyn crate::port::Port>, RawFd) = if others.is_empty() {
         let fd = socket.as_raw_fd();
@@ -1469,7 +1469,7 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
         xsks: None,
         local_addrs: None,
         queues: vec![0],
-        queue_claims: queue_claim::claim_interface(&config.iface)
+        queue_claims: queue_claim::claim_interface(&config.iface, true)
             .into_iter()
             .collect(),
         zero_copy: false,

@@ -31,6 +31,10 @@ pub struct QueueHolder {
     pub pid: u32,
     /// Its command name (`/proc/PID/comm`).
     pub command: String,
+    /// Whether its engine's sockets carry frames longer than one UMEM frame
+    /// (`Engine::is_multi_buffer`), which decides the port's active MTU; `None` from a note
+    /// of an older xroce, which did not say.
+    pub multi_buffer: Option<bool>,
 }
 
 impl fmt::Display for QueueHolder {
@@ -49,29 +53,30 @@ impl Drop for QueueClaim {
     fn drop(&mut self) {
         // Only our own note: a later engine (after this one's socket went) may have written its
         // own in the meantime.
-        if read_note(&self.path).is_some_and(|(pid, _)| pid == std::process::id()) {
+        if read_note(&self.path).is_some_and(|n| n.pid == std::process::id()) {
             let _ = fs::remove_file(&self.path);
         }
     }
 }
 
 /// Leaves a note that this process holds `queue` of `iface` (in the calling thread's network
-/// namespace). `None` when it cannot be written: a second engine on the queue is then still
-/// refused by the kernel, only without its holder's name.
-pub(crate) fn claim(iface: &str, queue: u32) -> Option<QueueClaim> {
-    claim_note(iface, &queue.to_string())
+/// namespace), with whether its engine's sockets carry multi-buffer. `None` when it cannot be
+/// written: a second engine on the queue is then still refused by the kernel, only without
+/// its holder's name.
+pub(crate) fn claim(iface: &str, queue: u32, multi_buffer: bool) -> Option<QueueClaim> {
+    claim_note(iface, &queue.to_string(), multi_buffer)
 }
 
 /// Leaves a note that this process's DPDK engine holds all of `iface`.
 #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
-pub(crate) fn claim_interface(iface: &str) -> Option<QueueClaim> {
-    claim_note(iface, DPDK_NOTE)
+pub(crate) fn claim_interface(iface: &str, multi_buffer: bool) -> Option<QueueClaim> {
+    claim_note(iface, DPDK_NOTE, multi_buffer)
 }
 
 /// The note name of a DPDK engine (which takes the whole interface).
 const DPDK_NOTE: &str = "dpdk";
 
-fn claim_note(iface: &str, key: &str) -> Option<QueueClaim> {
+fn claim_note(iface: &str, key: &str, multi_buffer: bool) -> Option<QueueClaim> {
     let path = note_path(iface, key)?;
     let pid = std::process::id();
     let started = start_time(pid)?;
@@ -80,7 +85,12 @@ fn claim_note(iface: &str, key: &str) -> Option<QueueClaim> {
     remove_dead_notes(dir);
     // Written aside and renamed, so that a reader never sees half a note.
     let partial = path.with_extension(format!("{key}.{pid}.new"));
-    fs::write(&partial, format!("{pid} {started}\n")).ok()?;
+    let note = Note {
+        pid,
+        started,
+        multi_buffer: Some(multi_buffer),
+    };
+    fs::write(&partial, note.to_string()).ok()?;
     if fs::rename(&partial, &path).is_err() {
         let _ = fs::remove_file(&partial);
         return None;
@@ -120,7 +130,7 @@ fn remove_dead_notes(dir: &std::path::Path) {
         if path.extension().is_some_and(|e| e == "new") {
             continue;
         }
-        let alive = read_note(&path).is_some_and(|(pid, started)| start_time(pid) == Some(started));
+        let alive = read_note(&path).is_some_and(|n| start_time(n.pid) == Some(n.started));
         if !alive {
             let _ = fs::remove_file(&path);
         }
@@ -138,8 +148,17 @@ pub fn interface_holder(iface: &str) -> Option<QueueHolder> {
     holder_of(&note_path(iface, DPDK_NOTE)?)
 }
 
+/// Whether the engine that holds `iface` (in the calling thread's network namespace), if one
+/// runs, carries multi-buffer frames: what its port's active MTU follows, for a process that
+/// asks without running that engine (`xroce link show`, `ibv_devinfo` beside the program).
+/// `None` when no engine holds it, or its note does not say.
+pub fn holder_multi_buffer(iface: &str) -> Option<bool> {
+    interface_holder(iface)
+        .or_else(|| any_queue_holder(iface))
+        .and_then(|h| h.multi_buffer)
+}
+
 /// A process whose AF_XDP engine holds a queue of `iface`, if one still runs.
-#[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
 pub fn any_queue_holder(iface: &str) -> Option<QueueHolder> {
     let prefix = note_prefix(iface)?;
     fs::read_dir(notes_dir()).ok()?.flatten().find_map(|entry| {
@@ -153,14 +172,15 @@ pub fn any_queue_holder(iface: &str) -> Option<QueueHolder> {
 }
 
 fn holder_of(path: &std::path::Path) -> Option<QueueHolder> {
-    let (pid, started) = read_note(path)?;
-    if start_time(pid)? != started {
+    let note = read_note(path)?;
+    if start_time(note.pid)? != note.started {
         return None;
     }
-    let command = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let command = fs::read_to_string(format!("/proc/{}/comm", note.pid)).ok()?;
     Some(QueueHolder {
-        pid,
+        pid: note.pid,
         command: command.trim().to_string(),
+        multi_buffer: note.multi_buffer,
     })
 }
 
@@ -182,16 +202,44 @@ fn note_prefix(iface: &str) -> Option<String> {
     Some(format!("{netns}.{iface}."))
 }
 
-fn read_note(path: &std::path::Path) -> Option<(u32, u64)> {
+/// What a note says: `"PID START MULTI_BUFFER\n"`, the last `0` or `1` (notes of older xroce
+/// end after START, and a reader takes the first two fields of any longer note).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Note {
+    pid: u32,
+    /// When the process started (see [`start_time`]).
+    started: u64,
+    multi_buffer: Option<bool>,
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.pid, self.started)?;
+        if let Some(m) = self.multi_buffer {
+            write!(f, " {}", u8::from(m))?;
+        }
+        writeln!(f)
+    }
+}
+
+fn read_note(path: &std::path::Path) -> Option<Note> {
     parse_note(&fs::read_to_string(path).ok()?)
 }
 
-/// `"PID START\n"`.
-fn parse_note(text: &str) -> Option<(u32, u64)> {
+fn parse_note(text: &str) -> Option<Note> {
     let mut fields = text.split_whitespace();
     let pid = fields.next()?.parse().ok()?;
     let started = fields.next()?.parse().ok()?;
-    Some((pid, started))
+    let multi_buffer = match fields.next() {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
+    };
+    Some(Note {
+        pid,
+        started,
+        multi_buffer,
+    })
 }
 
 /// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`, field 22): with
@@ -212,7 +260,21 @@ mod tests {
 
     #[test]
     fn notes_are_read_back_and_garbage_is_not() {
-        assert_eq!(parse_note("1234 5678\n"), Some((1234, 5678)));
+        let note = |multi_buffer| {
+            Some(Note {
+                pid: 1234,
+                started: 5678,
+                multi_buffer,
+            })
+        };
+        assert_eq!(parse_note("1234 5678\n"), note(None));
+        assert_eq!(parse_note("1234 5678 0\n"), note(Some(false)));
+        assert_eq!(parse_note("1234 5678 1\n"), note(Some(true)));
+        assert_eq!(parse_note("1234 5678 yes\n"), note(None));
+        for n in [note(None), note(Some(false)), note(Some(true))] {
+            let n = n.unwrap();
+            assert_eq!(parse_note(&n.to_string()), Some(n), "{n}");
+        }
         assert_eq!(parse_note("1234"), None);
         assert_eq!(parse_note("x 5678"), None);
         assert_eq!(parse_note(""), None);
