@@ -1688,6 +1688,10 @@ fn sockets_without_multi_buffer_cap_the_port_and_fail_what_no_frame_holds() {
                 Some(Some(false)),
                 "the queue's note"
             );
+            assert_eq!(
+                xroce_datapath::engine::holder_multi_buffer(&ifaces[side]),
+                Some(false)
+            );
             let port_mtu = (
                 engine.with_device(|d| d.port_mtu()),
                 engine.is_multi_buffer(),

@@ -15,11 +15,13 @@ use crate::port::{Port, RxDrops};
 
 /// The geometry of a socket that only receives: 512 frames (2 MiB), all of them in the fill
 /// ring, since an interface may have dozens of queues. Its RX ring takes all 512: one QP may
-/// have a whole send window of packets on the way (`MAX_UNACKED_PSNS`), and RSS puts them all
-/// on one queue. A ring of 256 (sized when the window was 128) would drop the rest while the
-/// receiving thread is busy elsewhere, and go-back-N would resend up to a window. Packets
-/// larger than a UMEM frame (path MTU 4096) take two slots each, so a full window of those can
-/// still overflow it; holding that too would cost 2 MiB more per queue.
+/// have a whole send window of packets on the way (`MAX_UNACKED_PSNS` past the oldest
+/// unacknowledged one, so 513 at most), and RSS puts them all on one queue. A ring of 256
+/// (sized when the window was 128) would drop what is beyond it while the receiving thread is
+/// busy elsewhere, and go-back-N would resend up to a window; 512 takes all but the last
+/// packet of a full window. Packets larger than a UMEM frame (path MTU 4096) take two slots
+/// each, so a full window of those can still overflow it; holding that too would cost 2 MiB
+/// more per queue.
 pub const RECEIVE_ONLY: XskConfig = XskConfig {
     queue: 0,
     frames: 512,
@@ -34,7 +36,7 @@ const _: () = assert!(
     RECEIVE_ONLY.ring_size >= xroce_core::transport::requester::MAX_UNACKED_PSNS
         && RECEIVE_ONLY.frames >= RECEIVE_ONLY.ring_size
         && RECEIVE_ONLY.frames <= 2 * RECEIVE_ONLY.ring_size,
-    "a receive-only socket's RX ring holds a send window, and its fill ring all its frames"
+    "a receive-only socket's RX ring holds a send window but its last packet, and its fill ring all its frames"
 );
 
 /// A sending and receiving socket plus receive-only sockets on the interface's other queues.

@@ -1463,17 +1463,19 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
         }
         Err(e) => return Err(e.into()),
     };
+    // The DPDK port carries frames of any size the interface takes.
+    let multi_buffer = true;
     Ok(OpenedPort {
         wait_fd: port.doorbell_fd(),
         port: Box::new(port),
         xsks: None,
         local_addrs: None,
         queues: vec![0],
-        queue_claims: queue_claim::claim_interface(&config.iface, true)
+        queue_claims: queue_claim::claim_interface(&config.iface, multi_buffer)
             .into_iter()
             .collect(),
         zero_copy: false,
-        multi_buffer: true,
+        multi_buffer,
     })
 }
 

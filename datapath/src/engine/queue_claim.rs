@@ -153,7 +153,10 @@ pub fn interface_holder(iface: &str) -> Option<QueueHolder> {
 /// asks without running that engine (`xroce link show`, `ibv_devinfo` beside the program).
 /// `None` when no engine holds it, or its note does not say.
 pub fn holder_multi_buffer(iface: &str) -> Option<bool> {
+    // Queue 0 first: engines send there unless told otherwise, and two engines on other
+    // queues of one interface (each told to take only its own) may differ.
     interface_holder(iface)
+        .or_else(|| holder(iface, 0))
         .or_else(|| any_queue_holder(iface))
         .and_then(|h| h.multi_buffer)
 }
