@@ -22,6 +22,11 @@ use crate::set_errno;
 /// Read end (the channel's `fd`) → write end, for channels of xroce contexts.
 static CHANNELS: Mutex<Option<HashMap<c_int, Arc<OwnedFd>>>> = Mutex::new(None);
 
+/// The channel table itself, for [`crate::engines::guard_tables_across_fork`].
+pub(crate) fn channel_table() -> &'static Mutex<Option<HashMap<c_int, Arc<OwnedFd>>>> {
+    &CHANNELS
+}
+
 fn channels<R>(f: impl FnOnce(&mut HashMap<c_int, Arc<OwnedFd>>) -> R) -> R {
     let mut g = CHANNELS.lock().unwrap_or_else(|p| p.into_inner());
     f(g.get_or_insert_with(HashMap::new))

@@ -155,8 +155,16 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         crate::set_errno(libc::EPROTONOSUPPORT);
         return -1;
     }
-    static REAL: OnceLock<usize> = OnceLock::new();
-    let real = *REAL.get_or_init(|| next_symbol(c"socket", None));
+    // Not a OnceLock: its first caller looks the symbol up holding the C library's loader
+    // lock, and a library constructor calling `socket` under that lock (in a `dlopen` on
+    // another thread) would then wait on the OnceLock for good. Two threads looking it up
+    // at once both find the same address.
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    let mut real = REAL.load(Ordering::Relaxed);
+    if real == 0 {
+        real = next_symbol(c"socket", None);
+        REAL.store(real, Ordering::Relaxed);
+    }
     if real != 0 {
         // SAFETY: the C library's `socket`.
         let real: SocketFn = unsafe { std::mem::transmute::<usize, SocketFn>(real) };

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 
 use libc::c_int;
 use xroce_core::transport::verbs::AsyncEvent;
@@ -127,7 +127,9 @@ impl Drop for EngineRef {
     }
 }
 
-static ENGINES: Mutex<Vec<(String, Weak<EngineRef>)>> = Mutex::new(Vec::new());
+/// This process's engines, by netdev.
+type EngineList = Vec<(String, Weak<EngineRef>)>;
+static ENGINES: Mutex<EngineList> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -137,11 +139,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Whether the engine that carries (or will carry) the context's frames has multi-buffer
 /// sockets: the context's own engine, else one this process runs on the same netdev; `None`
 /// when neither has started yet (nothing is bound, so what the sockets will get is a guess).
+///
+///
+/// Waits on no lock: `ibv_query_port` is quick on an RDMA NIC, and runtimes call it often.
+/// Another thread starting the engine holds the context's lock and the engine list for the
+/// whole start (then the queue note or the kernel answers, as before the start), and in a
+/// forked child a lock another of the parent's threads held at the fork is never released.
+/// An inherited context is skipped: its engine is the parent's, whose note answers for it.
 pub fn running_multi_buffer(ctx: &ContextState) -> Option<bool> {
-    if let Some(e) = &*lock(&ctx.engine) {
+    if ctx.pid != std::process::id() {
+        return None;
+    }
+    if let Some(e) = &*try_lock(&ctx.engine)? {
         return Some(e.engine.is_multi_buffer());
     }
-    running_on(&lock(&ENGINES), &ctx.netdev).map(|e| e.engine.is_multi_buffer())
+    running_on(&try_lock(&ENGINES)?, &ctx.netdev).map(|e| e.engine.is_multi_buffer())
+}
+
+/// The lock if it is free now (poisoned or not).
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
 
 /// This process's engine on `netdev` among `all`, if one is running. A stopped engine stays
@@ -273,10 +294,26 @@ pub fn post_device_fatal(fd: &OwnedFd, posted: &AtomicBool) {
 /// Every engine's [`Engine::state_report`], headed by its netdev and the process id (for
 /// `XROCE_DUMP_SIGNAL`, see `state_dump`).
 fn write_state_reports(out: &mut dyn std::io::Write) {
-    let engines: Vec<Arc<EngineRef>> = lock(&ENGINES)
-        .iter()
-        .filter_map(|(_, w)| w.upgrade())
-        .collect();
+    // Bounded: an engine starting or stopping holds the list (for good, if its start is
+    // stuck, which is when a report is most wanted: the engines' own reports are bounded too).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let all = loop {
+        if let Some(all) = try_lock(&ENGINES) {
+            break all;
+        }
+        if std::time::Instant::now() >= until {
+            let _ = writeln!(
+                out,
+                "xroce: state of pid {}: the engine list stayed busy for 1 s (an engine is \
+                 starting or stopping); no report",
+                std::process::id()
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let engines: Vec<Arc<EngineRef>> = all.iter().filter_map(|(_, w)| w.upgrade()).collect();
+    drop(all);
     let _ = writeln!(
         out,
         "xroce: state of pid {} ({} engine(s))",
@@ -306,10 +343,8 @@ fn flush_at_exit() {
     extern "C" fn at_exit() {
         // try_lock: exit() may run while another thread is inside engine_for; then its
         // engines' counters are lost rather than the exit hanging.
-        let all = match ENGINES.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
+        let Some(all) = try_lock(&ENGINES) else {
+            return;
         };
         let me = std::process::id();
         // A forked child inherits the handler and its parent's records: only the engines
@@ -415,6 +450,76 @@ impl Routes {
 
 static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
 
+/// Makes `fork` wait until the provider's process-wide tables (the engine list, the event
+/// routes, the completion channels) are free, holding them across the fork, so that the
+/// child gets them unlocked. A child forked while another thread held one would otherwise
+/// find it held for good, and hang in the first verb it calls on a device it opens itself
+/// (which is what a child is told to do with its parent's: see [`engine_for`]). The wait is
+/// bounded (an engine start holds the list for its whole start, normally well under a
+/// second): past it, the fork goes on without that table, as it did before.
+///
+/// Registered once, when the library is loaded.
+pub fn guard_tables_across_fork() {
+    extern "C" fn prepare() {
+        let until = std::time::Instant::now() + FORK_WAIT;
+        let held = HeldAcrossFork {
+            _engines: lock_until(&ENGINES, until),
+            _routes: lock_until(&ROUTES, until),
+            _channels: lock_until(crate::comp_channel::channel_table(), until),
+        };
+        HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = Some(held));
+    }
+    extern "C" fn release() {
+        let held = HELD_ACROSS_FORK.with(|h| h.borrow_mut().take());
+        drop(held);
+    }
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    let mut r = 0;
+    REGISTERED.call_once(|| {
+        // SAFETY: three handlers that only take and release this library's own locks, in
+        // the forking thread (in the order the rest of the provider takes them: list, then
+        // routes; channels are taken with nothing else held).
+        r = unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(release)) };
+    });
+    if r != 0 {
+        xroce_datapath::stderr_line!(
+            "xroce: cannot register the fork handlers ({}); a child forked while this process \
+             starts an engine may hang in its first verb",
+            std::io::Error::from_raw_os_error(r)
+        );
+    }
+}
+
+/// How long a fork waits for a table; see [`guard_tables_across_fork`].
+const FORK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+type ChannelTable = Option<HashMap<c_int, Arc<OwnedFd>>>;
+
+/// The tables a forking thread holds between the fork handlers (dropping it lets them go).
+struct HeldAcrossFork {
+    _engines: Option<MutexGuard<'static, EngineList>>,
+    _routes: Option<MutexGuard<'static, Option<Routes>>>,
+    _channels: Option<MutexGuard<'static, ChannelTable>>,
+}
+
+thread_local! {
+    static HELD_ACROSS_FORK: std::cell::RefCell<Option<HeldAcrossFork>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `m` locked, waiting for it until `until` at most.
+fn lock_until<T>(m: &Mutex<T>, until: std::time::Instant) -> Option<MutexGuard<'_, T>> {
+    loop {
+        if let Some(g) = try_lock(m) {
+            return Some(g);
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Runs `f` on the routing table. Never call into an engine from `f`: events are routed with
 /// the engine lock held, so the lock order is engine, then routes.
 pub fn with_routes<R>(f: impl FnOnce(&mut Routes) -> R) -> R {
@@ -504,4 +609,113 @@ fn write_all(fd: &OwnedFd, bytes: &[u8]) -> bool {
         });
     }
     n == bytes.len() as isize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A context on netdev `netdev` opened by process `pid`, with no engine and no watcher.
+    fn context(netdev: &str, pid: u32) -> ContextState {
+        let null = std::fs::File::open("/dev/null").expect("open /dev/null");
+        ContextState {
+            name: format!("xroce_{netdev}"),
+            netdev: netdev.to_string(),
+            ibdev_dir: std::env::temp_dir(),
+            engine: Mutex::new(None),
+            async_tx: Arc::new(OwnedFd::from(null)),
+            pds: Mutex::new(Vec::new()),
+            fatal_posted: Arc::new(AtomicBool::new(false)),
+            port_watch: None,
+            pid,
+        }
+    }
+
+    /// `running_multi_buffer(ctx)` on another thread, while `held` stays locked here. A hang
+    /// (what a forked child would do for good) fails after a bound, not a timing claim: the
+    /// answer needs no lock that is held.
+    fn answer_while_held<T>(ctx: &'static ContextState, held: &Mutex<T>) -> Option<bool> {
+        let _guard = lock(held);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(running_multi_buffer(ctx));
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("running_multi_buffer waited on a lock held elsewhere")
+    }
+
+    #[test]
+    fn an_inherited_context_is_answered_without_its_lock() {
+        // As in a child forked while a parent thread held the context's engine lock.
+        let ctx: &'static ContextState = Box::leak(Box::new(context(
+            "xrtest-inherited",
+            std::process::id().wrapping_add(1),
+        )));
+        let answer = answer_while_held(ctx, &ctx.engine);
+        assert_eq!(answer, None, "a parent's engine answers through its note");
+    }
+
+    #[test]
+    fn a_context_whose_engine_is_starting_is_answered_without_waiting() {
+        let ctx: &'static ContextState =
+            Box::leak(Box::new(context("xrtest-starting", std::process::id())));
+        let answer = answer_while_held(ctx, &ctx.engine);
+        assert_eq!(answer, None, "the note or the kernel answers meanwhile");
+    }
+
+    /// A child forked while another thread holds the routes (as a progress thread does for
+    /// every event) and the engine list (as a starting engine does) finds both free.
+    #[test]
+    fn a_forked_child_finds_the_tables_unlocked() {
+        guard_tables_across_fork();
+        let (held, release) = (mpsc::channel(), mpsc::channel::<()>());
+        let holder = std::thread::spawn(move || {
+            let _routes = lock(&ROUTES);
+            let _list = lock(&ENGINES);
+            let _ = held.0.send(());
+            // Let go once the fork has begun waiting (or, without the handlers, is over).
+            let _ = release.1.recv_timeout(Duration::from_millis(300));
+        });
+        held.1.recv().expect("the tables are held");
+        // SAFETY: the child only takes the provider's locks and exits at once.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            with_routes(|_| ());
+            drop(lock(&ENGINES));
+            // SAFETY: ends the child without running the harness's exit handlers.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(child > 0, "fork: {}", std::io::Error::last_os_error());
+        let _ = release.0.send(());
+        holder.join().expect("holder thread");
+        let (mut status, until) = (0, std::time::Instant::now() + Duration::from_secs(20));
+        let ended = loop {
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == child {
+                break true;
+            }
+            if std::time::Instant::now() >= until {
+                // SAFETY: our own child.
+                unsafe {
+                    libc::kill(child, libc::SIGKILL);
+                    libc::waitpid(child, &mut status, 0);
+                }
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(ended, "the child hung on a table held at the fork");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
+
+    #[test]
+    fn the_engine_list_is_not_waited_on() {
+        // As while another thread starts an engine, or in a child forked meanwhile.
+        let ctx: &'static ContextState =
+            Box::leak(Box::new(context("xrtest-list", std::process::id())));
+        let answer = answer_while_held(ctx, &ENGINES);
+        assert_eq!(answer, None, "no engine of this process runs on the netdev");
+    }
 }

@@ -109,8 +109,12 @@ fn dump_loop(rx: OwnedFd, report: fn(&mut dyn Write)) {
         let mut buf = [0u8; 64];
         // SAFETY: reads into a local buffer of that size (non-blocking).
         unsafe { libc::read(rx.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        // Written whole once made: holding stderr's lock while the report is made would
+        // stall a thread that prints while holding what the report waits for.
+        let mut text = Vec::new();
+        report(&mut text);
         let mut err = std::io::stderr().lock();
-        report(&mut err);
+        let _ = err.write_all(&text);
         let _ = err.flush();
     }
 }

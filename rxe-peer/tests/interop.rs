@@ -61,18 +61,25 @@ fn text(o: &ProcOutput) -> String {
     )
 }
 
-/// Waits until a program in `guest` listens on [`PORT`].
-fn wait_listening_in(guest: &Guest) {
+/// Waits until a program in `guest` listens on [`PORT`]; says why not when nothing did (the
+/// server gave up, or the guest stopped answering: its network stalled in qemu, which the
+/// callers recover from and run again).
+fn wait_listening_in(guest: &Guest) -> Result<(), String> {
     // /proc/net/tcp lists listening sockets (state 0A) with the port in hex.
     let probe = format!(
         "for i in $(seq 300); do grep -qi ':{PORT:04X} .* 0A ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1"
     );
-    let out = guest.run(&probe, Duration::from_secs(40)).expect("probe");
-    assert!(
-        out.success(),
-        "nothing listened on {PORT} in guest {}",
-        guest.name()
-    );
+    match guest.run(&probe, Duration::from_secs(40)) {
+        Ok(out) if out.success() => Ok(()),
+        Ok(_) => Err(format!(
+            "nothing listened on {PORT} in guest {} within 30 s",
+            guest.name()
+        )),
+        Err(e) => Err(format!(
+            "guest {} did not answer while a program was to listen on {PORT}: {e}",
+            guest.name()
+        )),
+    }
 }
 
 /// rdma_rxe's counters that grew between two readings (those that did not are left out).
@@ -420,7 +427,13 @@ impl Rig {
             )
         } else {
             let server = self.guest.spawn(program, PROGRAM_TIMEOUT);
-            wait_listening_in(&self.guest);
+            if let Err(why) = wait_listening_in(&self.guest) {
+                // The server is left to its bound; a run again kills what is left of it.
+                return Err(format!(
+                    "{program} with xroce as client: {why}{}",
+                    self.guest.report()
+                ));
+            }
             let client = run_xroce(self.on_xroce(&format!("{program} {}", self.guest.ipv4())));
             let (client, server) = match (client, server.wait()) {
                 (Ok(c), Ok(s)) => (c, s),
@@ -853,7 +866,7 @@ fn a_dead_peer_ends_in_retry_exceeded() {
     let server = rig
         .guest
         .spawn("ibv_rc_pingpong -g 1 -s 1024 -n 100000000", PROGRAM_TIMEOUT);
-    wait_listening_in(&rig.guest);
+    wait_listening_in(&rig.guest).unwrap_or_else(|why| panic!("{why}"));
     let (timeout, retry_cnt) = (14u32, 3u32);
     let cmd = rig.on_xroce(&format!(
         "{} 1 {} {timeout} {retry_cnt}",
@@ -1002,7 +1015,8 @@ fn rc_pingpong_with_rxe_both_ways(xg: &Guest, rxe: &Guest, pingpong: &str, env: 
         // The client's last line, or what went wrong.
         let attempt = || -> Result<String, String> {
             let s = server.spawn(&on(server, pingpong.to_string()), PROGRAM_TIMEOUT);
-            wait_listening_in(server);
+            wait_listening_in(server)
+                .map_err(|why| format!("xroce on {uname} as {role}: {why}"))?;
             let c = client.run(
                 &on(client, format!("{pingpong} {}", server.ipv4())),
                 PROGRAM_TIMEOUT,

@@ -105,17 +105,54 @@ pub(crate) struct StartLock {
     _file: fs::File,
 }
 
+/// How long a start waits for the start lock. Starts hold it for well under a second; one
+/// held far longer is stuck: its process stopped mid-start (in a debugger, say), or a child
+/// forked by the starting process meanwhile keeps the locked descriptor until it exits.
+const START_LOCK_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+
 pub(crate) fn start_lock(iface: &str) -> Option<StartLock> {
-    use std::os::fd::AsRawFd;
     note_prefix(iface)?;
     let dir = notes_dir();
     fs::create_dir_all(&dir).ok()?;
-    let file = fs::File::open(&dir).ok()?;
-    // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return None;
+    match lock_within(&dir, START_LOCK_BOUND) {
+        Ok(file) => Some(StartLock { _file: file }),
+        Err(Some(held)) => {
+            // Going on without the guard risks what it guards against (an AF_XDP and a DPDK
+            // engine both taking the interface); waiting on would hang this verb for good.
+            crate::stderr_line!(
+                "xroce: another xroce start has held {} for {} s; starting without waiting                  for it ({held})",
+                dir.display(),
+                START_LOCK_BOUND.as_secs()
+            );
+            None
+        }
+        Err(None) => None,
     }
-    Some(StartLock { _file: file })
+}
+
+/// An exclusive `flock` on `dir`, waited for up to `bound`. `Err(Some(why))` when it stayed
+/// held that long, `Err(None)` when it cannot be taken at all.
+fn lock_within(
+    dir: &std::path::Path,
+    bound: std::time::Duration,
+) -> Result<fs::File, Option<String>> {
+    use std::os::fd::AsRawFd;
+    let file = fs::File::open(dir).map_err(|_| None)?;
+    let until = std::time::Instant::now() + bound;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(None);
+        }
+        if std::time::Instant::now() >= until {
+            return Err(Some(err.to_string()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// Removes the notes of processes that ended without removing theirs (killed, or exited
@@ -255,6 +292,32 @@ fn start_time(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_lock_held_for_good_is_waited_for_only_so_long() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("xroce-start-lock-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let free = lock_within(&dir, std::time::Duration::ZERO);
+        assert!(free.is_ok(), "a free lock is taken at once");
+        drop(free);
+        // Held by another open file description, as by a stuck process.
+        let holder = fs::File::open(&dir).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(lock_within(&d, std::time::Duration::from_millis(50)).map(drop));
+        });
+        let waited = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the start lock was waited for without a bound");
+        assert!(matches!(waited, Err(Some(_))), "{waited:?}");
+        drop(holder);
+        assert!(lock_within(&dir, std::time::Duration::ZERO).is_ok());
+        let _ = fs::remove_dir(&dir);
+    }
 
     #[test]
     fn this_process_has_a_start_time() {
