@@ -28,11 +28,32 @@ pub mod xdp;
 /// `eprintln!` for code that runs inside applications (the engine, the provider): a standard
 /// error that cannot be written (a pipe whose reader has gone, in a program that ignores
 /// SIGPIPE) is ignored, where `eprintln!` would panic, and a panic inside a verb aborts the
-/// application.
+/// application. The line is made first and written with one `write(2)`, without std's lock
+/// on standard error: a child forked while another thread held that lock would wait for it
+/// for good, and a thread holding it while it waits for one of xroce's locks would stall
+/// every thread that has something to say. (One write keeps lines whole, as the lock did.)
 #[macro_export]
 macro_rules! stderr_line {
     ($($arg:tt)*) => {{
-        use ::std::io::Write as _;
-        let _ = ::std::writeln!(::std::io::stderr().lock(), $($arg)*);
+        $crate::write_stderr_line(::std::format_args!($($arg)*))
     }};
+}
+
+/// What [`stderr_line!`] writes with.
+#[doc(hidden)]
+pub fn write_stderr_line(args: std::fmt::Arguments<'_>) {
+    let mut line = args.to_string();
+    line.push('\n');
+    let mut rest = line.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: writes from a live buffer of that length to descriptor 2.
+        let n = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };
+        if n > 0 {
+            rest = &rest[n as usize..];
+        } else if n == 0
+            || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+        {
+            return;
+        }
+    }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 
 use libc::c_int;
@@ -175,6 +175,43 @@ fn running_on(all: &[(String, Weak<EngineRef>)], netdev: &str) -> Option<Arc<Eng
         .filter(|(n, _)| n == netdev)
         .filter_map(|(_, w)| w.upgrade())
         .find(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
+}
+
+/// This process's id, kept in memory: the verbs on a device's objects compare it with their
+/// engine's on every call, and `getpid` is a system call. The fork handler clears it in the
+/// child.
+static PROCESS_ID: AtomicU32 = AtomicU32::new(0);
+
+fn process_id() -> u32 {
+    match PROCESS_ID.load(Ordering::Relaxed) {
+        0 => {
+            let me = std::process::id();
+            PROCESS_ID.store(me, Ordering::Relaxed);
+            me
+        }
+        me => me,
+    }
+}
+
+/// Whether `engine` is a parent's, inherited across `fork` with the objects on it. Its
+/// progress thread and rings are the parent's: a verb here would write into the parent's
+/// rings, or wait for good on a lock one of the parent's threads held at the fork. Such a
+/// verb is refused (`EIO`), and a destroy leaves the object to the parent and returns 0 (as
+/// closing an inherited context does). Said once per process.
+pub fn inherited(engine: &EngineRef) -> bool {
+    let me = process_id();
+    if engine.pid == me {
+        return false;
+    }
+    static SAID_IN: AtomicU32 = AtomicU32::new(0);
+    if SAID_IN.swap(me, Ordering::Relaxed) != me {
+        xroce_datapath::stderr_line!(
+            "xroce: a forked child cannot use the RDMA objects its parent created (they stay \
+             the parent's; destroying them here leaves them be): open the device again in the \
+             child"
+        );
+    }
+    true
 }
 
 /// The context's engine, starting it (or joining this process's engine on the same netdev).
@@ -473,13 +510,17 @@ pub fn guard_tables_across_fork() {
         let held = HELD_ACROSS_FORK.with(|h| h.borrow_mut().take());
         drop(held);
     }
+    extern "C" fn release_in_child() {
+        PROCESS_ID.store(0, Ordering::Relaxed);
+        release();
+    }
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     let mut r = 0;
     REGISTERED.call_once(|| {
         // SAFETY: three handlers that only take and release this library's own locks, in
         // the forking thread (in the order the rest of the provider takes them: list, then
         // routes; channels are taken with nothing else held).
-        r = unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(release)) };
+        r = unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(release_in_child)) };
     });
     if r != 0 {
         xroce_datapath::stderr_line!(

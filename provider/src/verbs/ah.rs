@@ -10,7 +10,7 @@ use super::errno;
 use super::pd_mr::pd;
 use super::qp::{address_vector, check_av_port, NO_GRH};
 use crate::abi::verbs::{ibv_ah, ibv_ah_attr, ibv_pd};
-use crate::engines::EngineRef;
+use crate::engines::{inherited, EngineRef};
 use crate::set_errno;
 
 #[repr(C)]
@@ -30,6 +30,10 @@ pub unsafe fn ah<'a>(ah: *mut ibv_ah) -> &'a XroceAh {
 pub unsafe extern "C" fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     // SAFETY: libibverbs passes one of our PDs and the application's attributes.
     let (x, a) = unsafe { (pd(p), &*attr) };
+    if inherited(&x.engine) {
+        set_errno(libc::EIO);
+        return std::ptr::null_mut();
+    }
     if let Err(e) = check_av_port(a) {
         xroce_datapath::stderr_line!("xroce: address handle: {e}");
         set_errno(libc::EINVAL);
@@ -65,6 +69,9 @@ pub unsafe extern "C" fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *m
 pub unsafe extern "C" fn destroy_ah(h: *mut ibv_ah) -> c_int {
     // SAFETY: libibverbs passes one of our AHs.
     let x = unsafe { ah(h) };
+    if inherited(&x.engine) {
+        return 0; // the parent's
+    }
     match x.engine.engine.with_device(|d| d.destroy_ah(x.id)) {
         Ok(()) => {
             // SAFETY: gone from the device; free what `create_ah` made.

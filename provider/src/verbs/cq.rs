@@ -12,7 +12,7 @@ use crate::abi::verbs::{
 };
 use crate::destroyed_events::{covers, events_taken, wait_acknowledged, ASYNC_RECORD, COMP_RECORD};
 use crate::device::state;
-use crate::engines::{engine_for, with_routes, CqRoute, EngineRef};
+use crate::engines::{engine_for, inherited, with_routes, CqRoute, EngineRef};
 use crate::set_errno;
 
 #[repr(C)]
@@ -102,6 +102,9 @@ pub unsafe extern "C" fn create_cq(
 pub unsafe extern "C" fn destroy_cq(c: *mut ibv_cq) -> c_int {
     // SAFETY: libibverbs passes one of our CQs.
     let x = unsafe { cq(c) };
+    if inherited(&x.engine) {
+        return 0; // the parent's
+    }
     if let Err(e) = x.engine.engine.with_device(|d| d.destroy_cq(x.id)) {
         return errno(&e);
     }
@@ -182,6 +185,9 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, num_entries: c_int, wc: *mut ib
     }
     // SAFETY: libibverbs passes one of our CQs.
     let x = unsafe { cq(c) };
+    if inherited(&x.engine) {
+        return -libc::EIO;
+    }
     let mut scratch = x.scratch.lock().unwrap_or_else(|p| p.into_inner());
     scratch.clear();
     match x
@@ -203,6 +209,9 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, num_entries: c_int, wc: *mut ib
 pub unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) -> c_int {
     // SAFETY: libibverbs passes one of our CQs.
     let x = unsafe { cq(c) };
+    if inherited(&x.engine) {
+        return libc::EIO;
+    }
     match x.engine.engine.req_notify_cq(x.id, solicited_only != 0) {
         Ok(()) => 0,
         Err(e) => errno(&e),

@@ -13,7 +13,7 @@ use crate::abi::verbs::{
     IBV_ACCESS_REMOTE_WRITE,
 };
 use crate::device::state;
-use crate::engines::{engine_for, EngineRef};
+use crate::engines::{engine_for, inherited, EngineRef};
 use crate::set_errno;
 
 #[repr(C)]
@@ -65,6 +65,9 @@ pub unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 pub unsafe extern "C" fn dealloc_pd(p: *mut ibv_pd) -> c_int {
     // SAFETY: libibverbs passes one of our PDs.
     let x = unsafe { pd(p) };
+    if inherited(&x.engine) {
+        return 0; // the parent's
+    }
     match x.engine.engine.with_device(|d| d.dealloc_pd(x.id)) {
         Ok(()) => {
             // SAFETY: libibverbs keeps the PD's context open while the PD exists.
@@ -176,6 +179,10 @@ pub unsafe extern "C" fn reg_mr(
 ) -> *mut ibv_mr {
     // SAFETY: libibverbs passes one of our PDs.
     let x = unsafe { pd(p) };
+    if inherited(&x.engine) {
+        set_errno(libc::EIO);
+        return std::ptr::null_mut();
+    }
     let Some(acc) = access(flags) else {
         set_errno(libc::EOPNOTSUPP);
         return std::ptr::null_mut();
@@ -222,6 +229,9 @@ pub unsafe extern "C" fn reg_mr(
 pub unsafe extern "C" fn dereg_mr(vmr: *mut verbs_mr) -> c_int {
     // SAFETY: libibverbs passes one of our MRs; `verbs_mr` is the first field of `XroceMr`.
     let x = unsafe { &*(vmr as *mut XroceMr) };
+    if inherited(&x.engine) {
+        return 0; // the parent's
+    }
     match x.engine.engine.dereg_mr(x.id) {
         Ok(()) => {
             // SAFETY: deregistered; free the box `reg_mr` made.

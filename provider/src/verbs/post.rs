@@ -13,6 +13,7 @@ use crate::abi::verbs::{
     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
     IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
 };
+use crate::engines::inherited;
 
 /// The scatter/gather list of a work request, as the transport's WRs hold it.
 ///
@@ -121,6 +122,17 @@ fn chain_too_long(taken: &mut u32) -> bool {
     *taken > limits::MAX_QP_WR.max(limits::MAX_SRQ_WR)
 }
 
+/// Reports the whole chain `wr` as not posted.
+///
+/// # Safety
+/// `bad_wr` must be NULL or the caller's out-pointer.
+unsafe fn refuse_chain<T>(wr: *mut T, bad_wr: *mut *mut T) {
+    if !bad_wr.is_null() {
+        // SAFETY: per the contract.
+        unsafe { *bad_wr = wr };
+    }
+}
+
 pub unsafe extern "C" fn post_send(
     q: *mut ibv_qp,
     mut wr: *mut ibv_send_wr,
@@ -128,6 +140,11 @@ pub unsafe extern "C" fn post_send(
 ) -> c_int {
     // SAFETY: libibverbs passes one of our QPs.
     let x = unsafe { qp(q) };
+    if inherited(&x.engine) {
+        // SAFETY: the caller's out-pointer.
+        unsafe { refuse_chain(wr, bad_wr) };
+        return libc::EIO;
+    }
     let mut taken = 0;
     while !wr.is_null() {
         if chain_too_long(&mut taken) {
@@ -203,6 +220,11 @@ pub unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: libibverbs passes one of our QPs.
     let x = unsafe { qp(q) };
+    if inherited(&x.engine) {
+        // SAFETY: the caller's out-pointer.
+        unsafe { refuse_chain(wr, bad_wr) };
+        return libc::EIO;
+    }
     if !x.qp.srq.is_null() {
         // SAFETY: the caller's chain and out-pointer.
         unsafe {
@@ -230,6 +252,11 @@ pub unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: libibverbs passes one of our SRQs.
     let x = unsafe { srq(s) };
+    if inherited(&x.engine) {
+        // SAFETY: the caller's out-pointer.
+        unsafe { refuse_chain(wr, bad_wr) };
+        return libc::EIO;
+    }
     // SAFETY: the application's chain.
     unsafe {
         post_recv_chain(wr, bad_wr, |r| {

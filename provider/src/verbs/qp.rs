@@ -20,7 +20,7 @@ use crate::abi::verbs::{
     IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD,
 };
 use crate::destroyed_events::forget_object_events;
-use crate::engines::{with_routes, EngineRef, ObjectRoute};
+use crate::engines::{inherited, with_routes, EngineRef, ObjectRoute};
 use crate::set_errno;
 
 #[repr(C)]
@@ -69,6 +69,10 @@ fn cap_to(c: &QpCap) -> ibv_qp_cap {
 pub unsafe extern "C" fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     // SAFETY: libibverbs passes one of our PDs and the application's attributes.
     let (x, a) = unsafe { (pd(p), &mut *attr) };
+    if inherited(&x.engine) {
+        set_errno(libc::EIO);
+        return std::ptr::null_mut();
+    }
     let Some(ty) = qp_type(a.qp_type) else {
         set_errno(libc::EOPNOTSUPP); // XRC, raw packet, driver QPs
         return std::ptr::null_mut();
@@ -275,6 +279,9 @@ fn qp_attr(a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
 pub unsafe extern "C" fn modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     // SAFETY: libibverbs passes one of our QPs and the application's attributes.
     let (x, a) = unsafe { (qp(q), &*attr) };
+    if inherited(&x.engine) {
+        return libc::EIO;
+    }
     let mut mask = AttrMask(mask as u32);
     let mut core = match qp_attr(a, mask) {
         Ok(c) => c,
@@ -310,6 +317,9 @@ pub unsafe extern "C" fn query_qp(
 ) -> c_int {
     // SAFETY: libibverbs passes one of our QPs.
     let x = unsafe { qp(q) };
+    if inherited(&x.engine) {
+        return libc::EIO;
+    }
     let a = match x.engine.engine.with_device(|d| d.query_qp(x.qp.qp_num)) {
         Ok(a) => a,
         Err(e) => return errno(&e),
@@ -359,6 +369,9 @@ pub unsafe extern "C" fn query_qp(
 pub unsafe extern "C" fn destroy_qp(q: *mut ibv_qp) -> c_int {
     // SAFETY: libibverbs passes one of our QPs.
     let x = unsafe { qp(q) };
+    if inherited(&x.engine) {
+        return 0; // the parent's
+    }
     let qpn = x.qp.qp_num;
     if let Err(e) = x.engine.engine.destroy_qp(qpn) {
         return errno(&e);

@@ -11,7 +11,7 @@ use crate::abi::verbs::{
     ibv_pd, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR,
 };
 use crate::destroyed_events::forget_object_events;
-use crate::engines::{with_routes, EngineRef, ObjectRoute};
+use crate::engines::{inherited, with_routes, EngineRef, ObjectRoute};
 use crate::set_errno;
 
 #[repr(C)]
@@ -33,6 +33,10 @@ pub unsafe fn srq<'a>(srq: *mut ibv_srq) -> &'a XroceSrq {
 pub unsafe extern "C" fn create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     // SAFETY: libibverbs passes one of our PDs and the application's attributes.
     let (x, a) = unsafe { (pd(p), &mut *init) };
+    if inherited(&x.engine) {
+        set_errno(libc::EIO);
+        return std::ptr::null_mut();
+    }
     // rdma_rxe raises `max_sge` to at least one (RXE_MIN_SRQ_SGE), so an SRQ made with 0
     // still takes receives of one SGE; the values in effect go back to the application below.
     let (max_wr, max_sge, limit) = (a.attr.max_wr, a.attr.max_sge.max(1), a.attr.srq_limit);
@@ -87,6 +91,9 @@ pub unsafe extern "C" fn modify_srq(
 ) -> c_int {
     // SAFETY: libibverbs passes one of our SRQs and the application's attributes.
     let (x, a) = unsafe { (srq(s), &*attr) };
+    if inherited(&x.engine) {
+        return libc::EIO;
+    }
     if mask & IBV_SRQ_MAX_WR != 0 {
         return libc::EOPNOTSUPP; // resizing is not supported
     }
@@ -105,6 +112,9 @@ pub unsafe extern "C" fn modify_srq(
 pub unsafe extern "C" fn query_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     // SAFETY: libibverbs passes one of our SRQs.
     let x = unsafe { srq(s) };
+    if inherited(&x.engine) {
+        return libc::EIO;
+    }
     let Some(limit) = x
         .engine
         .engine
@@ -126,6 +136,9 @@ pub unsafe extern "C" fn query_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr) -> 
 pub unsafe extern "C" fn destroy_srq(s: *mut ibv_srq) -> c_int {
     // SAFETY: libibverbs passes one of our SRQs.
     let x = unsafe { srq(s) };
+    if inherited(&x.engine) {
+        return 0; // the parent's
+    }
     if let Err(e) = x.engine.engine.with_device(|d| d.destroy_srq(x.id)) {
         return errno(&e);
     }

@@ -957,16 +957,37 @@ int main(int argc, char **argv)
     /* A forked child that closes the device context it inherited (as its exit handlers may)
      * ends cleanly, told meanwhile that the context is not its own to use; and the parent's
      * device goes on working. The child used to abort, joining threads that are only the
-     * parent's, after stopping the parent's port watcher. */
+     * parent's, after stopping the parent's port watcher. The parent's objects are refused
+     * too (EIO): the child would write into the parent's rings, or wait for good on a lock
+     * a parent's thread held at the fork; destroying one in the child leaves it to the
+     * parent. The child's exit status has a bit for each check that failed. */
     {
+        struct pair inh = {0};
+        int inh_ok = make_pair(&inh, 4) == 0;
         fflush(stdout);
         pid_t child = fork();
         if (child == 0) {
+            int failed = 0;
             errno = 0;
             struct ibv_pd *cpd = ibv_alloc_pd(ctx);
-            int refused = cpd == NULL && errno == EIO;
+            if (!(cpd == NULL && errno == EIO))
+                failed |= 1;
+            struct ibv_wc cwc;
+            if (!(ibv_poll_cq(inh.cq, 1, &cwc) < 0))
+                failed |= 2;
+            struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey};
+            struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND};
+            struct ibv_send_wr *bad = NULL;
+            if (!(ibv_post_send(inh.a, &wr, &bad) == EIO && bad == &wr))
+                failed |= 4;
+            errno = 0;
+            struct ibv_mr *cmr = ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE);
+            if (!(cmr == NULL && errno == EIO))
+                failed |= 8;
+            if (ibv_destroy_qp(inh.a) || ibv_destroy_qp(inh.b) || ibv_destroy_cq(inh.cq))
+                failed |= 16;
             ibv_close_device(ctx);
-            _exit(refused ? 0 : 3);
+            _exit(failed);
         }
         /* Bounded: a child still there after 20 s is killed (and the check fails). */
         int status = -1;
@@ -983,8 +1004,15 @@ int main(int argc, char **argv)
             kill(child, SIGKILL);
             waitpid(child, NULL, 0);
         }
+        /* The child's destroys left the parent's objects be. */
+        int inh_works = inh_ok &&
+                        post_write(inh.a, buf, 64, mr->lkey, (uintptr_t)(buf + 4096), mr->rkey,
+                                   0) == 0 &&
+                        poll_one(inh.cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS;
+        if (inh_ok)
+            free_pair(&inh);
         struct pair fp = {0};
-        int works = make_pair(&fp, 4) == 0 &&
+        int works = inh_works && make_pair(&fp, 4) == 0 &&
                     post_write(fp.a, buf, 64, mr->lkey, (uintptr_t)(buf + 4096), mr->rkey, 0) ==
                         0 &&
                     poll_one(fp.cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS;
@@ -997,12 +1025,14 @@ int main(int argc, char **argv)
         int clean = child > 0 && waited == child && WIFEXITED(status) &&
                     WEXITSTATUS(status) == 0;
         CHECK("forked_child_closes_the_inherited_context", clean && works,
-              "child %d: %s %d; the parent's device afterwards: %s", (int)child,
+              "child %d: %s %d (status bits: 1 alloc_pd, 2 poll_cq, 4 post_send, 8 reg_mr, "
+              "16 destroy); the parent's objects afterwards: %s; its device: %s",
+              (int)child,
               waited != child ? "did not end within 20 s, or no child:"
               : WIFEXITED(status) ? "exit status"
                                   : "killed by signal",
               waited != child ? 0 : WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-              works ? "works" : "FAILED");
+              inh_works ? "work" : "FAILED", works ? "works" : "FAILED");
     }
 
     /* A PD still holding an MR cannot be freed. */
