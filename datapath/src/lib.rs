@@ -31,7 +31,8 @@ pub mod xdp;
 /// application. The line is made first and written with one `write(2)`, without std's lock
 /// on standard error: a child forked while another thread held that lock would wait for it
 /// for good, and a thread holding it while it waits for one of xroce's locks would stall
-/// every thread that has something to say. (One write keeps lines whole, as the lock did.)
+/// every thread that has something to say. One write also keeps a line whole between
+/// processes sharing the pipe (up to `PIPE_BUF`), which the lock's piecewise writes did not.
 #[macro_export]
 macro_rules! stderr_line {
     ($($arg:tt)*) => {{
@@ -42,9 +43,18 @@ macro_rules! stderr_line {
 /// What [`stderr_line!`] writes with.
 #[doc(hidden)]
 pub fn write_stderr_line(args: std::fmt::Arguments<'_>) {
-    let mut line = args.to_string();
+    use std::fmt::Write as _;
+    let mut line = String::new();
+    // A `Display` that fails leaves its part out (`to_string` would panic, inside a verb).
+    let _ = line.write_fmt(args);
     line.push('\n');
-    let mut rest = line.as_bytes();
+    write_stderr(line.as_bytes());
+}
+
+/// Writes `bytes` to standard error with `write(2)`, taking no lock (see [`stderr_line!`]);
+/// an error ends it.
+pub fn write_stderr(bytes: &[u8]) {
+    let mut rest = bytes;
     while !rest.is_empty() {
         // SAFETY: writes from a live buffer of that length to descriptor 2.
         let n = unsafe { libc::write(libc::STDERR_FILENO, rest.as_ptr().cast(), rest.len()) };

@@ -137,6 +137,7 @@ pub(crate) unsafe extern "C" fn alloc_context(
         set_errno(libc::ENOSYS);
         return std::ptr::null_mut();
     };
+    crate::engines::guard_tables_across_fork();
     // SAFETY: `ibdev` is one of ours (libibverbs matched it to this provider).
     let dev = unsafe { &*(ibdev as *mut XroceDevice) };
     let mut fds = [0 as c_int; 2];

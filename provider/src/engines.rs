@@ -198,8 +198,16 @@ fn process_id() -> u32 {
 /// rings, or wait for good on a lock one of the parent's threads held at the fork. Such a
 /// verb is refused (`EIO`), and a destroy leaves the object to the parent and returns 0 (as
 /// closing an inherited context does). Said once per process.
+///
+/// A child made without the fork handlers (`clone`, glibc's `_Fork`) keeps its parent's id in
+/// memory: a mismatch is checked against `getpid` before it is believed, so that such a
+/// child's own objects work (its use of the parent's is not caught).
 pub fn inherited(engine: &EngineRef) -> bool {
-    let me = process_id();
+    if engine.pid == process_id() {
+        return false;
+    }
+    let me = std::process::id();
+    PROCESS_ID.store(me, Ordering::Relaxed);
     if engine.pid == me {
         return false;
     }
@@ -495,7 +503,9 @@ static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
 /// bounded (an engine start holds the list for its whole start, normally well under a
 /// second): past it, the fork goes on without that table, as it did before.
 ///
-/// Registered once, when the library is loaded.
+/// Registered once, when the process opens its first xroce device (the tables are used only
+/// from then on): not when the library is loaded, which happens in every program
+/// `xroce exec` runs and every RDMA program whose libibverbs finds the provider.
 pub fn guard_tables_across_fork() {
     extern "C" fn prepare() {
         let until = std::time::Instant::now() + FORK_WAIT;
@@ -504,10 +514,10 @@ pub fn guard_tables_across_fork() {
             _routes: lock_until(&ROUTES, until),
             _channels: lock_until(crate::comp_channel::channel_table(), until),
         };
-        HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = Some(held));
+        HELD_ACROSS_FORK.with(|h| **h.borrow_mut() = Some(held));
     }
     extern "C" fn release() {
-        let held = HELD_ACROSS_FORK.with(|h| h.borrow_mut().take());
+        let held = HELD_ACROSS_FORK.with(|h| (**h.borrow_mut()).take());
         drop(held);
     }
     extern "C" fn release_in_child() {
@@ -544,8 +554,12 @@ struct HeldAcrossFork {
 }
 
 thread_local! {
-    static HELD_ACROSS_FORK: std::cell::RefCell<Option<HeldAcrossFork>> =
-        const { std::cell::RefCell::new(None) };
+    // No drop glue (`ManuallyDrop`), so no destructor is registered for it: registering one
+    // allocates and takes the C library's loader lock with the tables held, and a fork after
+    // the thread's destructors ran (from an `atexit` handler) would find the slot gone. The
+    // slot is empty whenever no fork is under way, so nothing is leaked.
+    static HELD_ACROSS_FORK: std::cell::RefCell<std::mem::ManuallyDrop<Option<HeldAcrossFork>>> =
+        const { std::cell::RefCell::new(std::mem::ManuallyDrop::new(None)) };
 }
 
 /// `m` locked, waiting for it until `until` at most.
@@ -717,7 +731,7 @@ mod tests {
             let _list = lock(&ENGINES);
             let _ = held.0.send(());
             // Let go once the fork has begun waiting (or, without the handlers, is over).
-            let _ = release.1.recv_timeout(Duration::from_millis(300));
+            let _ = release.1.recv_timeout(Duration::from_secs(1));
         });
         held.1.recv().expect("the tables are held");
         // SAFETY: the child only takes the provider's locks and exits at once.

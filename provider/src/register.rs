@@ -86,7 +86,6 @@ pub fn device_ops() -> *const verbs_device_ops {
 static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_load() {
-    crate::engines::guard_tables_across_fork();
     if let Err(Some(why)) = register() {
         REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
         xroce_datapath::stderr_line!("{why}");

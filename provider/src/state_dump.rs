@@ -109,13 +109,14 @@ fn dump_loop(rx: OwnedFd, report: fn(&mut dyn Write)) {
         let mut buf = [0u8; 64];
         // SAFETY: reads into a local buffer of that size (non-blocking).
         unsafe { libc::read(rx.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        // Written whole once made: holding stderr's lock while the report is made would
-        // stall a thread that prints while holding what the report waits for.
+        // Made first, then written a line at a time as xroce's other lines are (one
+        // `write(2)` each, no lock: see `stderr_line!`), so that lines from other threads
+        // fall between its lines, not inside them.
         let mut text = Vec::new();
         report(&mut text);
-        let mut err = std::io::stderr().lock();
-        let _ = err.write_all(&text);
-        let _ = err.flush();
+        for line in text.split_inclusive(|&b| b == b'\n') {
+            xroce_datapath::write_stderr(line);
+        }
     }
 }
 

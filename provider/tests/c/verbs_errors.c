@@ -967,6 +967,8 @@ int main(int argc, char **argv)
         fflush(stdout);
         pid_t child = fork();
         if (child == 0) {
+            if (!inh_ok)
+                _exit(32); /* the parent's pair was not made */
             int failed = 0;
             errno = 0;
             struct ibv_pd *cpd = ibv_alloc_pd(ctx);
@@ -1026,7 +1028,7 @@ int main(int argc, char **argv)
                     WEXITSTATUS(status) == 0;
         CHECK("forked_child_closes_the_inherited_context", clean && works,
               "child %d: %s %d (status bits: 1 alloc_pd, 2 poll_cq, 4 post_send, 8 reg_mr, "
-              "16 destroy); the parent's objects afterwards: %s; its device: %s",
+              "16 destroy, 32 no pair made); the parent's objects afterwards: %s; its device: %s",
               (int)child,
               waited != child ? "did not end within 20 s, or no child:"
               : WIFEXITED(status) ? "exit status"
