@@ -20,10 +20,12 @@ use crate::discovery::{Forward, LIBIBVERBS};
 use crate::set_errno;
 
 /// Read end (the channel's `fd`) → write end, for channels of xroce contexts.
-static CHANNELS: Mutex<Option<HashMap<c_int, Arc<OwnedFd>>>> = Mutex::new(None);
+static CHANNELS: Mutex<ChannelTable> = Mutex::new(None);
+
+pub(crate) type ChannelTable = Option<HashMap<c_int, Arc<OwnedFd>>>;
 
 /// The channel table itself, for [`crate::engines::guard_tables_across_fork`].
-pub(crate) fn channel_table() -> &'static Mutex<Option<HashMap<c_int, Arc<OwnedFd>>>> {
+pub(crate) fn channel_table() -> &'static Mutex<ChannelTable> {
     &CHANNELS
 }
 

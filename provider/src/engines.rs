@@ -140,7 +140,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// sockets: the context's own engine, else one this process runs on the same netdev; `None`
 /// when neither has started yet (nothing is bound, so what the sockets will get is a guess).
 ///
-///
 /// Waits on no lock: `ibv_query_port` is quick on an RDMA NIC, and runtimes call it often.
 /// Another thread starting the engine holds the context's lock and the engine list for the
 /// whole start (then the queue note or the kernel answers, as before the start), and in a
@@ -342,20 +341,14 @@ fn write_state_reports(out: &mut dyn std::io::Write) {
     // Bounded: an engine starting or stopping holds the list (for good, if its start is
     // stuck, which is when a report is most wanted: the engines' own reports are bounded too).
     let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    let all = loop {
-        if let Some(all) = try_lock(&ENGINES) {
-            break all;
-        }
-        if std::time::Instant::now() >= until {
-            let _ = writeln!(
-                out,
-                "xroce: state of pid {}: the engine list stayed busy for 1 s (an engine is \
-                 starting or stopping); no report",
-                std::process::id()
-            );
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    let Some(all) = lock_until(&ENGINES, until) else {
+        let _ = writeln!(
+            out,
+            "xroce: state of pid {}: the engine list stayed busy for 1 s (an engine is \
+             starting or stopping); no report",
+            std::process::id()
+        );
+        return;
     };
     let engines: Vec<Arc<EngineRef>> = all.iter().filter_map(|(_, w)| w.upgrade()).collect();
     drop(all);
@@ -544,13 +537,11 @@ pub fn guard_tables_across_fork() {
 /// How long a fork waits for a table; see [`guard_tables_across_fork`].
 const FORK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-type ChannelTable = Option<HashMap<c_int, Arc<OwnedFd>>>;
-
 /// The tables a forking thread holds between the fork handlers (dropping it lets them go).
 struct HeldAcrossFork {
     _engines: Option<MutexGuard<'static, EngineList>>,
     _routes: Option<MutexGuard<'static, Option<Routes>>>,
-    _channels: Option<MutexGuard<'static, ChannelTable>>,
+    _channels: Option<MutexGuard<'static, crate::comp_channel::ChannelTable>>,
 }
 
 thread_local! {

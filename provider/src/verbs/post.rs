@@ -122,11 +122,12 @@ fn chain_too_long(taken: &mut u32) -> bool {
     *taken > limits::MAX_QP_WR.max(limits::MAX_SRQ_WR)
 }
 
-/// Reports the whole chain `wr` as not posted.
+/// Reports `wr` (the head of the chain, or the first WR of it that failed) and what follows
+/// it as not posted.
 ///
 /// # Safety
 /// `bad_wr` must be NULL or the caller's out-pointer.
-unsafe fn refuse_chain<T>(wr: *mut T, bad_wr: *mut *mut T) {
+unsafe fn refuse_from<T>(wr: *mut T, bad_wr: *mut *mut T) {
     if !bad_wr.is_null() {
         // SAFETY: per the contract.
         unsafe { *bad_wr = wr };
@@ -142,16 +143,14 @@ pub unsafe extern "C" fn post_send(
     let x = unsafe { qp(q) };
     if inherited(&x.engine) {
         // SAFETY: the caller's out-pointer.
-        unsafe { refuse_chain(wr, bad_wr) };
+        unsafe { refuse_from(wr, bad_wr) };
         return libc::EIO;
     }
     let mut taken = 0;
     while !wr.is_null() {
         if chain_too_long(&mut taken) {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's out-pointer.
-                unsafe { *bad_wr = wr };
-            }
+            // SAFETY: the caller's out-pointer.
+            unsafe { refuse_from(wr, bad_wr) };
             return libc::ENOMEM;
         }
         // SAFETY: the application's WR chain.
@@ -163,10 +162,8 @@ pub unsafe extern "C" fn post_send(
                 .map_err(|e| errno(&e))
         });
         if let Err(e) = r {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's out-pointer.
-                unsafe { *bad_wr = wr };
-            }
+            // SAFETY: the caller's out-pointer.
+            unsafe { refuse_from(wr, bad_wr) };
             return e;
         }
         wr = w.next;
@@ -186,10 +183,8 @@ unsafe fn post_recv_chain(
     let mut taken = 0;
     while !wr.is_null() {
         if chain_too_long(&mut taken) {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's out-pointer.
-                unsafe { *bad_wr = wr };
-            }
+            // SAFETY: the caller's out-pointer.
+            unsafe { refuse_from(wr, bad_wr) };
             return libc::ENOMEM;
         }
         // SAFETY: per the contract.
@@ -202,10 +197,8 @@ unsafe fn post_recv_chain(
             })
         });
         if let Err(e) = r {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller's out-pointer.
-                unsafe { *bad_wr = wr };
-            }
+            // SAFETY: the caller's out-pointer.
+            unsafe { refuse_from(wr, bad_wr) };
             return e;
         }
         wr = w.next;
@@ -222,16 +215,12 @@ pub unsafe extern "C" fn post_recv(
     let x = unsafe { qp(q) };
     if inherited(&x.engine) {
         // SAFETY: the caller's out-pointer.
-        unsafe { refuse_chain(wr, bad_wr) };
+        unsafe { refuse_from(wr, bad_wr) };
         return libc::EIO;
     }
     if !x.qp.srq.is_null() {
         // SAFETY: the caller's chain and out-pointer.
-        unsafe {
-            if !bad_wr.is_null() {
-                *bad_wr = wr;
-            }
-        }
+        unsafe { refuse_from(wr, bad_wr) };
         return libc::EINVAL; // receives go to the SRQ
     }
     // SAFETY: the application's chain.
@@ -254,7 +243,7 @@ pub unsafe extern "C" fn post_srq_recv(
     let x = unsafe { srq(s) };
     if inherited(&x.engine) {
         // SAFETY: the caller's out-pointer.
-        unsafe { refuse_chain(wr, bad_wr) };
+        unsafe { refuse_from(wr, bad_wr) };
         return libc::EIO;
     }
     // SAFETY: the application's chain.
