@@ -8,12 +8,12 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError, Weak};
 
 use libc::c_int;
 use xroce_core::transport::verbs::AsyncEvent;
 use xroce_core::transport::{CqId, Event, SrqId};
-use xroce_datapath::engine::{Backend, Engine, EngineConfig, EventSink};
+use xroce_datapath::engine::{Backend, Engine, EngineConfig, EngineError, EventSink};
 
 use crate::abi::verbs::{
     async_event_desc, IBV_EVENT_CQ_ERR, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_QP_FATAL,
@@ -63,22 +63,36 @@ impl EngineRef {
     /// closing a kernel device's command file cleans up after the application, closing the
     /// last context ends the engine.
     ///
-    /// Under the engine list's lock, like `engine_for`'s look-up: a context of the same
-    /// netdev opened meanwhile must neither join this engine as it stops (its verbs would
-    /// succeed and nothing would ever be sent) nor start a second one while this one still
-    /// holds the queue; it waits for the stop and then starts afresh.
+    /// The count and the stop's mark are taken under the engine list's lock, like
+    /// `engine_for`'s look-up: a context of the same netdev opened meanwhile must neither join
+    /// this engine as it stops (its verbs would succeed and nothing would ever be sent) nor
+    /// start a second one while this one still holds the queue; it waits for the stop (the
+    /// netdev is busy until then) and then starts afresh. The stop itself, which lets
+    /// destroyed QPs answer their peers' resends for a while, runs with the list free.
     pub fn release_context(&self) {
-        let _all = lock(&ENGINES);
-        if self.contexts.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.finish();
+        let mut all = lock(&ENGINES);
+        if self.contexts.fetch_sub(1, Ordering::SeqCst) != 1 || !self.mark_finished() {
+            return;
         }
+        let busy = BusyNetdev::enter(&mut all, &self.netdev);
+        drop(all);
+        self.stop_and_report();
+        drop(busy);
     }
 
     /// Stops the engine and reports its counters (once).
     fn finish(&self) {
-        if self.finished.swap(true, Ordering::SeqCst) {
-            return;
+        if self.mark_finished() {
+            self.stop_and_report();
         }
+    }
+
+    /// Marks the engine stopped (no context joins it from now on); false if it already was.
+    fn mark_finished(&self) -> bool {
+        !self.finished.swap(true, Ordering::SeqCst)
+    }
+
+    fn stop_and_report(&self) {
         self.engine.stop();
         self.write_stats(false);
     }
@@ -127,13 +141,57 @@ impl Drop for EngineRef {
     }
 }
 
-/// This process's engines, by netdev.
-type EngineList = Vec<(String, Weak<EngineRef>)>;
-static ENGINES: Mutex<EngineList> = Mutex::new(Vec::new());
+/// This process's engines, by netdev, and the netdevs whose engine is starting or stopping.
+pub struct EngineList {
+    engines: Vec<(String, Weak<EngineRef>)>,
+    /// Netdevs whose engine a thread is starting or stopping, with the process it belongs
+    /// to. That runs without the list held: a start can take seconds (the start lock alone
+    /// waits up to 20 s), a stop lets destroyed QPs linger, and meanwhile other netdevs' verbs,
+    /// the fork handlers and the state dump need the list. Another context of the same netdev
+    /// waits until the netdev is no longer busy ([`NETDEV_SETTLED`]), so that one engine at
+    /// a time holds its queue. A child forked meanwhile inherits the entry but not the thread
+    /// that would clear it: entries of another process are dropped.
+    busy: Vec<(String, u32)>,
+}
+
+static ENGINES: Mutex<EngineList> = Mutex::new(EngineList {
+    engines: Vec::new(),
+    busy: Vec::new(),
+});
+/// Signalled when a netdev stops being busy (see [`EngineList::busy`]).
+static NETDEV_SETTLED: Condvar = Condvar::new();
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A netdev marked busy in the engine list (see [`EngineList::busy`]) until this is dropped.
+struct BusyNetdev<'a> {
+    netdev: &'a str,
+}
+
+impl<'a> BusyNetdev<'a> {
+    fn enter(all: &mut EngineList, netdev: &'a str) -> BusyNetdev<'a> {
+        all.busy.push((netdev.to_string(), std::process::id()));
+        BusyNetdev { netdev }
+    }
+}
+
+impl Drop for BusyNetdev<'_> {
+    fn drop(&mut self) {
+        let mut all = lock(&ENGINES);
+        let me = std::process::id();
+        if let Some(i) = all
+            .busy
+            .iter()
+            .position(|(n, p)| n == self.netdev && *p == me)
+        {
+            all.busy.swap_remove(i);
+        }
+        drop(all);
+        NETDEV_SETTLED.notify_all();
+    }
 }
 
 /// Whether the engine that carries (or will carry) the context's frames has multi-buffer
@@ -141,9 +199,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// when neither has started yet (nothing is bound, so what the sockets will get is a guess).
 ///
 /// Waits on no lock: `ibv_query_port` is quick on an RDMA NIC, and runtimes call it often.
-/// Another thread starting the engine holds the context's lock and the engine list for the
-/// whole start (then the queue note or the kernel answers, as before the start), and in a
-/// forked child a lock another of the parent's threads held at the fork is never released.
+/// Another thread starting the engine holds the context's lock for the whole start (then the
+/// queue note or the kernel answers, as before the start), and in a forked child a lock
+/// another of the parent's threads held at the fork is never released.
 /// An inherited context is skipped: its engine is the parent's, whose note answers for it.
 pub fn running_multi_buffer(ctx: &ContextState) -> Option<bool> {
     if ctx.pid != std::process::id() {
@@ -152,7 +210,7 @@ pub fn running_multi_buffer(ctx: &ContextState) -> Option<bool> {
     if let Some(e) = &*try_lock(&ctx.engine)? {
         return Some(e.engine.is_multi_buffer());
     }
-    running_on(&try_lock(&ENGINES)?, &ctx.netdev).map(|e| e.engine.is_multi_buffer())
+    running_on(&try_lock(&ENGINES)?.engines, &ctx.netdev).map(|e| e.engine.is_multi_buffer())
 }
 
 /// The lock if it is free now (poisoned or not).
@@ -224,10 +282,22 @@ pub fn inherited(engine: &EngineRef) -> bool {
 /// The context's engine, starting it (or joining this process's engine on the same netdev).
 /// On failure prints why, once per attempt, and returns the errno for the verb.
 pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
+    engine_for_with(ctx, |mut config| {
+        config.backend = Backend::from_env()?;
+        Engine::start(config)
+    })
+}
+
+/// [`engine_for`], starting an engine with `start` when none runs.
+fn engine_for_with(
+    ctx: &ContextState,
+    start: impl FnOnce(EngineConfig) -> Result<Engine, EngineError>,
+) -> Result<Arc<EngineRef>, c_int> {
     // A forked child's inherited context: its engine's thread and rings are the parent's (as
     // a kernel context's queues are not the child's to use after fork), and one started here
     // would never stop (closing the context in the child stops nothing: see `free_context`).
-    if ctx.pid != std::process::id() {
+    let me = std::process::id();
+    if ctx.pid != me {
         xroce_datapath::stderr_line!(
             "xroce: a forked child cannot use the device context its parent opened; open the \
              device again in the child (on another interface: one process per interface)"
@@ -239,70 +309,87 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
         return Ok(e.clone());
     }
     let mut all = lock(&ENGINES);
-    all.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(e) = running_on(&all, &ctx.netdev) {
-        if e.engine.failure().is_none() {
-            e.contexts.fetch_add(1, Ordering::SeqCst);
-            attach_context(&e, ctx);
-            // Failed between the look above and the attach: its IBV_EVENT_DEVICE_FATAL went
-            // only to the contexts attached then. This one is told too (once), and opens
-            // the device again as the others do.
-            if e.engine.failure().is_some() {
-                post_device_fatal(&ctx.async_tx, &ctx.fatal_posted);
+    loop {
+        all.engines.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(e) = running_on(&all.engines, &ctx.netdev) {
+            if e.engine.failure().is_none() {
+                e.contexts.fetch_add(1, Ordering::SeqCst);
+                attach_context(&e, ctx);
+                // Failed between the look above and the attach: its IBV_EVENT_DEVICE_FATAL
+                // went only to the contexts attached then. This one is told too (once), and
+                // opens the device again as the others do.
+                if e.engine.failure().is_some() {
+                    post_device_fatal(&ctx.async_tx, &ctx.fatal_posted);
+                }
+                *mine = Some(e.clone());
+                return Ok(e);
             }
-            *mine = Some(e.clone());
-            return Ok(e);
+            // The device failed (its steering program was removed, say) while older contexts
+            // still hold it. After IBV_EVENT_DEVICE_FATAL an application opens the device
+            // again, as on an RDMA NIC, and must get a working one once the cause is gone, not
+            // the failed engine. That engine stops here: its socket and queue note go, so the
+            // new engine can take the queue; the older contexts keep the failed device's
+            // errors. Stopped with the list free, as in `release_context`.
+            if e.mark_finished() {
+                let busy = BusyNetdev::enter(&mut all, &ctx.netdev);
+                drop(all);
+                e.stop_and_report();
+                drop(busy);
+                all = lock(&ENGINES);
+                continue;
+            }
         }
-        // The device failed (its steering program was removed, say) while older contexts
-        // still hold it. After IBV_EVENT_DEVICE_FATAL an application opens the device again,
-        // as on an RDMA NIC, and must get a working one once the cause is gone, not the failed
-        // engine. That engine stops here: its socket and queue note go, so the new engine can
-        // take the queue; the older contexts keep the failed device's errors.
-        e.finish();
+        all.busy.retain(|(_, pid)| *pid == me);
+        if !all.busy.iter().any(|(n, _)| *n == ctx.netdev) {
+            break;
+        }
+        // Another thread starts or stops this netdev's engine: join what it started, or start
+        // afresh once the old one let go of the queue.
+        all = NETDEV_SETTLED.wait(all).unwrap_or_else(|p| p.into_inner());
     }
+    let busy = BusyNetdev::enter(&mut all, &ctx.netdev);
+    drop(all);
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut config = EngineConfig::new(ctx.netdev.clone());
     config.on_event = Some(EventSink(Arc::new(move |ev| route(id, ev))));
     config.capture = capture_path(&ctx.netdev);
     config.gid_mirror = Some(ctx.ibdev_dir.clone());
-    let started = Backend::from_env().and_then(|backend| {
-        config.backend = backend;
-        Engine::start(config)
-    });
-    match started {
-        Ok(engine) => {
-            let e = Arc::new(EngineRef {
-                id,
-                engine,
-                netdev: ctx.netdev.clone(),
-                contexts: AtomicUsize::new(1),
-                finished: AtomicBool::new(false),
-                stats_written: AtomicBool::new(false),
-                pid: std::process::id(),
-            });
-            all.push((ctx.netdev.clone(), Arc::downgrade(&e)));
-            // Always: the ACKs a process's last poll held are sent then (the peer would
-            // resend into a dead engine until its retries ran out), and a capture's last
-            // frames are still buffered.
-            flush_at_exit();
-            crate::state_dump::install_if_asked(write_state_reports);
-            attach_context(&e, ctx);
-            *mine = Some(e.clone());
-            Ok(e)
-        }
+    let started = start(config);
+    let engine = match started {
+        Ok(engine) => engine,
         Err(err) => {
             xroce_datapath::stderr_line!(
                 "xroce: cannot start device {} on netdev {}: {err}",
                 ctx.name,
                 ctx.netdev
             );
-            Err(match err {
-                xroce_datapath::engine::EngineError::QueueInUse { .. }
-                | xroce_datapath::engine::EngineError::InterfaceInUse { .. } => libc::EBUSY,
+            return Err(match err {
+                EngineError::QueueInUse { .. } | EngineError::InterfaceInUse { .. } => libc::EBUSY,
                 _ => libc::ENODEV,
-            })
+            });
         }
-    }
+    };
+    let e = Arc::new(EngineRef {
+        id,
+        engine,
+        netdev: ctx.netdev.clone(),
+        contexts: AtomicUsize::new(1),
+        finished: AtomicBool::new(false),
+        stats_written: AtomicBool::new(false),
+        pid: me,
+    });
+    attach_context(&e, ctx);
+    // Listed before the netdev stops being busy, so that a context waiting for it joins.
+    lock(&ENGINES)
+        .engines
+        .push((ctx.netdev.clone(), Arc::downgrade(&e)));
+    drop(busy);
+    // Always: the ACKs a process's last poll held are sent then (the peer would resend into a
+    // dead engine until its retries ran out), and a capture's last frames are still buffered.
+    flush_at_exit();
+    crate::state_dump::install_if_asked(write_state_reports);
+    *mine = Some(e.clone());
+    Ok(e)
 }
 
 /// Device events of `engine` reach `ctx` from now on.
@@ -338,26 +425,40 @@ pub fn post_device_fatal(fd: &OwnedFd, posted: &AtomicBool) {
 /// Every engine's [`Engine::state_report`], headed by its netdev and the process id (for
 /// `XROCE_DUMP_SIGNAL`, see `state_dump`).
 fn write_state_reports(out: &mut dyn std::io::Write) {
-    // Bounded: an engine starting or stopping holds the list (for good, if its start is
-    // stuck, which is when a report is most wanted: the engines' own reports are bounded too).
+    // Bounded, although nothing holds the list for long (starts and stops run without it):
+    // the report is wanted most when something is stuck.
     let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let me = std::process::id();
     let Some(all) = lock_until(&ENGINES, until) else {
         let _ = writeln!(
             out,
-            "xroce: state of pid {}: the engine list stayed busy for 1 s (an engine is \
-             starting or stopping); no report",
-            std::process::id()
+            "xroce: state of pid {me}: the engine list stayed locked for 1 s; no report"
         );
         return;
     };
-    let engines: Vec<Arc<EngineRef>> = all.iter().filter_map(|(_, w)| w.upgrade()).collect();
+    let engines: Vec<Arc<EngineRef>> = all
+        .engines
+        .iter()
+        .filter_map(|(_, w)| w.upgrade())
+        .collect();
+    let busy: Vec<String> = all
+        .busy
+        .iter()
+        .filter(|(_, pid)| *pid == me)
+        .map(|(netdev, _)| netdev.clone())
+        .collect();
     drop(all);
     let _ = writeln!(
         out,
-        "xroce: state of pid {} ({} engine(s))",
-        std::process::id(),
+        "xroce: state of pid {me} ({} engine(s))",
         engines.len()
     );
+    for netdev in busy {
+        let _ = writeln!(
+            out,
+            "--- netdev {netdev}: an engine is starting or stopping"
+        );
+    }
     for e in engines {
         let _ = write!(
             out,
@@ -379,15 +480,16 @@ fn write_state_reports(out: &mut dyn std::io::Write) {
 fn flush_at_exit() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     extern "C" fn at_exit() {
-        // try_lock: exit() may run while another thread is inside engine_for; then its
-        // engines' counters are lost rather than the exit hanging.
+        // try_lock: exit() may run while another thread holds the list (briefly: starts
+        // and stops run without it); then its engines' counters are lost rather than the
+        // exit hanging.
         let Some(all) = try_lock(&ENGINES) else {
             return;
         };
         let me = std::process::id();
         // A forked child inherits the handler and its parent's records: only the engines
         // this process started are its own.
-        for e in all
+        for e in (all.engines)
             .iter()
             .filter_map(|(_, w)| w.upgrade())
             .filter(|e| e.pid == me)
@@ -492,9 +594,9 @@ static ROUTES: Mutex<Option<Routes>> = Mutex::new(None);
 /// routes, the completion channels) are free, holding them across the fork, so that the
 /// child gets them unlocked. A child forked while another thread held one would otherwise
 /// find it held for good, and hang in the first verb it calls on a device it opens itself
-/// (which is what a child is told to do with its parent's: see [`engine_for`]). The wait is
-/// bounded (an engine start holds the list for its whole start, normally well under a
-/// second): past it, the fork goes on without that table, as it did before.
+/// (which is what a child is told to do with its parent's: see [`engine_for`]). Each is held
+/// only briefly (engine starts and stops run without the list); the wait is bounded all the
+/// same: past it, the fork goes on without that table.
 ///
 /// Registered once, when the process opens its first xroce device (the tables are used only
 /// from then on): not when the library is loaded, which happens in every program
@@ -712,7 +814,7 @@ mod tests {
     }
 
     /// A child forked while another thread holds the routes (as a progress thread does for
-    /// every event) and the engine list (as a starting engine does) finds both free.
+    /// every event) and the engine list (as every look-up of an engine does) finds both free.
     #[test]
     fn a_forked_child_finds_the_tables_unlocked() {
         guard_tables_across_fork();
@@ -756,9 +858,135 @@ mod tests {
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     }
 
+    /// A start that fails as a queue in use would (`EBUSY`), without touching the network.
+    fn refused(netdev: &str) -> Result<Engine, EngineError> {
+        Err(EngineError::QueueInUse {
+            iface: netdev.to_string(),
+            queue: 0,
+            holder: None,
+        })
+    }
+
+    /// `engine_for_with(ctx)` on a thread of its own, whose start says when it begins and
+    /// then waits for `release` before failing. Returns the thread and the "started" receiver.
+    fn stuck_start(
+        ctx: &'static ContextState,
+        release: mpsc::Receiver<()>,
+    ) -> (
+        std::thread::JoinHandle<Result<Arc<EngineRef>, c_int>>,
+        mpsc::Receiver<()>,
+    ) {
+        let (began, in_start) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            engine_for_with(ctx, |config| {
+                let _ = began.send(());
+                let _ = release.recv_timeout(Duration::from_secs(20));
+                refused(&config.iface)
+            })
+        });
+        (thread, in_start)
+    }
+
+    /// While one netdev's engine starts (for seconds, if the start lock is held elsewhere),
+    /// another netdev's device opens, the list stays free (for the fork handlers and the
+    /// state dump), and the slow start still ends as it would have.
+    #[test]
+    fn a_slow_start_on_one_netdev_holds_up_no_other() {
+        let slow: &'static ContextState =
+            Box::leak(Box::new(context("xrtest-slow", std::process::id())));
+        let other: &'static ContextState =
+            Box::leak(Box::new(context("xrtest-beside", std::process::id())));
+        let (release, released) = mpsc::channel();
+        let (slow_thread, in_start) = stuck_start(slow, released);
+        in_start
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the slow start began");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(engine_for_with(other, |c| refused(&c.iface)).err());
+        });
+        let answer = rx.recv_timeout(Duration::from_secs(20));
+        let list_free = lock_until(&ENGINES, std::time::Instant::now() + Duration::from_secs(5))
+            .map(|all| all.busy.iter().any(|(n, _)| n == "xrtest-slow"));
+        let _ = release.send(());
+        let slow_answer = slow_thread.join().expect("slow thread");
+        assert_eq!(
+            answer.expect("the other netdev's open waited for the slow start"),
+            Some(libc::EBUSY)
+        );
+        assert_eq!(
+            list_free,
+            Some(true),
+            "the list is free and says who starts"
+        );
+        assert_eq!(slow_answer.err(), Some(libc::EBUSY));
+        let all = lock(&ENGINES);
+        assert!(!all.busy.iter().any(|(n, _)| n == "xrtest-slow"));
+    }
+
+    /// Two contexts of one netdev never start two engines at once (two sockets on one queue):
+    /// the second waits for the first's start to end, then starts afresh when it failed.
+    #[test]
+    fn a_second_context_waits_for_its_netdevs_start() {
+        let first: &'static ContextState =
+            Box::leak(Box::new(context("xrtest-shared", std::process::id())));
+        let second: &'static ContextState =
+            Box::leak(Box::new(context("xrtest-shared", std::process::id())));
+        let (release, released) = mpsc::channel();
+        let (first_thread, in_start) = stuck_start(first, released);
+        in_start
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the first start began");
+        let (began, second_in_start) = mpsc::channel();
+        let second_thread = std::thread::spawn(move || {
+            engine_for_with(second, |c| {
+                let _ = began.send(());
+                refused(&c.iface)
+            })
+        });
+        // Given time to go wrong: a second start now would run beside the first.
+        let overlapped = second_in_start.recv_timeout(Duration::from_secs(2)).is_ok();
+        let _ = release.send(());
+        assert_eq!(first_thread.join().expect("first").err(), Some(libc::EBUSY));
+        assert!(
+            !overlapped,
+            "the second context started while the first still did"
+        );
+        second_in_start
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the second context started once the first start had failed");
+        assert_eq!(
+            second_thread.join().expect("second").err(),
+            Some(libc::EBUSY)
+        );
+    }
+
+    /// A child forked while its parent started an engine inherits the busy mark, not the
+    /// thread that would clear it: the child's own open does not wait for it.
+    #[test]
+    fn a_parents_start_does_not_hold_up_a_child() {
+        let ctx: &'static ContextState =
+            Box::leak(Box::new(context("xrtest-forked", std::process::id())));
+        let parent = std::process::id().wrapping_add(1);
+        lock(&ENGINES)
+            .busy
+            .push(("xrtest-forked".to_string(), parent));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(engine_for_with(ctx, |c| refused(&c.iface)).err());
+        });
+        let answer = rx.recv_timeout(Duration::from_secs(20));
+        assert_eq!(
+            answer.expect("the open waited for a start of another process"),
+            Some(libc::EBUSY)
+        );
+        let all = lock(&ENGINES);
+        assert!(!all.busy.iter().any(|(n, _)| n == "xrtest-forked"));
+    }
+
     #[test]
     fn the_engine_list_is_not_waited_on() {
-        // As while another thread starts an engine, or in a child forked meanwhile.
+        // As while another thread holds it (briefly), or in a child forked meanwhile.
         let ctx: &'static ContextState =
             Box::leak(Box::new(context("xrtest-list", std::process::id())));
         let answer = answer_while_held(ctx, &ENGINES);
