@@ -650,6 +650,26 @@ fn jumbo_mtu_needs_the_frags_build() {
     let after = counters(&pair, 1);
     assert_eq!(after.roce_no_socket - before.roce_no_socket, 5);
     assert_eq!(after.malformed, 0);
+
+    // Asked for in generic mode, the plain build takes any MTU: the kernel linearizes each
+    // frame for it, and jumbo datagrams are still steered.
+    unload(&pair, 1).expect("unload");
+    let plain = load(
+        &pair,
+        1,
+        LoadOptions::new(&iface)
+            .with_build(ProgramBuild::Plain)
+            .with_mode(XdpMode::Generic),
+    )
+    .expect("plain build in generic mode at MTU 9000");
+    assert_eq!(plain.attachment().build, ProgramBuild::Plain);
+    assert_eq!(plain.attachment().mode, XdpMode::Generic);
+    let before = counters(&pair, 1);
+    send_udp(&pair, to, ROCE_PORT, 5, 8000);
+    assert_eq!(receive_udp(&roce, 5, Duration::from_secs(2)), 5);
+    let after = counters(&pair, 1);
+    assert_eq!(after.roce_no_socket - before.roce_no_socket, 5);
+    assert_eq!(after.malformed, 0);
 }
 
 #[test]

@@ -100,8 +100,8 @@ enum XdpCommand {
         /// any driver, slower).
         #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
         mode: ModeArg,
-        /// Program build: plain (single-buffer, MTU up to 3506) or frags (multi-buffer, any
-        /// MTU). Default: chosen from the interface's MTU.
+        /// Program build: plain (single-buffer, MTU up to 3506 in native mode) or frags
+        /// (multi-buffer, any MTU). Default: chosen from the interface's MTU.
         #[arg(long, value_enum)]
         build: Option<BuildArg>,
     },

@@ -40,7 +40,7 @@ pub use pin_watch::PinWatch;
 use error::is_permission;
 
 /// The largest MTU for which the single-buffer ([`ProgramBuild::Plain`]) build is chosen or
-/// accepted. veth refuses a single-buffer program when the peer's MTU is above 3506 (a 4 KiB
+/// accepted in native mode (generic mode takes it at any MTU). veth refuses a single-buffer program when the peer's MTU is above 3506 (a 4 KiB
 /// page minus XDP headroom, Ethernet header and `skb_shared_info`). Some drivers' limits are
 /// lower (i40e and ice take single-buffer XDP up to a 3 072-byte frame): when they refuse the
 /// plain build chosen by this rule, the loader tries the frags build (`frags_may_fit`).
@@ -424,7 +424,11 @@ fn load_locked(opts: &LoadOptions, netns: u64) -> Result<LoadOutcome, XdpError> 
         });
     }
     let build = match opts.build {
-        Some(ProgramBuild::Plain) if link.mtu > PLAIN_MAX_MTU => {
+        // Generic XDP hands a single-buffer program every frame whole (the kernel linearizes
+        // it first), so only a driver's own XDP limits the plain build's MTU.
+        Some(ProgramBuild::Plain)
+            if link.mtu > PLAIN_MAX_MTU && opts.mode != Some(XdpMode::Generic) =>
+        {
             return Err(XdpError::MtuTooLarge {
                 iface: iface.to_string(),
                 mtu: link.mtu,
