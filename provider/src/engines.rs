@@ -349,6 +349,8 @@ fn engine_for_with(
     }
     let busy = BusyNetdev::enter(&mut all, &ctx.netdev);
     drop(all);
+    // Before the start, so that a start that hangs can be seen in a dump.
+    crate::state_dump::install_if_asked(write_state_reports);
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut config = EngineConfig::new(ctx.netdev.clone());
     config.on_event = Some(EventSink(Arc::new(move |ev| route(id, ev))));
@@ -387,7 +389,6 @@ fn engine_for_with(
     // Always: the ACKs a process's last poll held are sent then (the peer would resend into a
     // dead engine until its retries ran out), and a capture's last frames are still buffered.
     flush_at_exit();
-    crate::state_dump::install_if_asked(write_state_reports);
     *mine = Some(e.clone());
     Ok(e)
 }
@@ -489,10 +490,11 @@ fn flush_at_exit() {
         let me = std::process::id();
         // A forked child inherits the handler and its parent's records: only the engines
         // this process started are its own.
+        // A stopping engine is left to its stop, which writes its full counters.
         for e in (all.engines)
             .iter()
             .filter_map(|(_, w)| w.upgrade())
-            .filter(|e| e.pid == me)
+            .filter(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
         {
             // The ACKs for the last messages received, which the last poll left for later:
             // the peer is waiting for them.
@@ -605,7 +607,7 @@ pub fn guard_tables_across_fork() {
     extern "C" fn prepare() {
         let until = std::time::Instant::now() + FORK_WAIT;
         let held = HeldAcrossFork {
-            _engines: lock_until(&ENGINES, until),
+            engines: lock_until(&ENGINES, until),
             _routes: lock_until(&ROUTES, until),
             _channels: lock_until(crate::comp_channel::channel_table(), until),
         };
@@ -617,6 +619,18 @@ pub fn guard_tables_across_fork() {
     }
     extern "C" fn release_in_child() {
         PROCESS_ID.store(0, Ordering::Relaxed);
+        // The threads starting or stopping engines stayed in the parent: their marks would
+        // never be cleared here (look-ups also drop marks of another process, in case a
+        // table could not be held).
+        HELD_ACROSS_FORK.with(|h| {
+            if let Some(all) = h
+                .borrow_mut()
+                .as_mut()
+                .and_then(|held| held.engines.as_mut())
+            {
+                all.busy.clear();
+            }
+        });
         release();
     }
     static REGISTERED: std::sync::Once = std::sync::Once::new();
@@ -629,8 +643,8 @@ pub fn guard_tables_across_fork() {
     });
     if r != 0 {
         xroce_datapath::stderr_line!(
-            "xroce: cannot register the fork handlers ({}); a child forked while this process \
-             starts an engine may hang in its first verb",
+            "xroce: cannot register the fork handlers ({}); a child forked while another \
+             thread uses one of xroce's tables may hang in its first verb",
             std::io::Error::from_raw_os_error(r)
         );
     }
@@ -641,7 +655,7 @@ const FORK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The tables a forking thread holds between the fork handlers (dropping it lets them go).
 struct HeldAcrossFork {
-    _engines: Option<MutexGuard<'static, EngineList>>,
+    engines: Option<MutexGuard<'static, EngineList>>,
     _routes: Option<MutexGuard<'static, Option<Routes>>>,
     _channels: Option<MutexGuard<'static, crate::comp_channel::ChannelTable>>,
 }

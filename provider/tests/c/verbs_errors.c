@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -220,6 +221,103 @@ static int wait_async(enum ibv_event_type type, void *element)
             return 1;
     }
     return 0;
+}
+
+/* A context opened on a thread of its own, and what its first verbs made. */
+struct opener {
+    struct ibv_device *dev;
+    pthread_barrier_t *start;
+    /* How long to wait after the barrier before the first verb. */
+    int delay_ms;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+};
+
+/* Opens the device, then (together with the other threads at the barrier) makes a PD and a
+ * CQ: the first verbs that need the device's engine. */
+static void *open_and_use(void *arg)
+{
+    struct opener *o = arg;
+    o->ctx = ibv_open_device(o->dev);
+    pthread_barrier_wait(o->start);
+    if (o->delay_ms)
+        usleep(o->delay_ms * 1000);
+    o->pd = o->ctx ? ibv_alloc_pd(o->ctx) : NULL;
+    o->cq = o->ctx ? ibv_create_cq(o->ctx, 8, NULL, NULL, 0) : NULL;
+    return NULL;
+}
+
+static void close_opened(struct opener *o)
+{
+    if (o->cq)
+        ibv_destroy_cq(o->cq);
+    if (o->pd)
+        ibv_dealloc_pd(o->pd);
+    if (o->ctx)
+        ibv_close_device(o->ctx);
+    o->ctx = NULL;
+    o->pd = NULL;
+    o->cq = NULL;
+}
+
+/* Closes `n` opened contexts once the barrier lets it go. */
+struct closer {
+    pthread_barrier_t *start;
+    struct opener *opened;
+    int n;
+};
+
+static void *close_all(void *arg)
+{
+    struct closer *c = arg;
+    pthread_barrier_wait(c->start);
+    for (int i = 0; i < c->n; i++)
+        close_opened(&c->opened[i]);
+    return NULL;
+}
+
+/* A 64-byte WRITE between two QPs of the opened context (its device's loopback); 1 when it
+ * completed and landed. */
+static int write_works(struct opener *o)
+{
+    if (!o->ctx || !o->pd || !o->cq)
+        return 0;
+    char *src = aligned_alloc(4096, 4096), *dst = aligned_alloc(4096, 4096);
+    if (!src || !dst) {
+        free(src);
+        free(dst);
+        return 0;
+    }
+    memset(src, 0x5c, 4096);
+    memset(dst, 0, 4096);
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    struct ibv_mr *ms = ibv_reg_mr(o->pd, src, 4096, access);
+    struct ibv_mr *md = ibv_reg_mr(o->pd, dst, 4096, access);
+    struct ibv_qp_init_attr a = {
+        .send_cq = o->cq,
+        .recv_cq = o->cq,
+        .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC,
+    };
+    struct ibv_qp *qa = ibv_create_qp(o->pd, &a), *qb = ibv_create_qp(o->pd, &a);
+    struct ibv_wc wc;
+    int ok = ms && md && qa && qb && !to_init(qa) && !to_init(qb) &&
+             !to_rtr_rts(qa, qb->qp_num) && !to_rtr_rts(qb, qa->qp_num) &&
+             post_write(qa, src, 64, ms->lkey, (uintptr_t)dst, md->rkey, 0) == 0 &&
+             poll_one(o->cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS &&
+             memcmp(src, dst, 64) == 0;
+    if (qa)
+        ibv_destroy_qp(qa);
+    if (qb)
+        ibv_destroy_qp(qb);
+    if (ms)
+        ibv_dereg_mr(ms);
+    if (md)
+        ibv_dereg_mr(md);
+    free(src);
+    free(dst);
+    return ok;
 }
 
 int main(int argc, char **argv)
@@ -1086,6 +1184,53 @@ int main(int argc, char **argv)
         CHECK("closed_contexts_with_leaked_objects_leave_no_threads", threads <= threads_before,
               "threads %d -> %d, descriptors %d -> %d after 8 sessions", threads_before, threads,
               fds_before, fds);
+    }
+    /* The first verbs of several contexts at once: one of them starts the device's engine,
+     * the others wait for that start and join it (a second engine on the device's queue
+     * would fail with EBUSY). Then, round after round, the last context closes while another
+     * opens: the new one either joins before the stop and keeps the engine, or waits for the
+     * stop and starts a new one. Either way its QPs carry a WRITE. The new context's first
+     * verb comes later from round to round, so that some land while the old engine stops (for
+     * a while: the QPs destroyed just before linger to answer resends). */
+    {
+        enum { OPENERS = 4, ROUNDS = 6 };
+        struct opener first[OPENERS], next[ROUNDS];
+        pthread_t t[OPENERS], closing;
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, OPENERS);
+        for (int i = 0; i < OPENERS; i++) {
+            first[i] = (struct opener){.dev = list[0], .start = &start};
+            pthread_create(&t[i], NULL, open_and_use, &first[i]);
+        }
+        for (int i = 0; i < OPENERS; i++)
+            pthread_join(t[i], NULL);
+        pthread_barrier_destroy(&start);
+        int opened = 0;
+        for (int i = 0; i < OPENERS; i++)
+            opened += first[i].ctx && first[i].pd && first[i].cq;
+        int carried = write_works(&first[0]) && write_works(&first[OPENERS - 1]);
+        CHECK("concurrent_first_verbs_share_one_engine", opened == OPENERS && carried,
+              "%d of %d contexts got a PD and a CQ, WRITEs %s", opened, OPENERS,
+              carried ? "carried" : "failed");
+        struct opener *previous = first;
+        int previous_n = OPENERS, rounds_ok = 0;
+        for (int r = 0; r < ROUNDS; r++) {
+            pthread_barrier_init(&start, NULL, 2);
+            static const int delays_ms[ROUNDS] = {0, 2, 10, 30, 50, 80};
+            next[r] = (struct opener){.dev = list[0], .start = &start, .delay_ms = delays_ms[r]};
+            struct closer c = {.start = &start, .opened = previous, .n = previous_n};
+            pthread_create(&closing, NULL, close_all, &c);
+            pthread_create(&t[0], NULL, open_and_use, &next[r]);
+            pthread_join(closing, NULL);
+            pthread_join(t[0], NULL);
+            pthread_barrier_destroy(&start);
+            rounds_ok += write_works(&next[r]);
+            previous = &next[r];
+            previous_n = 1;
+        }
+        close_opened(previous);
+        CHECK("a_context_opened_as_the_last_closes_works", rounds_ok == ROUNDS,
+              "%d of %d rounds carried a WRITE", rounds_ok, ROUNDS);
     }
     ibv_free_device_list(list);
     printf("%s: %d failed\n", failures ? "FAILED" : "passed", failures);
