@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use libc::{c_int, pthread_cond_t, pthread_mutex_t};
 
 use crate::abi::verbs::async_event_desc;
-use crate::engines::{with_routes, ObjectRoute, Routes};
+use crate::event_routes::{with_routes, ObjectRoute, Routes};
 
 /// Takes out of the pipe whose read end is `read_fd` (and write end `write_end`) every
 /// record of `record_len` bytes for which `dead` holds; the others are written back in their

@@ -222,14 +222,14 @@ pub(crate) unsafe extern "C" fn free_context(ctx: *mut ibv_context) {
         // Objects the application did not destroy: their events must not reach this
         // context's pipe once libibverbs has closed it.
         let (qps, srqs, cqs) =
-            crate::engines::with_routes(|r| r.forget_context_objects(&state.async_tx));
+            crate::event_routes::with_routes(|r| r.forget_context_objects(&state.async_tx));
         if let Some(e) = engine {
             // As closing a kernel device's file destroys its objects: another context may keep
             // the engine running, and a peer must not reach this one's QPs or memory (which
             // the application may free now) through it.
             let pds = std::mem::take(&mut *state.pds.lock().unwrap_or_else(|p| p.into_inner()));
             e.engine.release_objects(&qps, &srqs, &cqs, &pds);
-            crate::engines::detach_context(&e, &state);
+            crate::event_routes::detach_context(&e, &state);
             e.release_context();
         }
         drop(state);

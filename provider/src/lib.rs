@@ -24,6 +24,7 @@ mod destroyed_events;
 pub mod device;
 pub mod discovery;
 pub mod engines;
+pub mod event_routes;
 pub mod port_events;
 pub mod rdma_cm;
 pub mod register;

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use xroce_datapath::netlink::{self, AddressWatcher, Change, NetlinkError};
 
 use crate::abi::verbs::{IBV_EVENT_GID_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR};
-use crate::engines::{post_async, post_device_fatal, with_routes};
+use crate::event_routes::{post_async, post_device_fatal, with_routes};
 
 /// The watcher thread of one context; dropping it stops the thread.
 pub struct PortWatch {

@@ -12,7 +12,8 @@ use crate::abi::verbs::{
 };
 use crate::destroyed_events::{covers, events_taken, wait_acknowledged, ASYNC_RECORD, COMP_RECORD};
 use crate::device::state;
-use crate::engines::{engine_for, inherited, with_routes, CqRoute, EngineRef};
+use crate::engines::{engine_for, inherited, EngineRef};
+use crate::event_routes::{with_routes, CqRoute};
 use crate::set_errno;
 
 #[repr(C)]

@@ -20,7 +20,8 @@ use crate::abi::verbs::{
     IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD,
 };
 use crate::destroyed_events::forget_object_events;
-use crate::engines::{inherited, with_routes, EngineRef, ObjectRoute};
+use crate::engines::{inherited, EngineRef};
+use crate::event_routes::{with_routes, ObjectRoute};
 use crate::set_errno;
 
 #[repr(C)]

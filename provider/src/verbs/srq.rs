@@ -11,7 +11,8 @@ use crate::abi::verbs::{
     ibv_pd, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR,
 };
 use crate::destroyed_events::forget_object_events;
-use crate::engines::{inherited, with_routes, EngineRef, ObjectRoute};
+use crate::engines::{inherited, EngineRef};
+use crate::event_routes::{with_routes, ObjectRoute};
 use crate::set_errno;
 
 #[repr(C)]
