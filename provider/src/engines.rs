@@ -143,7 +143,8 @@ pub struct EngineList {
     /// the fork handlers and the state dump need the list. Another context of the same netdev
     /// waits until the netdev is no longer busy ([`NETDEV_SETTLED`]), so that one engine at
     /// a time holds its queue. A child forked meanwhile inherits the entry but not the thread
-    /// that would clear it: entries of another process are dropped.
+    /// that would clear it: the fork handler clears the child's, and a look-up drops entries of
+    /// another process (should a fork have gone on without the list).
     busy: Vec<(String, u32)>,
 }
 
