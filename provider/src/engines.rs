@@ -135,7 +135,7 @@ impl Drop for EngineRef {
 }
 
 /// This process's engines, by netdev, and the netdevs whose engine is starting or stopping.
-pub struct EngineList {
+struct EngineList {
     engines: Vec<(String, Weak<EngineRef>)>,
     /// Netdevs whose engine a thread is starting or stopping, with the process it belongs
     /// to. That runs without the list held: a start can take seconds (the start lock alone
@@ -454,15 +454,18 @@ fn flush_at_exit() {
         let me = std::process::id();
         // A forked child inherits the handler and its parent's records: only the engines
         // this process started are its own.
-        // A stopping engine is left to its stop, which writes its full counters.
         for e in (all.engines)
             .iter()
             .filter_map(|(_, w)| w.upgrade())
-            .filter(|e| e.pid == me && !e.finished.load(Ordering::SeqCst))
+            .filter(|e| e.pid == me)
         {
             // The ACKs for the last messages received, which the last poll left for later:
-            // the peer is waiting for them.
-            e.engine.flush();
+            // the peer is waiting for them. A stopping engine sent its own.
+            if !e.finished.load(Ordering::SeqCst) {
+                e.engine.flush();
+            }
+            // Once per engine: a stop another thread has under way writes its full line
+            // unless this exit gets there first (the exit does not wait for it).
             e.write_stats(true);
         }
     }

@@ -9,7 +9,8 @@
 //! - [`abi`]: every C layout shared with libibverbs, and the release check.
 //! - [`register`]: the load-time constructor that registers the provider.
 //! - [`device`]: device and context allocation, device and port queries.
-//! - [`engines`]: one engine per netdev per process, started on first use; routes its events.
+//! - [`engines`]: one engine per netdev per process, started on first use.
+//! - [`event_routes`]: where each engine's events go (completion channels, async events).
 //! - [`verbs`]: PD, MR, CQ, QP, SRQ, AH and the data path ops.
 //! - [`port_events`]: port up/down and GID changes as asynchronous events.
 //! - `destroyed_events`: a destroyed object's unread events dropped, the others waited for.

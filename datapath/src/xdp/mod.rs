@@ -40,8 +40,9 @@ pub use pin_watch::PinWatch;
 use error::is_permission;
 
 /// The largest MTU for which the single-buffer ([`ProgramBuild::Plain`]) build is chosen or
-/// accepted in native mode (generic mode takes it at any MTU). veth refuses a single-buffer program when the peer's MTU is above 3506 (a 4 KiB
-/// page minus XDP headroom, Ethernet header and `skb_shared_info`). Some drivers' limits are
+/// accepted, but in generic mode asked for, which takes it at any MTU. veth refuses a
+/// single-buffer program when the peer's MTU is above 3506 (a 4 KiB page minus XDP headroom,
+/// Ethernet header and `skb_shared_info`). Some drivers' limits are
 /// lower (i40e and ice take single-buffer XDP up to a 3 072-byte frame): when they refuse the
 /// plain build chosen by this rule, the loader tries the frags build (`frags_may_fit`).
 pub const PLAIN_MAX_MTU: u32 = 3506;
@@ -391,7 +392,7 @@ pub struct InterfaceStatus {
 /// Checks, before changing anything: the interface exists; the caller has the capabilities;
 /// xroce's program is not already attached there (then [`LoadOutcome::AlreadyLoaded`]); no
 /// other XDP program is attached ([`XdpError::AnotherProgram`]); a forced plain build fits the
-/// MTU ([`XdpError::MtuTooLarge`]). Mounts bpffs on `/sys/fs/bpf` when needed.
+/// MTU, unless generic mode is asked for ([`XdpError::MtuTooLarge`]). Mounts bpffs on `/sys/fs/bpf` when needed.
 pub fn load(opts: &LoadOptions) -> Result<LoadOutcome, XdpError> {
     let iface = opts.iface.as_str();
     query_link(iface)?;

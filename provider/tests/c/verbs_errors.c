@@ -277,6 +277,26 @@ static void *close_all(void *arg)
     return NULL;
 }
 
+/* Starts a thread, or ends the program: a check whose threads cannot start cannot run, and
+ * the threads already started would wait at their barrier for good. */
+static void start_thread(pthread_t *t, void *(*f)(void *), void *arg)
+{
+    int r = pthread_create(t, NULL, f, arg);
+    if (r) {
+        printf("FAIL setup: pthread_create: %s\n", strerror(r));
+        exit(1);
+    }
+}
+
+static void init_barrier(pthread_barrier_t *b, unsigned count)
+{
+    int r = pthread_barrier_init(b, NULL, count);
+    if (r) {
+        printf("FAIL setup: pthread_barrier_init: %s\n", strerror(r));
+        exit(1);
+    }
+}
+
 /* A 64-byte WRITE between two QPs of the opened context (its device's loopback); 1 when it
  * completed and landed. */
 static int write_works(struct opener *o)
@@ -1197,10 +1217,10 @@ int main(int argc, char **argv)
         struct opener first[OPENERS], next[ROUNDS];
         pthread_t t[OPENERS], closing;
         pthread_barrier_t start;
-        pthread_barrier_init(&start, NULL, OPENERS);
+        init_barrier(&start, OPENERS);
         for (int i = 0; i < OPENERS; i++) {
             first[i] = (struct opener){.dev = list[0], .start = &start};
-            pthread_create(&t[i], NULL, open_and_use, &first[i]);
+            start_thread(&t[i], open_and_use, &first[i]);
         }
         for (int i = 0; i < OPENERS; i++)
             pthread_join(t[i], NULL);
@@ -1215,12 +1235,12 @@ int main(int argc, char **argv)
         struct opener *previous = first;
         int previous_n = OPENERS, rounds_ok = 0;
         for (int r = 0; r < ROUNDS; r++) {
-            pthread_barrier_init(&start, NULL, 2);
+            init_barrier(&start, 2);
             static const int delays_ms[ROUNDS] = {0, 2, 10, 30, 50, 80};
             next[r] = (struct opener){.dev = list[0], .start = &start, .delay_ms = delays_ms[r]};
             struct closer c = {.start = &start, .opened = previous, .n = previous_n};
-            pthread_create(&closing, NULL, close_all, &c);
-            pthread_create(&t[0], NULL, open_and_use, &next[r]);
+            start_thread(&closing, close_all, &c);
+            start_thread(&t[0], open_and_use, &next[r]);
             pthread_join(closing, NULL);
             pthread_join(t[0], NULL);
             pthread_barrier_destroy(&start);
