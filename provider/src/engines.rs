@@ -594,6 +594,11 @@ mod tests {
         }
     }
 
+    /// A context of this process on `netdev`, for the rest of the test run.
+    fn own_context(netdev: &str) -> &'static ContextState {
+        Box::leak(Box::new(context(netdev, std::process::id())))
+    }
+
     /// `running_multi_buffer(ctx)` on another thread, while `held` stays locked here. A hang
     /// (what a forked child would do for good) fails after a bound, not a timing claim: the
     /// answer needs no lock that is held.
@@ -620,8 +625,7 @@ mod tests {
 
     #[test]
     fn a_context_whose_engine_is_starting_is_answered_without_waiting() {
-        let ctx: &'static ContextState =
-            Box::leak(Box::new(context("xrtest-starting", std::process::id())));
+        let ctx = own_context("xrtest-starting");
         let answer = answer_while_held(ctx, &ctx.engine);
         assert_eq!(answer, None, "the note or the kernel answers meanwhile");
     }
@@ -705,10 +709,8 @@ mod tests {
     /// state dump), and the slow start still ends as it would have.
     #[test]
     fn a_slow_start_on_one_netdev_holds_up_no_other() {
-        let slow: &'static ContextState =
-            Box::leak(Box::new(context("xrtest-slow", std::process::id())));
-        let other: &'static ContextState =
-            Box::leak(Box::new(context("xrtest-beside", std::process::id())));
+        let slow = own_context("xrtest-slow");
+        let other = own_context("xrtest-beside");
         let (release, released) = mpsc::channel();
         let (slow_thread, in_start) = stuck_start(slow, released);
         in_start
@@ -741,10 +743,8 @@ mod tests {
     /// the second waits for the first's start to end, then starts afresh when it failed.
     #[test]
     fn a_second_context_waits_for_its_netdevs_start() {
-        let first: &'static ContextState =
-            Box::leak(Box::new(context("xrtest-shared", std::process::id())));
-        let second: &'static ContextState =
-            Box::leak(Box::new(context("xrtest-shared", std::process::id())));
+        let first = own_context("xrtest-shared");
+        let second = own_context("xrtest-shared");
         let (release, released) = mpsc::channel();
         let (first_thread, in_start) = stuck_start(first, released);
         in_start
@@ -778,8 +778,7 @@ mod tests {
     /// thread that would clear it: the child's own open does not wait for it.
     #[test]
     fn a_parents_start_does_not_hold_up_a_child() {
-        let ctx: &'static ContextState =
-            Box::leak(Box::new(context("xrtest-forked", std::process::id())));
+        let ctx = own_context("xrtest-forked");
         let parent = std::process::id().wrapping_add(1);
         lock(&ENGINES)
             .busy
@@ -800,8 +799,7 @@ mod tests {
     #[test]
     fn the_engine_list_is_not_waited_on() {
         // As while another thread holds it (briefly), or in a child forked meanwhile.
-        let ctx: &'static ContextState =
-            Box::leak(Box::new(context("xrtest-list", std::process::id())));
+        let ctx = own_context("xrtest-list");
         let answer = answer_while_held(ctx, &ENGINES);
         assert_eq!(answer, None, "no engine of this process runs on the netdev");
     }
