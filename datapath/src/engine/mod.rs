@@ -503,6 +503,10 @@ impl Engine {
             }
             None => None,
         };
+        // Which CRC-32 code hashes ICRCs is measured once per process (up to a tenth of a
+        // millisecond under an emulated CPU): here rather than on the first frame.
+        let icrc_code = xroce_core::icrc::code_in_use();
+        log::debug!("ICRCs hashed with the {} code", icrc_code.name());
         // The port MTU follows later MTU changes by what the sockets carry.
         neighbours.set_multi_buffer(multi_buffer);
         if let Some(map) = local_addrs {
@@ -748,6 +752,12 @@ impl Engine {
             ("zero_copy", u64::from(self.zero_copy)),
             // Nor this: 1 when every socket carries frames longer than one UMEM frame.
             ("multi_buffer", u64::from(self.multi_buffer)),
+            // Nor this: 1 when ICRCs are hashed with tables rather than carry-less multiplies
+            // (the faster here; see `xroce_core::icrc::code_in_use`).
+            (
+                "icrc_table",
+                u64::from(xroce_core::icrc::code_in_use() == xroce_core::icrc::Crc32Code::Table),
+            ),
         ]);
         fields
             .iter()

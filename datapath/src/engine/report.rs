@@ -31,7 +31,7 @@ impl Engine {
         let _ = writeln!(
             out,
             "engine {} queue {}: progress thread {}, application threads in verbs {}, last left \
-             a verb {}, last polled {}",
+             a verb {}, last polled {}, ICRC code {}",
             self.ifindex,
             self.queue(),
             if shared.sleeping.load(Ordering::SeqCst) {
@@ -42,6 +42,7 @@ impl Engine {
             shared.app_in_verbs.load(Ordering::SeqCst),
             ago(shared.app_active_at.load(Ordering::Relaxed)),
             ago(shared.app_polled_at.load(Ordering::Relaxed)),
+            xroce_core::icrc::code_in_use().name(),
         );
         let deadline = Instant::now() + LOCK_PATIENCE;
         let guard = loop {
