@@ -77,5 +77,8 @@ fn main() {
             .expect("poll_cq");
         sender = receiver;
     }
-    println!("{turns} round trips");
+    println!(
+        "{turns} round trips, ICRCs hashed with the {} code",
+        xroce_core::icrc::code_in_use().name()
+    );
 }
