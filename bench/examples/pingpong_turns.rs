@@ -1,8 +1,10 @@
 //! A 64 B RC SEND ping-pong between two devices in one thread, frames handed straight from
 //! one device's `poll_transmit` to the other's `handle_packet`: the transport's own work per
 //! turn, with no port, simulator queue or clock in between. Meant for instruction counts:
-//! `valgrind --tool=callgrind target/release/examples/pingpong_turns TURNS`; the difference
-//! between two turn counts divided by their difference is one turn's cost.
+//! `XROCE_ICRC=carry-less valgrind --tool=callgrind target/release/examples/pingpong_turns
+//! TURNS`; the difference between two turn counts divided by their difference is one turn's
+//! cost. (Without `XROCE_ICRC` the ICRC's code is chosen by a timing, which valgrind's
+//! emulation may tip either way from one run to the next.)
 
 use xroce_core::transport::verbs::SgList;
 use xroce_core::transport::{Access, Nanos, RecvWr, SendOp, SendWr, Sge, WorkCompletion};

@@ -14,6 +14,12 @@
 //! packet is hashed in place in the same streaming pass, so the payload is read once and nothing
 //! is allocated. A short packet (at most 128 bytes covered) is copied whole and hashed in one
 //! call.
+//!
+//! Two CRC-32 codes give the same ICRC: crc32fast's carry-less multiplication and a table-driven
+//! one. Which is faster depends on the CPU (under QEMU's TCG, which emulates PCLMULQDQ slowly,
+//! the tables are), so the first ICRC a process computes times both and keeps the faster, unless
+//! `XROCE_ICRC` names one ([`code_in_use`]). This is the one place the core reads a clock or
+//! the environment; what it computes does not depend on either.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -69,29 +75,37 @@ pub fn compute(ip_packet: &[u8]) -> Result<u32, WireError> {
 }
 
 /// Packets whose covered part is at most this long are hashed from one masked copy in one
-/// call. Each call into crc32fast has a fixed cost: for a 64-byte SEND, one call instead of two
-/// saves a sixth of the ICRC's instructions; the copy costs less than that.
+/// call. Each call into the CRC-32 code has a fixed cost: for a 64-byte SEND, one call instead
+/// of two saved a sixth of crc32fast's instructions; the copy costs less than that.
 const ONE_CALL_MAX: usize = 128;
 
-/// The two CRC-32 codes the ICRC can be hashed with. Which is faster depends on the CPU, and
-/// by more than tenfold either way, so the first ICRC measures both ([`code_in_use`]).
+/// The two CRC-32 codes the ICRC can be hashed with. Which is faster depends on the CPU, by up
+/// to tenfold, so the first ICRC measures both ([`code_in_use`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Crc32Code {
-    /// crc32fast: carry-less multiplication (PCLMULQDQ) where the CPU has it, about 30 ns
-    /// for a 1 KiB packet on this project's hosts.
+    /// crc32fast: carry-less multiplication (PCLMULQDQ) where the CPU has it (about 30 ns for
+    /// a 1 KiB packet on this project's hosts, a tenth of the tables' time), its own tables
+    /// where it has not.
     CarryLess,
     /// Sixteen 256-entry tables, a byte per table look-up (the `crc` crate). Under QEMU's TCG,
-    /// which emulates each carry-less multiply bit by bit, it takes half the time for a 1 KiB
-    /// packet and a quarter for a 64-byte one.
+    /// which emulates each carry-less multiply bit by bit, it took 0.5-0.9 of crc32fast's time
+    /// for a 1 KiB packet and 0.2-0.5 for a 64-byte one.
     Table,
 }
 
 impl Crc32Code {
+    /// The name `XROCE_ICRC` takes and the state dump shows.
     pub fn name(self) -> &'static str {
         match self {
             Crc32Code::CarryLess => "carry-less",
             Crc32Code::Table => "table",
         }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [Crc32Code::CarryLess, Crc32Code::Table]
+            .into_iter()
+            .find(|c| c.name() == name)
     }
 }
 
@@ -138,8 +152,10 @@ impl IcrcHasher {
     }
 }
 
-/// The code this process hashes ICRCs with: the faster of the two on this CPU, measured the
-/// first time it is asked (a few µs on a CPU with PCLMULQDQ, under 0.1 ms under TCG).
+/// The code this process hashes ICRCs with: the one `XROCE_ICRC` names (`carry-less` or
+/// `table`, for comparing them or for instruction counts that must not depend on a timing),
+/// else the faster of the two on this CPU, measured the first time it is asked (a few µs on a
+/// CPU with PCLMULQDQ, about 0.1 ms under TCG). Any other value of `XROCE_ICRC` is ignored.
 pub fn code_in_use() -> Crc32Code {
     seeded().0
 }
@@ -154,21 +170,31 @@ fn seeded_hasher() -> IcrcHasher {
 fn seeded() -> &'static (Crc32Code, IcrcHasher) {
     static SEEDED: OnceLock<(Crc32Code, IcrcHasher)> = OnceLock::new();
     SEEDED.get_or_init(|| {
-        let code = faster_code();
+        let named = std::env::var("XROCE_ICRC").ok();
+        let code = named
+            .as_deref()
+            .and_then(Crc32Code::from_name)
+            .unwrap_or_else(faster_code);
         (code, IcrcHasher::new(code))
     })
 }
 
 /// Times both codes on packet-sized buffers and returns the faster.
 fn faster_code() -> Crc32Code {
-    // A full 1 KiB packet (path MTU 1024) and a short one (an ACK, a small SEND): under TCG
-    // the table code wins by a third on the first and fourfold on the second.
+    // A full 1 KiB packet (path MTU 1024) and short ones (ACKs, small SENDs).
     let long = [0x5au8; 1024];
     let short = [0xa5u8; 64];
+    // Cloned as `seeded_hasher` clones, so that each trial times what a packet costs.
+    let carry_less = IcrcHasher::new(Crc32Code::CarryLess);
+    let table = IcrcHasher::new(Crc32Code::Table);
     faster_by(|code| {
+        let seed = match code {
+            Crc32Code::CarryLess => &carry_less,
+            Crc32Code::Table => &table,
+        };
         let start = Instant::now();
         for packet in [&long[..], &short[..], &short[..], &short[..]] {
-            let mut h = IcrcHasher::new(code);
+            let mut h = seed.clone();
             h.update(std::hint::black_box(packet));
             std::hint::black_box(h.finalize());
         }
@@ -179,8 +205,9 @@ fn faster_code() -> Crc32Code {
 /// The decision of [`faster_code`], given a trial's timing. Each code's best of several
 /// alternating trials counts, so that a trial the scheduler interrupted decides nothing; the
 /// table code must win by a tenth, since on a CPU where the carry-less code runs natively it
-/// is an order of magnitude faster and a wrong choice there would cost far more than a wrong
-/// choice the other way.
+/// is several times faster and a wrong choice there would cost far more than a wrong choice
+/// the other way. A clock that read no time at all (too coarse, or stepped back) decides
+/// nothing: the carry-less code stays.
 fn faster_by(mut trial: impl FnMut(Crc32Code) -> Duration) -> Crc32Code {
     const TRIALS: usize = 5;
     let (mut carry_less, mut table) = (Duration::MAX, Duration::MAX);
@@ -188,7 +215,7 @@ fn faster_by(mut trial: impl FnMut(Crc32Code) -> Duration) -> Crc32Code {
         carry_less = carry_less.min(trial(Crc32Code::CarryLess));
         table = table.min(trial(Crc32Code::Table));
     }
-    if table.saturating_mul(10) < carry_less.saturating_mul(9) {
+    if !table.is_zero() && table.saturating_mul(10) < carry_less.saturating_mul(9) {
         Crc32Code::Table
     } else {
         Crc32Code::CarryLess
@@ -352,9 +379,12 @@ mod tests {
         assert_eq!(pkt[pkt.len() - 4..], [0x9d, 0x8a, 0x13, 0x94]);
     }
 
-    /// Both codes on the worked vectors, whichever this machine chose for `compute`.
+    /// Both codes on the worked IPv4 vector (the definition test below covers IPv6), whichever
+    /// this machine chose for `compute`.
     #[test]
     fn both_codes_give_the_worked_icrcs() {
+        // rdma_rxe's register seed 0xDEBB20E3, bit-reversed for the `crc` crate.
+        assert_eq!(TABLE_SEED, 0xc704_dd7b);
         let pkt = hex(WORKED_V4);
         for code in [Crc32Code::CarryLess, Crc32Code::Table] {
             let (crc, end) = compute_with_end_by(&pkt, IcrcHasher::new(code)).unwrap();
@@ -372,6 +402,17 @@ mod tests {
             .to_vec();
         assert_eq!(results[0], results[1]);
         assert_eq!(compute(&long).unwrap(), results[0]);
+    }
+
+    /// `XROCE_ICRC`'s names, and nothing else.
+    #[test]
+    fn the_codes_are_named_as_xroce_icrc_takes_them() {
+        for code in [Crc32Code::CarryLess, Crc32Code::Table] {
+            assert_eq!(Crc32Code::from_name(code.name()), Some(code));
+        }
+        assert_eq!(Crc32Code::from_name("table"), Some(Crc32Code::Table));
+        assert_eq!(Crc32Code::from_name("simd"), None);
+        assert_eq!(Crc32Code::from_name(""), None);
     }
 
     /// The choice between the codes: best trials compared, the table code needing a tenth's
@@ -399,6 +440,12 @@ mod tests {
         // A lead of less than a tenth is not enough.
         assert_eq!(run([1_000; 5], [950; 5]), Crc32Code::CarryLess);
         assert_eq!(run([1_000; 5], [880; 5]), Crc32Code::Table);
+        // A clock that reads nothing decides nothing.
+        assert_eq!(run([0; 5], [0; 5]), Crc32Code::CarryLess);
+        assert_eq!(
+            run([1_000; 5], [0, 900, 900, 900, 900]),
+            Crc32Code::CarryLess
+        );
     }
 
     /// The definition spelled out (the pseudo-LRH, then a masked copy of everything covered)
