@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use xroce_datapath::afxdp::BindMode;
-use xroce_datapath::engine::{Backend, Engine, EngineConfig};
+use xroce_datapath::engine::{Backend, Engine, EngineConfig, EngineError, Transmit};
 
 pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>) -> ExitCode {
     let bind_mode = match mode {
@@ -25,6 +25,7 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
             bind_mode,
             capture: pcap,
             backend,
+            transmit: Transmit::from_env().map_err(EngineError::UnknownTransmit)?,
             ..EngineConfig::new(iface)
         })
     });
@@ -46,12 +47,17 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
     let mut stdout = std::io::stdout();
     let _ = writeln!(
         stdout,
-        "xroce engine ready on {iface} queue {queue}{} ({}); GIDs {}",
+        "xroce engine ready on {iface} queue {queue}{} ({}{}); GIDs {}",
         receiving_also(engine.queues(), queue),
         match engine.backend() {
             Backend::Dpdk => "DPDK net_af_packet",
             Backend::AfXdp if engine.is_zero_copy() => "AF_XDP zero-copy",
             Backend::AfXdp => "AF_XDP copy",
+        },
+        if engine.sends_through_udp_gso() {
+            ", IPv4 sent through UDP GSO"
+        } else {
+            ""
         },
         gids.join(" ")
     );

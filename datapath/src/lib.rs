@@ -23,6 +23,7 @@ pub mod netns;
 pub mod port;
 pub mod registry;
 pub mod test_support;
+pub mod udp_gso;
 pub mod xdp;
 
 /// `eprintln!` for code that runs inside applications (the engine, the provider): a standard

@@ -70,6 +70,18 @@ pub fn read_stats(path: &Path) -> BTreeMap<String, u64> {
     sum
 }
 
+/// `Udp: OutDatagrams` from the text of `/proc/net/snmp`: datagrams the kernel's UDP sockets
+/// sent (a UDP GSO batch counts once).
+pub fn udp_out_datagrams(snmp: &str) -> Option<u64> {
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next()?, udp.next()?);
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "OutDatagrams")
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 /// The IP source and destination of a captured RoCEv2 frame, once its ICRC and checksums
 /// are checked; or why it is not a valid one.
 pub fn verified_roce_ends(frame: &[u8]) -> Result<(IpAddr, IpAddr), String> {

@@ -1928,6 +1928,25 @@ fn loopback_and_idle_cost_on(backend: Backend) {
     assert!(share < 5.0, "an idle engine used {share:.2} % of a core");
 }
 
+/// Batching through a UDP socket is left to choose only on virtio-net: the driver is read in
+/// the engine's namespace, and a veth is not one (`xroce_datapath::udp_gso`).
+#[test]
+fn batching_is_chosen_by_the_interfaces_driver() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrdrv", 1500).expect("namespaces");
+    let iface = pair.iface(0).to_string();
+    let (driver, pays) = pair.run_in(0, move || {
+        (
+            xroce_datapath::udp_gso::driver_name(&iface),
+            xroce_datapath::udp_gso::batching_pays_on(&iface),
+        )
+    });
+    assert_eq!(driver.as_deref(), Some("veth"));
+    assert!(!pays);
+}
+
 /// With its interface down (the kernel then removes the interface's routes), connecting a QP
 /// fails with an error that says the interface is down and how to bring it up, not that
 /// there is no route to the peer or that it is reached through another interface.

@@ -37,6 +37,8 @@ struct Rig {
     provider: PathBuf,
     /// `XROCE_BACKEND` for programs on each side ("": the default, AF_XDP).
     backends: [&'static str; 2],
+    /// `XROCE_TRANSMIT` for programs on each side ("": the default, AF_XDP).
+    transmits: [&'static str; 2],
     /// Released last, after the namespaces are gone (fields drop in order).
     _serial: std::sync::MutexGuard<'static, ()>,
 }
@@ -85,6 +87,7 @@ impl Rig {
             xroce: built("xroce"),
             provider: built("libxroce_provider.so"),
             backends: ["", ""],
+            transmits: ["", ""],
             _serial: serial,
         };
         for side in 0..2 {
@@ -138,6 +141,7 @@ impl Rig {
             xroce: built("xroce"),
             provider: built("libxroce_provider.so"),
             backends: ["", ""],
+            transmits: ["", ""],
             _serial: serial,
         };
         let mut printed: [String; 2] = Default::default();
@@ -182,6 +186,9 @@ impl Rig {
         cmd.env("XROCE_PROVIDER", &self.provider);
         if !self.backends[side].is_empty() {
             cmd.env("XROCE_BACKEND", self.backends[side]);
+        }
+        if !self.transmits[side].is_empty() {
+            cmd.env("XROCE_TRANSMIT", self.transmits[side]);
         }
         cmd
     }
@@ -881,6 +888,118 @@ fn programs_run_over_the_dpdk_port() {
     eprintln!("steering program, server (AF_XDP): {server:?}\nclient (DPDK): {client:?}");
     assert!(server.redirected > 10_000 && server.roce_no_socket == 0);
     assert!(client.redirected == 0 && client.roce_no_socket > 10_000);
+}
+
+/// Datagrams the kernel's UDP sockets in `side`'s namespace sent (`Udp: OutDatagrams`).
+fn udp_datagrams_sent(rig: &Rig, side: usize) -> u64 {
+    let out = rig
+        .pair
+        .exec(side, "cat /proc/net/snmp")
+        .expect("read /proc/net/snmp");
+    let text = String::from_utf8_lossy(&out.stdout);
+    test_support::udp_out_datagrams(&text)
+        .unwrap_or_else(|| panic!("no Udp OutDatagrams in:\n{text}"))
+}
+
+/// Both ends sending IPv4 frames through a kernel UDP socket in batches
+/// (`XROCE_TRANSMIT=udp-gso`): RC with its contents checked, one-sided and UD, in both
+/// directions, over a veth pair, where the kernel leaves the UDP checksum partial. The frames
+/// must have gone through UDP sockets (the namespaces' UDP counters), every one accepted (no
+/// bad ICRC or checksum, no retransmission); IPv6 still goes through AF_XDP beside it.
+#[test]
+fn programs_send_through_udp_gso() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut rig = Rig::with_ipv6("xgs", 1500);
+    rig.wait_ipv6_ready();
+    rig.transmits = ["udp-gso", "udp-gso"];
+    let stats = ["server", "client"].map(|side| {
+        std::env::temp_dir().join(format!("xroce-udp-gso-{}.{side}", std::process::id()))
+    });
+    for path in &stats {
+        let _ = std::fs::remove_file(path);
+    }
+    let sent_before = [udp_datagrams_sent(&rig, 0), udp_datagrams_sent(&rig, 1)];
+    let runs: &[&[&str]] = &[
+        &["ibv_rc_pingpong", "-g", "1", "-n", "2000"],
+        &[
+            "ibv_rc_pingpong",
+            "-g",
+            "1",
+            "-s",
+            "65536",
+            "-n",
+            "200",
+            "-c",
+        ],
+        &[
+            "ibv_rc_pingpong",
+            "-g",
+            "1",
+            "-s",
+            "3000",
+            "-n",
+            "500",
+            "-c",
+        ],
+        &[
+            "ibv_rc_pingpong",
+            "-g",
+            "0",
+            "-s",
+            "4096",
+            "-n",
+            "200",
+            "-c",
+        ],
+        &["ibv_ud_pingpong", "-g", "1"],
+        &["ib_write_bw", "-x", "1", "-s", "65536", "-n", "2000"],
+        &["ib_read_bw", "-x", "1", "-n", "2000"],
+        &["ib_send_bw", "-x", "1", "-s", "64", "-n", "20000"],
+        &["ib_send_lat", "-x", "1", "-n", "2000"],
+    ];
+    for args in runs {
+        let (s, c) = rig.server_client_counted(args, Some(&stats[1]), Some(&stats[0]));
+        for text in [&s, &c] {
+            assert!(
+                text.contains("iters in") || text.contains("#bytes"),
+                "{args:?} printed no result:\n{text}"
+            );
+        }
+        eprintln!("{args:?}: {}", c.lines().last().unwrap_or_default());
+    }
+    for side in 0..2 {
+        let sent = udp_datagrams_sent(&rig, side) - sent_before[side];
+        let counters = read_stats(&stats[side]);
+        let count = |name: &str| {
+            *counters
+                .get(name)
+                .unwrap_or_else(|| panic!("side {side}: no {name} in {counters:?}"))
+        };
+        eprintln!("side {side}: {sent} UDP datagrams sent; {counters:?}");
+        assert_eq!(count("udp_gso"), runs.len() as u64, "side {side}");
+        // The kernel counts a batch as one datagram. Through AF_XDP none would count (the
+        // programs exchange their QP numbers over TCP).
+        assert!(sent > 1_000, "side {side}: {sent} UDP datagrams");
+        for name in ["bad_icrc", "bad_checksum", "retransmissions", "malformed"] {
+            assert_eq!(count(name), 0, "side {side}: {name}");
+        }
+    }
+    // A ping-pong has no runs of frames to batch: it goes through AF_XDP, as without
+    // batching, where a sendmsg per frame would cost more.
+    let sent_before = [udp_datagrams_sent(&rig, 0), udp_datagrams_sent(&rig, 1)];
+    rig.server_client(&["ib_send_lat", "-x", "1", "-n", "5000"]);
+    for (side, before) in sent_before.into_iter().enumerate() {
+        let sent = udp_datagrams_sent(&rig, side) - before;
+        assert!(
+            sent < 100,
+            "side {side}: {sent} UDP datagrams in a ping-pong of 5000"
+        );
+    }
+    for path in &stats {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// A program that stalls (here an `ibv_rc_pingpong` server no client ever connects to) and is

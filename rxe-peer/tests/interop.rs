@@ -963,7 +963,32 @@ fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
     let info = sh(xg, "/opt/xroce/xroce exec -- ibv_devinfo -d xr0");
     assert!(info.contains("PORT_ACTIVE"), "{info}");
 
-    rc_pingpong_with_rxe_both_ways(xg, rxe, "ibv_rc_pingpong -g 1 -c -n 200", "");
+    // On virtio-net in copy mode, xroce sends runs of frames through a UDP socket in batches
+    // (`udp_gso`), whose headers the kernel writes: rdma_rxe must take them, the 4 KiB
+    // messages' four packets each.
+    let udp_sent = |g: &Guest| -> u64 {
+        let snmp = sh(g, "cat /proc/net/snmp");
+        test_support::udp_out_datagrams(&snmp)
+            .unwrap_or_else(|| panic!("no Udp OutDatagrams in {snmp}"))
+    };
+    let stats = "/tmp/xroce-stats";
+    let before = udp_sent(xg);
+    rc_pingpong_with_rxe_both_ways(
+        xg,
+        rxe,
+        "ibv_rc_pingpong -g 1 -c -n 200",
+        &format!("XROCE_STATS_FILE={stats} "),
+    );
+    let batches = udp_sent(xg) - before;
+    let lines = sh(xg, &format!("cat {stats}"));
+    assert!(
+        !lines.is_empty() && lines.lines().all(|l| l.contains(" udp_gso=1 ")),
+        "{lines}"
+    );
+    assert!(
+        batches >= 100,
+        "{batches} batches sent through UDP:\n{lines}"
+    );
 }
 
 /// Two guests in `lab`, hosts `host` and `host + 1`: the first without rdma_rxe and with xroce

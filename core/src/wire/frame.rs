@@ -114,7 +114,8 @@ impl<'a> RoceFrame<'a> {
         }
     }
 
-    /// True when the UDP checksum is zero (as rdma_rxe sends) or correct.
+    /// True when the UDP checksum is zero (as rdma_rxe sends), correct, or the partial sum an
+    /// offloading sender leaves (see `UdpPacket::verify_checksum`).
     pub fn udp_checksum_ok(&self) -> bool {
         let ip = &self.headers.ip;
         self.ip_packet
@@ -124,7 +125,7 @@ impl<'a> RoceFrame<'a> {
     }
 
     /// Everything a receiver must check before trusting the packet: the ICRC, the IPv4 header
-    /// checksum and a non-zero UDP checksum.
+    /// checksum and a UDP checksum that is neither zero nor partial.
     pub fn verify(&self) -> Result<()> {
         if !self.ip_checksum_ok() {
             return Err(WireError::Ipv4Checksum);

@@ -38,6 +38,8 @@ pub use queue_claim::{holder as queue_holder, holder_multi_buffer, interface_hol
 
 use crate::afxdp::{BindMode, QueueSet, XskConfig, XskError, XskSocket, RECEIVE_ONLY};
 use crate::netlink::core_address;
+pub use crate::udp_gso::Transmit;
+use crate::udp_gso::{GsoSocket, UdpGsoPort, TRANSMIT_ENV};
 
 /// What to run an engine on.
 #[derive(Debug, Clone)]
@@ -81,6 +83,10 @@ pub struct EngineConfig {
     pub gid_mirror: Option<std::path::PathBuf>,
     /// What moves the frames: an AF_XDP socket (the default) or a DPDK driver.
     pub backend: Backend,
+    /// How an AF_XDP engine sends: runs of IPv4 RoCEv2 frames through a kernel UDP socket in
+    /// batches, the rest through its AF_XDP socket (see [`crate::udp_gso`]); by default so on
+    /// virtio-net in copy mode, all through AF_XDP elsewhere.
+    pub transmit: Transmit,
 }
 
 /// What moves an engine's frames (see [`EngineConfig::backend`]).
@@ -163,6 +169,7 @@ impl EngineConfig {
             single_buffer: false,
             gid_mirror: None,
             backend: Backend::AfXdp,
+            transmit: Transmit::Auto,
         }
     }
 }
@@ -212,6 +219,18 @@ pub enum EngineError {
     },
     #[error("unknown backend {0:?} in {BACKEND_ENV}: use af_xdp (the default) or dpdk")]
     UnknownBackend(String),
+    /// `XROCE_TRANSMIT` named no transmit path (the message says what it takes).
+    #[error("{0}")]
+    UnknownTransmit(String),
+    #[error(
+        "cannot open the UDP socket that sends batches of IPv4 frames on {iface} \
+         ({TRANSMIT_ENV}=udp-gso; auto or af-xdp send through AF_XDP without it): {source}"
+    )]
+    UdpGsoSocket {
+        iface: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(
         "this xroce was built without the DPDK backend ({BACKEND_ENV}=dpdk): build it with \
          `--features dpdk` (needs libdpdk-dev)"
@@ -454,6 +473,8 @@ pub struct Engine {
     zero_copy: bool,
     /// Every socket carries frames longer than one UMEM frame (see [`Engine::is_multi_buffer`]).
     multi_buffer: bool,
+    /// IPv4 frames in runs leave through a UDP socket (see [`Engine::sends_through_udp_gso`]).
+    udp_gso: bool,
 }
 
 impl Engine {
@@ -480,6 +501,7 @@ impl Engine {
             queue_claims,
             zero_copy,
             multi_buffer,
+            udp_gso,
         } = {
             // Each kind checks for the other's note and leaves its own under this lock.
             let _start = queue_claim::start_lock(&config.iface);
@@ -619,6 +641,7 @@ impl Engine {
             queues,
             zero_copy,
             multi_buffer,
+            udp_gso,
         })
     }
 
@@ -635,6 +658,12 @@ impl Engine {
     /// The queue the engine sends on.
     pub fn queue(&self) -> u32 {
         self.queues[0]
+    }
+
+    /// Whether IPv4 frames in runs leave through a kernel UDP socket in batches (see
+    /// [`EngineConfig::transmit`]; an AF_XDP engine only).
+    pub fn sends_through_udp_gso(&self) -> bool {
+        self.udp_gso
     }
 
     pub fn is_zero_copy(&self) -> bool {
@@ -752,6 +781,9 @@ impl Engine {
             ("zero_copy", u64::from(self.zero_copy)),
             // Nor this: 1 when every socket carries frames longer than one UMEM frame.
             ("multi_buffer", u64::from(self.multi_buffer)),
+            // Nor this: 1 when runs of IPv4 frames leave through a UDP socket in batches
+            // (`XROCE_TRANSMIT`: by default on virtio-net in copy mode; see `crate::udp_gso`).
+            ("udp_gso", u64::from(self.sends_through_udp_gso())),
             // Nor this: 1 when ICRCs are hashed with tables rather than carry-less multiplies
             // (the faster here; see `xroce_core::icrc::code_in_use`).
             (
@@ -1377,6 +1409,8 @@ struct OpenedPort {
     /// configuration asked for it, but zero-copy may have done without (see
     /// [`XskSocket::open`]).
     multi_buffer: bool,
+    /// IPv4 frames in runs leave through a UDP socket ([`crate::udp_gso`]).
+    udp_gso: bool,
 }
 
 /// AF_XDP sockets on the interface's queues, entered into the steering program's map.
@@ -1423,13 +1457,24 @@ fn open_af_xdp(
         .iter()
         .filter_map(|&(queue, _)| queue_claim::claim(&config.iface, queue, multi_buffer))
         .collect();
-    let (port, wait_fd): (Box<dyn crate::port::Port>, RawFd) = if others.is_empty() {
+    let max_frame = socket.max_tx_frame();
+    // Zero-copy sockets hand the driver frames without a copy; batching through the kernel's
+    // UDP stack pays where copy mode hands virtio-net one frame at a time.
+    let udp_gso = match config.transmit {
+        Transmit::Auto => !zero_copy && crate::udp_gso::batching_pays_on(&config.iface),
+        Transmit::AfXdp => false,
+        Transmit::UdpGso => true,
+    };
+    let ((port, udp_gso), wait_fd) = if others.is_empty() {
         let fd = socket.as_raw_fd();
-        (Box::new(socket), fd)
+        (
+            with_transmit(config, ifindex, max_frame, udp_gso, socket)?,
+            fd,
+        )
     } else {
         let set = QueueSet::new(socket, others)?;
         let fd = set.wait_fd_raw();
-        (Box::new(set), fd)
+        (with_transmit(config, ifindex, max_frame, udp_gso, set)?, fd)
     };
     // Before the sockets: from their first frame on, the program steers only what is the
     // device's (a previous engine's addresses are replaced).
@@ -1449,7 +1494,47 @@ fn open_af_xdp(
         queue_claims,
         zero_copy,
         multi_buffer,
+        udp_gso,
     })
+}
+
+/// The AF_XDP port, wrapped to send runs of IPv4 frames through a UDP socket if `udp_gso`.
+/// Left to choose (auto), a UDP socket that cannot be opened leaves everything to AF_XDP, said
+/// on stderr; asked for, it is an error. Returns whether the port batches.
+fn with_transmit<P: crate::port::Port + 'static>(
+    config: &EngineConfig,
+    ifindex: u32,
+    max_frame: usize,
+    udp_gso: bool,
+    port: P,
+) -> Result<(Box<dyn crate::port::Port>, bool), EngineError> {
+    if !udp_gso {
+        return Ok((Box::new(port), false));
+    }
+    match GsoSocket::open(&config.iface) {
+        Ok(socket) => Ok((
+            Box::new(UdpGsoPort::new(
+                port,
+                socket,
+                &config.iface,
+                ifindex,
+                max_frame,
+            )),
+            true,
+        )),
+        Err(source) if config.transmit == Transmit::Auto => {
+            crate::stderr_line!(
+                "xroce: netdev {}: cannot open a UDP socket to send batches through ({source}); \
+                 every frame goes through AF_XDP",
+                config.iface
+            );
+            Ok((Box::new(port), false))
+        }
+        Err(source) => Err(EngineError::UdpGsoSocket {
+            iface: config.iface.clone(),
+            source,
+        }),
+    }
 }
 
 /// A DPDK `net_af_packet` device on the interface. One engine per interface: the port's
@@ -1486,6 +1571,7 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
             .collect(),
         zero_copy: false,
         multi_buffer,
+        udp_gso: false,
     })
 }
 

@@ -28,6 +28,9 @@ use crc32fast::Hasher;
 
 use crate::wire::{bth, ipv4, ipv6, udp, WireError, ICRC_LEN};
 
+mod rewrite;
+pub use rewrite::IcrcRewriter;
+
 /// CRC-32 state after hashing the 8-byte all-ones pseudo-LRH (`crc32(&[0xff; 8])`). rdma_rxe
 /// seeds its register with the equivalent un-complemented value 0xDEBB20E3.
 const AFTER_PSEUDO_LRH: u32 = 0x2144_df1c;
