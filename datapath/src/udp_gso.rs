@@ -35,7 +35,10 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use xroce_core::icrc::IcrcRewriter;
-use xroce_core::wire::ICRC_LEN;
+use xroce_core::wire::udp::{self, UdpPacket};
+use xroce_core::wire::{
+    ethernet, ipv4, EtherType, EthernetFrame, Ipv4Packet, ICRC_LEN, ROCEV2_UDP_PORT,
+};
 
 use crate::port::{Port, RxDrops};
 
@@ -94,12 +97,9 @@ const MAX_BATCH_BYTES: usize = 65_507;
 const MIN_BATCH: usize = 4;
 /// Batches closed and waiting for the socket; more and the port takes no frame until they go.
 const MAX_WAITING_BATCHES: usize = 16;
-/// The RoCEv2 UDP port.
-const ROCEV2_PORT: u16 = 4791;
-
-const ETHERNET_LEN: usize = 14;
-const IPV4_LEN: usize = 20;
-const UDP_LEN: usize = 8;
+const ETHERNET_LEN: usize = ethernet::HEADER_LEN;
+const IPV4_LEN: usize = ipv4::HEADER_LEN;
+const UDP_LEN: usize = udp::HEADER_LEN;
 const HEADERS_LEN: usize = ETHERNET_LEN + IPV4_LEN + UDP_LEN;
 
 /// What a batch's datagrams share: the kernel writes one IP and UDP header for them all.
@@ -144,12 +144,9 @@ impl Batch {
 
 /// The IP identification and UDP source port in a frame's headers.
 fn ident_and_port(headers: &[u8; HEADERS_LEN]) -> (u16, u16) {
-    let ip = ETHERNET_LEN;
-    let udp = ETHERNET_LEN + IPV4_LEN;
-    (
-        u16::from_be_bytes([headers[ip + 4], headers[ip + 5]]),
-        u16::from_be_bytes([headers[udp], headers[udp + 1]]),
-    )
+    let ip = Ipv4Packet::new_unchecked(&headers[ETHERNET_LEN..]);
+    let udp = UdpPacket::new_unchecked(&headers[ETHERNET_LEN + IPV4_LEN..]);
+    (ip.ident(), udp.src_port())
 }
 
 /// One IPv4 RoCEv2 frame as this port sends it.
@@ -164,39 +161,37 @@ struct Segment {
 }
 
 /// The frame as an IPv4 RoCEv2 datagram this port can send: untagged Ethernet, an IPv4 header
-/// without options or fragmentation, UDP to port 4791 with lengths that agree. `None` for
-/// anything else, which goes out through AF_XDP.
+/// without options, with DF (the flags are covered by the ICRC, and the socket sends with DF)
+/// and not a fragment, UDP to port 4791 with a length that agrees. `None` for anything else,
+/// which goes out through AF_XDP.
 fn segment_of(frame: &[u8]) -> Option<Segment> {
-    let eth = frame.get(..ETHERNET_LEN)?;
-    if eth[12..14] != [0x08, 0x00] {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.is_vlan_tagged() || eth.ethertype() != EtherType::Ipv4 {
         return None;
     }
-    let ip = frame.get(ETHERNET_LEN..ETHERNET_LEN + IPV4_LEN)?;
-    // Version 4, no options; protocol UDP; DF, as the socket sends (the flags are covered by
-    // the ICRC), and neither more fragments nor an offset.
-    if ip[0] != 0x45 || ip[9] != 17 || u16::from_be_bytes([ip[6], ip[7]]) != 0x4000 {
+    let ip_bytes = frame.get(ETHERNET_LEN..)?;
+    let ip = Ipv4Packet::new_checked(ip_bytes).ok()?;
+    if ip.protocol() != ipv4::PROTOCOL_UDP || !ip.dont_frag() || ip.is_fragment() {
         return None;
     }
-    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    let udp = frame.get(ETHERNET_LEN + IPV4_LEN..HEADERS_LEN)?;
-    if u16::from_be_bytes([udp[2], udp[3]]) != ROCEV2_PORT
-        || usize::from(u16::from_be_bytes([udp[4], udp[5]])) != total.checked_sub(IPV4_LEN)?
-    {
+    let total = usize::from(ip.total_len());
+    let udp = UdpPacket::new_checked(ip_bytes.get(IPV4_LEN..total)?).ok()?;
+    if udp.dst_port() != ROCEV2_UDP_PORT || usize::from(udp.len()) != total - IPV4_LEN {
         return None;
     }
     let end = ETHERNET_LEN + total;
-    if end > frame.len() || end < HEADERS_LEN + ICRC_LEN {
+    if end < HEADERS_LEN + ICRC_LEN {
         return None;
     }
     Some(Segment {
         key: BatchKey {
-            src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
-            dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
-            tos: ip[1],
+            src: Ipv4Addr::from(ip.src_addr().0),
+            dst: Ipv4Addr::from(ip.dst_addr().0),
+            tos: ip.tos(),
             segment: u16::try_from(end - HEADERS_LEN).ok()?,
         },
-        ident: u16::from_be_bytes([ip[4], ip[5]]),
-        src_port: u16::from_be_bytes([udp[0], udp[1]]),
+        ident: ip.ident(),
+        src_port: udp.src_port(),
         start: HEADERS_LEN,
         end,
     })
@@ -793,7 +788,7 @@ const CONTROL_LEN: usize = unsafe {
 fn send_batch(fd: RawFd, ifindex: u32, batch: &Batch) -> io::Result<()> {
     let dst = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: ROCEV2_PORT.to_be(),
+        sin_port: ROCEV2_UDP_PORT.to_be(),
         sin_addr: libc::in_addr {
             s_addr: u32::from_ne_bytes(batch.key.dst.octets()),
         },
@@ -871,7 +866,7 @@ mod tests {
         ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
         ip[16..20].copy_from_slice(&dst);
         ip[20..22].copy_from_slice(&src_port.to_be_bytes());
-        ip[22..24].copy_from_slice(&ROCEV2_PORT.to_be_bytes());
+        ip[22..24].copy_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
         ip[24..26].copy_from_slice(&((total - IPV4_LEN) as u16).to_be_bytes());
         ip[28] = 0x04; // SEND ONLY
         for (i, b) in ip[40..total - ICRC_LEN].iter_mut().enumerate() {
@@ -895,7 +890,7 @@ mod tests {
         p[12..16].copy_from_slice(&batch.key.src.octets());
         p[16..20].copy_from_slice(&batch.key.dst.octets());
         p[20..22].copy_from_slice(&src_port.to_be_bytes());
-        p[22..24].copy_from_slice(&ROCEV2_PORT.to_be_bytes());
+        p[22..24].copy_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
         p[24..26].copy_from_slice(&((UDP_LEN + seg) as u16).to_be_bytes());
         p[28..].copy_from_slice(payload);
         p
