@@ -6,6 +6,8 @@
 //! interposition): for an xroce context the channel is a pipe whose write end the engine feeds
 //! with `struct ibv_cq *` values, exactly the 8-byte records `ibv_get_cq_event` reads; for any
 //! other context (a real RDMA device in the same program) the call goes on to libibverbs.
+//! `ibv_get_cq_event` is defined here too, so that a thread waiting for an event on such a
+//! channel takes the engine's frames meanwhile (see there).
 //! See `docs/decisions.md` ("Completion channels").
 
 use std::collections::HashMap;
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use libc::{c_int, c_void};
 
-use crate::abi::verbs::{ibv_comp_channel, ibv_context};
+use crate::abi::verbs::{ibv_comp_channel, ibv_context, ibv_cq};
 use crate::device::is_ours;
 use crate::discovery::{Forward, LIBIBVERBS};
 use crate::set_errno;
@@ -52,8 +54,17 @@ type DestroyFn = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
 
 /// libibverbs' own definition of `name` (see [`Forward`]).
 fn next<T: Copy>(name: &'static std::ffi::CStr, cache: &Forward) -> Option<T> {
-    let p = cache.get(LIBIBVERBS, name, Some(c"IBVERBS_1.0"));
-    // SAFETY: `T` is the function pointer type of `name` at IBVERBS_1.0.
+    next_at(name, c"IBVERBS_1.0", cache)
+}
+
+/// libibverbs' own definition of `name` at `version`.
+fn next_at<T: Copy>(
+    name: &'static std::ffi::CStr,
+    version: &'static std::ffi::CStr,
+    cache: &Forward,
+) -> Option<T> {
+    let p = cache.get(LIBIBVERBS, name, Some(version));
+    // SAFETY: `T` is the function pointer type of `name` at `version`.
     (p != 0).then(|| unsafe { std::mem::transmute_copy::<usize, T>(&p) })
 }
 
@@ -140,4 +151,165 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         libc::pthread_mutex_unlock(&mut (*ctx).mutex);
     }
     0
+}
+
+type GetEventFn =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+
+/// How long a waiter that found the engine busy (another thread taking the frames, which
+/// raises the events) waits on its channel alone before it looks at the frames again.
+const BUSY_ENGINE_WAIT_MS: c_int = 1;
+
+/// `ibv_get_cq_event`. For an xroce channel the wait takes the frames the event may come from
+/// itself: a blocking channel is watched together with the engine's frames, and frames that
+/// arrive are taken in this thread (`Engine::take_frames`), which writes the event into the
+/// channel and then reads it. libibverbs' own definition reads the channel alone, and then
+/// every message cost two wake-ups in a row, the progress thread's for the frame and this
+/// thread's for the event it wrote (`docs/decisions.md`, "Events without the progress thread
+/// in between"). A channel the application made non-blocking (it waits with its own `poll`
+/// or `epoll`) is read as libibverbs reads it. Other channels go to libibverbs.
+///
+/// # Safety
+/// `channel` must be a live completion channel; `cq` and `cq_context` must be writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: per the contract.
+    let fd = unsafe { (*channel).fd };
+    if !channels(|c| c.contains_key(&fd)) {
+        static REAL: Forward = Forward::new();
+        return match next_at::<GetEventFn>(c"ibv_get_cq_event", c"IBVERBS_1.1", &REAL) {
+            // SAFETY: libibverbs' function, called with the caller's arguments.
+            Some(real) => unsafe { real(channel, cq, cq_context) },
+            None => {
+                set_errno(libc::ENOSYS);
+                -1
+            }
+        };
+    }
+    // SAFETY: an xroce channel's context is an xroce context, alive while the channel is.
+    let engine = unsafe { channel_engine((*channel).context) };
+    if let Some(engine) = engine {
+        if let Err(e) = wait_taking_frames(fd, &engine.engine) {
+            set_errno(e);
+            return -1;
+        }
+    }
+    // The record libibverbs' definition reads: the CQ's address, 8 bytes.
+    let mut record: u64 = 0;
+    // SAFETY: reading 8 bytes into a u64.
+    let n = unsafe { libc::read(fd, (&mut record as *mut u64).cast(), 8) };
+    if n != 8 {
+        return -1;
+    }
+    let the_cq = record as usize as *mut ibv_cq;
+    // SAFETY: the engine wrote the address of a live CQ of this channel; the caller's
+    // pointers are writable. (xroce's `cq_event` op does nothing, so it is not called.)
+    unsafe {
+        *cq = the_cq;
+        *cq_context = (*the_cq).cq_context;
+    }
+    0
+}
+
+/// The running engine of an xroce context, when it has one this process may use.
+///
+/// # Safety
+/// `context` must be a live xroce context.
+unsafe fn channel_engine(context: *mut ibv_context) -> Option<Arc<crate::engines::EngineRef>> {
+    // SAFETY: per the contract.
+    let state = unsafe { crate::device::state(context) };
+    let engine = state
+        .engine
+        .try_lock()
+        .ok()
+        .and_then(|g| g.as_ref().cloned())?;
+    // A forked child's read takes its parent's events, as before; it does not take frames
+    // from its parent's rings.
+    engine.started_by_this_process().then_some(engine)
+}
+
+/// Waits until the blocking channel `fd` has a record, taking the engine's frames meanwhile.
+/// Returns at once for a non-blocking channel, or when the engine offers no frames to watch;
+/// the caller's read then waits as libibverbs' would. `Err(errno)` when the wait was
+/// interrupted by a signal (as the read would have been without `SA_RESTART`) or failed.
+fn wait_taking_frames(fd: c_int, engine: &xroce_datapath::engine::Engine) -> Result<(), c_int> {
+    // SAFETY: F_GETFL on a descriptor the channel owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || flags & libc::O_NONBLOCK != 0 {
+        return Ok(());
+    }
+    loop {
+        let Some(frames) = engine.frames_fd() else {
+            return Ok(());
+        };
+        let mut fds = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: frames,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` holds two pollfds for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            interrupted()?;
+            continue;
+        }
+        if fds[0].revents != 0 {
+            // A record, or the channel's end: the read says which.
+            return Ok(());
+        }
+        if fds[1].revents & libc::POLLIN == 0 {
+            // The engine's socket reports an error or hang-up: leave the frames to the
+            // engine, and wait on the channel alone.
+            return Ok(());
+        }
+        if !engine.take_frames() {
+            // Another thread is in the engine and takes the frames; they stay readable until
+            // it has, so look at the channel alone for a moment.
+            fds[0].revents = 0;
+            // SAFETY: one pollfd for the duration of the call.
+            if unsafe { libc::poll(fds.as_mut_ptr(), 1, BUSY_ENGINE_WAIT_MS) } < 0 {
+                interrupted()?;
+            }
+        }
+    }
+}
+
+/// After a `poll` that failed: `Ok` to wait again, `Err(errno)` to return it. A signal
+/// interrupts a `read` of the channel only when a handler without `SA_RESTART` ran (otherwise
+/// the kernel restarts the read), but it always interrupts `poll`: the wait goes on, as the
+/// read would, unless some handler of the process lacks `SA_RESTART`.
+fn interrupted() -> Result<(), c_int> {
+    let e = std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO);
+    if e == libc::EINTR && every_handler_restarts() {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+/// Whether every signal handler the process installed restarts interrupted system calls.
+fn every_handler_restarts() -> bool {
+    (1..=libc::SIGRTMAX()).all(|sig| {
+        // SAFETY: an all-zero sigaction is a valid value to be overwritten.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: reads the disposition of `sig` into `old`; changes nothing.
+        let rc = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+        rc != 0
+            || old.sa_sigaction == libc::SIG_DFL
+            || old.sa_sigaction == libc::SIG_IGN
+            || old.sa_flags & libc::SA_RESTART != 0
+    })
 }

@@ -51,6 +51,12 @@ fn capture_path(netdev: &str) -> Option<std::path::PathBuf> {
 }
 
 impl EngineRef {
+    /// Whether this process started the engine (a forked child's is its parent's; see
+    /// [`inherited`], which also says so on stderr).
+    pub fn started_by_this_process(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
     /// A context stopped using this engine. When none is left the engine stops, whatever
     /// objects the application did not destroy (perftest's ib_send_bw client leaks a CQ): as
     /// closing a kernel device's command file cleans up after the application, closing the

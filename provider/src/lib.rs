@@ -15,7 +15,7 @@
 //! - [`port_events`]: port up/down and GID changes as asynchronous events.
 //! - `destroyed_events`: a destroyed object's unread events dropped, the others waited for.
 //! - [`comp_channel`]: `ibv_create_comp_channel` for xroce contexts (an interposer, because it
-//!   is not a provider op).
+//!   is not a provider op), and `ibv_get_cq_event`, whose wait takes the engine's frames.
 //! - [`discovery`]: keeps libibverbs on the generated sysfs tree on kernels that have RDMA
 //!   (interposes `ibv_get_device_list` and `socket` under `xroce exec`).
 

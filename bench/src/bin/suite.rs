@@ -277,6 +277,16 @@ fn run() {
             )
         });
     }
+    // With completion events (`-e`): both applications sleep in ibv_get_cq_event for every
+    // message, as kernel UDP's ping-pong sleeps in recv for every datagram.
+    p.say("ib_send_lat 64 B over xroce, completion events");
+    let args = ["-e", "-s", "64", "-n", &iters].map(String::from);
+    if let Some(l) = median_latency(&x, &mut r, "ib_send_lat", &args, lat_runs) {
+        r.rows.push(Row {
+            p99: Some(l.p99),
+            ..Row::new(LAT, EVENT_LATENCY, 64, "xroce", Kind::LatencyUs, l.typical)
+        });
+    }
     r.notes.push(format!(
         "xroce latencies: the run with the median p50 of {lat_runs} runs per size (64 B \
          ib_send_lat over RC: of the {rounds} back-to-back rounds)"
@@ -768,6 +778,9 @@ fn perftest_line<T: Copy>(
         .ok_or_else(|| format!("{program} {args:?}: no result line"))
 }
 
+/// The latency row of `ib_send_lat` with completion events.
+const EVENT_LATENCY: &str = "ib_send_lat -e";
+
 /// Number of back-to-back rounds behind the goals that compare xroce with raw AF_XDP. Five:
 /// with three, the goals at 0.8 came out between 0.73 and 0.98 in runs of one build (stops
 /// 27-29), single rounds between 0.59 and 1.09; the median of five moves less. About 20 s a
@@ -1112,6 +1125,21 @@ fn goals(
         false,
         "µs",
     );
+    if let Some(events) = r_value(r, LAT, EVENT_LATENCY, 64) {
+        let udp = udp_rt.p50 / 2.0;
+        r.notes.push(format!(
+            "64 B ib_send_lat with completion events (-e), each side asleep in \
+             ibv_get_cq_event until each event (measured once, not back to back): {} µs, \
+             {:.2}× kernel UDP's one-way ({} µs). A turn wakes each side twice, for the ACK \
+             of its message (its send completion) and for the answer, where kernel UDP's \
+             ping-pong sleeps once in recv; how long a wake-up takes on this host varies by \
+             ten times from one run to another. The waiting thread takes the frames its \
+             events come from itself.",
+            number(events),
+            events / udp,
+            number(udp)
+        ));
+    }
     if let (Some(ud), Some(rc), Some(raw), Some(floor)) = (
         r_value(r, LAT, "ib_send_lat UD", 64),
         send_lat,

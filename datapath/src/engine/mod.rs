@@ -260,6 +260,9 @@ pub struct EngineCounters {
     /// rest). Next to an application that polls, the thread should take next to none: each
     /// one it takes cost a wake-up, and the application, which would have taken it, waited.
     pub rx_frames_by_thread: AtomicU64,
+    /// Of `rx_frames`, those an application thread took while it waited for a completion
+    /// event (see [`Engine::take_frames`]).
+    pub rx_frames_by_waiters: AtomicU64,
     pub rx_not_roce: AtomicU64,
     /// RoCEv2 frames addressed to another MAC than the interface's, dropped as the kernel
     /// drops such frames (`PACKET_OTHERHOST`): a peer still using an old MAC of ours, or a
@@ -475,6 +478,8 @@ pub struct Engine {
     multi_buffer: bool,
     /// IPv4 frames in runs leave through a UDP socket (see [`Engine::sends_through_udp_gso`]).
     udp_gso: bool,
+    /// Readable while received frames wait (see [`Engine::frames_fd`]).
+    frames_fd: Option<RawFd>,
 }
 
 impl Engine {
@@ -642,6 +647,7 @@ impl Engine {
             zero_copy,
             multi_buffer,
             udp_gso,
+            frames_fd: (!doorbell).then_some(wait_fd),
         })
     }
 
@@ -748,6 +754,10 @@ impl Engine {
             (
                 "rx_frames_by_thread",
                 c.rx_frames_by_thread.load(Ordering::Relaxed),
+            ),
+            (
+                "rx_frames_by_waiters",
+                c.rx_frames_by_waiters.load(Ordering::Relaxed),
             ),
             ("rx_not_roce", c.rx_not_roce.load(Ordering::Relaxed)),
             ("rx_other_host", c.rx_other_host.load(Ordering::Relaxed)),
@@ -1308,6 +1318,54 @@ impl Engine {
         }
         progress::send(&self.shared, st, now);
         st.dev.poll_cq(cq, max, out)
+    }
+
+    /// A descriptor that polls readable while received frames wait for the engine, for an
+    /// application thread about to block until a completion event (`ibv_get_cq_event`). That
+    /// thread can then take the frames itself ([`Engine::take_frames`]) rather than wait for
+    /// the progress thread to be woken by them and to wake it in turn: one wake-up per message
+    /// instead of two. `None` when the port has no such descriptor (a doorbell, which stays
+    /// readable after its frames were taken) or the engine has stopped or failed. The
+    /// descriptor is the engine's: it is closed when the engine stops.
+    pub fn frames_fd(&self) -> Option<RawFd> {
+        if self.shared.stop.load(Ordering::SeqCst) || self.failure().is_some() {
+            return None;
+        }
+        self.frames_fd
+    }
+
+    /// Runs a round of progress (receive, timers, events, transmit) from the calling thread
+    /// when no other thread is in the engine, as the progress thread would: the events the
+    /// frames raise go to their completion channels. `false` when another thread held the
+    /// engine (it takes the frames then) or the engine has stopped or failed.
+    pub fn take_frames(&self) -> bool {
+        if self.shared.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let Some(mut guard) = self.shared.try_state() else {
+            return false;
+        };
+        let st = &mut *guard;
+        if st.io.failed {
+            return false;
+        }
+        // As `progress_once`, which holds no ACK: nothing is held for an application that
+        // learns of its completions from events (see `progress::thread_round`).
+        let now = self.shared.now();
+        let received = progress::receive(&self.shared, st, now);
+        let round = progress::send(&self.shared, st, now);
+        self.shared
+            .counters
+            .rx_frames_by_waiters
+            .fetch_add(received as u64, Ordering::Relaxed);
+        if round.more {
+            // A long message's rest, or frames the ring had no room for: the thread's.
+            drop(guard);
+            self.shared.wake();
+        } else {
+            self.wake_for_sooner_deadline(st, false);
+        }
+        true
     }
 
     /// Polls `cq` until at least one completion arrives or `timeout` passes; returns how many

@@ -83,13 +83,14 @@ impl Engine {
         let c = &shared.counters;
         let _ = writeln!(
             out,
-            "frames: rx {} (not RoCE {}, for another MAC {}, by the progress thread {}) tx {} in {} batches, \
+            "frames: rx {} (not RoCE {}, for another MAC {}, by the progress thread {}, by threads waiting for events {}) tx {} in {} batches, \
              loopback {}, no neighbour {}, wrong interface {}, longer than the MTU {}; \
              wake-ups {} (by frames {}), waits for the rest of a message {}",
             c.rx_frames.load(Ordering::Relaxed),
             c.rx_not_roce.load(Ordering::Relaxed),
             c.rx_other_host.load(Ordering::Relaxed),
             c.rx_frames_by_thread.load(Ordering::Relaxed),
+            c.rx_frames_by_waiters.load(Ordering::Relaxed),
             c.tx_frames.load(Ordering::Relaxed),
             c.tx_batches.load(Ordering::Relaxed),
             c.tx_loopback.load(Ordering::Relaxed),

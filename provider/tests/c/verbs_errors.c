@@ -340,6 +340,78 @@ static int write_works(struct opener *o)
     return ok;
 }
 
+/* A completion channel, a CQ on it and an RC QP on that CQ moved to the error state, where a
+ * posted receive completes at once (flushed) and raises the CQ's event if it is armed. */
+struct flushing_qp {
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    int in_error;
+};
+
+static struct flushing_qp make_flushing_qp(void)
+{
+    struct flushing_qp f = {0};
+    struct ibv_qp_attr qa = {.qp_state = IBV_QPS_ERR};
+    f.ch = ibv_create_comp_channel(ctx);
+    f.cq = f.ch ? ibv_create_cq(ctx, 16, NULL, f.ch, 0) : NULL;
+    f.qp = f.cq ? create_rc(f.cq, f.cq, 4, 0) : NULL;
+    f.in_error = f.qp && !to_init(f.qp) && !ibv_modify_qp(f.qp, &qa, IBV_QP_STATE);
+    return f;
+}
+
+static void free_flushing_qp(struct flushing_qp *f)
+{
+    if (f->qp)
+        ibv_destroy_qp(f->qp);
+    if (f->cq)
+        ibv_destroy_cq(f->cq);
+    if (f->ch)
+        ibv_destroy_comp_channel(f->ch);
+}
+
+/* A thread blocked in ibv_get_cq_event, and what the call returned. */
+struct cq_event_waiter {
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    int rc;
+    int err;
+    volatile int done;
+    pthread_t thread;
+};
+
+static void *wait_for_cq_event(void *arg)
+{
+    struct cq_event_waiter *w = arg;
+    void *cq_ctx;
+    w->rc = ibv_get_cq_event(w->ch, &w->cq, &cq_ctx);
+    w->err = errno;
+    __sync_synchronize();
+    w->done = 1;
+    return NULL;
+}
+
+/* Waits (bounded) for the waiter to return; 1 when it did. */
+static int waiter_returned(struct cq_event_waiter *w, int ms)
+{
+    for (int i = 0; i < ms / 10 && !w->done; i++)
+        usleep(10 * 1000);
+    return w->done;
+}
+
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+}
+
+/* SIGUSR1's handler, restarting interrupted system calls or not. */
+static void handle_sigusr1(int restart)
+{
+    struct sigaction sa = {.sa_handler = on_sigusr1, .sa_flags = restart ? SA_RESTART : 0};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 int main(int argc, char **argv)
 {
     /* As many servers do: a write to a pipe whose reader has gone then fails with EPIPE
@@ -819,11 +891,11 @@ int main(int argc, char **argv)
      * waiting on its completion channel hears of it (nothing else happens on the device to
      * carry the event along). */
     {
-        struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
-        struct ibv_cq *cq = ch ? ibv_create_cq(ctx, 16, NULL, ch, 0) : NULL;
-        struct ibv_qp *qp = cq ? create_rc(cq, cq, 4, 0) : NULL;
-        struct ibv_qp_attr qa = {.qp_state = IBV_QPS_ERR};
-        int in_error = qp && !to_init(qp) && !ibv_modify_qp(qp, &qa, IBV_QP_STATE);
+        struct flushing_qp f = make_flushing_qp();
+        struct ibv_comp_channel *ch = f.ch;
+        struct ibv_cq *cq = f.cq;
+        struct ibv_qp *qp = f.qp;
+        int in_error = f.in_error;
         int armed = in_error && ibv_req_notify_cq(cq, 0) == 0;
         /* Long enough for the engine's progress thread to have gone to sleep. */
         usleep(200 * 1000);
@@ -855,12 +927,66 @@ int main(int argc, char **argv)
         int r = in_error ? ibv_post_recv(qp, &loop_a, &rbad) : -1;
         CHECK("cyclic_wr_chain_on_a_qp_in_error_ends", r == ENOMEM && rbad != NULL,
               "returned %d", r);
-        if (qp)
-            ibv_destroy_qp(qp);
-        if (cq)
-            ibv_destroy_cq(cq);
-        if (ch)
-            ibv_destroy_comp_channel(ch);
+        free_flushing_qp(&f);
+    }
+
+    /* A signal interrupts ibv_get_cq_event as it interrupts the read(2) of libibverbs' own
+     * definition: only when its handler lacks SA_RESTART. (xroce's definition waits in
+     * poll(2), which every handled signal interrupts, while it takes the engine's frames.) */
+    {
+        struct flushing_qp f = make_flushing_qp();
+        struct ibv_comp_channel *ch = f.ch;
+        struct ibv_cq *cq = f.cq;
+        struct ibv_qp *qp = f.qp;
+        int in_error = f.in_error;
+        struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+        struct ibv_recv_wr rwr = {.wr_id = 11, .sg_list = &sge, .num_sge = 1};
+        struct ibv_recv_wr *rbad = NULL;
+        for (int restart = 1; restart >= 0; restart--) {
+            struct cq_event_waiter w = {.ch = ch};
+            int armed = in_error && ibv_req_notify_cq(cq, 0) == 0;
+            handle_sigusr1(restart);
+            int started = armed && pthread_create(&w.thread, NULL, wait_for_cq_event, &w) == 0;
+            /* Long enough for the waiter to be blocked. */
+            usleep(200 * 1000);
+            if (started)
+                pthread_kill(w.thread, SIGUSR1);
+            int returned = started && waiter_returned(&w, restart ? 300 : 2000);
+            /* The flushed receive raises the event: a waiter still waiting takes it. */
+            int posted = in_error && ibv_post_recv(qp, &rwr, &rbad) == 0;
+            int ended = started && waiter_returned(&w, 2000);
+            if (ended)
+                pthread_join(w.thread, NULL);
+            if (w.done && w.rc == 0)
+                ibv_ack_cq_events(w.cq, 1);
+            else if (posted) {
+                /* The event is waiting in the channel: taken, so that the next round starts
+                 * from an empty channel. */
+                struct ibv_cq *ev_cq;
+                void *ev_ctx;
+                struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
+                if (poll(&pf, 1, 2000) == 1 && ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0)
+                    ibv_ack_cq_events(ev_cq, 1);
+            }
+            while (cq && ibv_poll_cq(cq, 1, &wc) == 1)
+                ;
+            if (restart)
+                CHECK("a_signal_with_sa_restart_leaves_get_cq_event_waiting",
+                      started && !returned && posted && ended && w.rc == 0 && w.cq == cq,
+                      "armed %d, started %d, returned on the signal %d, event %d (rc %d, %s)",
+                      armed, started, returned, ended, w.rc, strerror(w.err));
+            else
+                CHECK("a_signal_without_sa_restart_interrupts_get_cq_event",
+                      started && returned && w.rc == -1 && w.err == EINTR,
+                      "armed %d, started %d, returned on the signal %d (rc %d, %s)", armed,
+                      started, returned, w.rc, strerror(w.err));
+            if (started && !ended) {
+                printf("FAIL setup: a thread stays blocked in ibv_get_cq_event\n");
+                return 1;
+            }
+        }
+        signal(SIGUSR1, SIG_DFL);
+        free_flushing_qp(&f);
     }
 
     /* A completion vector the context does not have is refused, as the kernel refuses one
