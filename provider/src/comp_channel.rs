@@ -20,6 +20,7 @@ use crate::abi::verbs::{ibv_comp_channel, ibv_context, ibv_cq};
 use crate::device::is_ours;
 use crate::discovery::{Forward, LIBIBVERBS};
 use crate::set_errno;
+use xroce_datapath::engine::TakeFrames;
 
 /// Read end (the channel's `fd`) → write end, for channels of xroce contexts.
 static CHANNELS: Mutex<ChannelTable> = Mutex::new(None);
@@ -156,6 +157,14 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 type GetEventFn =
     unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
 
+extern "C" {
+    /// glibc's (the `libc` crate does not declare it).
+    fn pthread_setcancelstate(state: c_int, oldstate: *mut c_int) -> c_int;
+}
+
+/// `PTHREAD_CANCEL_DISABLE` (pthread.h).
+const PTHREAD_CANCEL_DISABLE: c_int = 1;
+
 /// How long a waiter that found the engine busy (another thread taking the frames, which
 /// raises the events) waits on its channel alone before it looks at the frames again.
 const BUSY_ENGINE_WAIT_MS: c_int = 1;
@@ -169,10 +178,15 @@ const BUSY_ENGINE_WAIT_MS: c_int = 1;
 /// in between"). A channel the application made non-blocking (it waits with its own `poll`
 /// or `epoll`) is read as libibverbs reads it. Other channels go to libibverbs.
 ///
+/// Its `poll` and `read` are cancellation points, as libibverbs' `read` is: a thread
+/// cancelled there (`pthread_cancel`; rping cancels its CQ thread so) unwinds through this
+/// function, which is defined behaviour only with the "C-unwind" ABI and with no value that
+/// has a destructor alive at those calls (the engine is looked up afresh around each wait).
+///
 /// # Safety
 /// `channel` must be a live completion channel; `cq` and `cq_context` must be writable.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(
+pub unsafe extern "C-unwind" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
@@ -191,12 +205,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         };
     }
     // SAFETY: an xroce channel's context is an xroce context, alive while the channel is.
-    let engine = unsafe { channel_engine((*channel).context) };
-    if let Some(engine) = engine {
-        if let Err(e) = wait_taking_frames(fd, &engine.engine) {
-            set_errno(e);
-            return -1;
-        }
+    if let Err(e) = unsafe { wait_taking_frames(fd, (*channel).context) } {
+        set_errno(e);
+        return -1;
     }
     // The record libibverbs' definition reads: the CQ's address, 8 bytes.
     let mut record: u64 = 0;
@@ -215,11 +226,15 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     0
 }
 
-/// The running engine of an xroce context, when it has one this process may use.
+/// `f` on the running engine of an xroce context, when it has one this process may use; the
+/// reference to the engine is let go before this returns.
 ///
 /// # Safety
 /// `context` must be a live xroce context.
-unsafe fn channel_engine(context: *mut ibv_context) -> Option<Arc<crate::engines::EngineRef>> {
+unsafe fn with_engine<R>(
+    context: *mut ibv_context,
+    f: impl FnOnce(&xroce_datapath::engine::Engine) -> R,
+) -> Option<R> {
     // SAFETY: per the contract.
     let state = unsafe { crate::device::state(context) };
     let engine = state
@@ -229,21 +244,27 @@ unsafe fn channel_engine(context: *mut ibv_context) -> Option<Arc<crate::engines
         .and_then(|g| g.as_ref().cloned())?;
     // A forked child's read takes its parent's events, as before; it does not take frames
     // from its parent's rings.
-    engine.started_by_this_process().then_some(engine)
+    engine.started_by_this_process().then(|| f(&engine.engine))
 }
 
-/// Waits until the blocking channel `fd` has a record, taking the engine's frames meanwhile.
-/// Returns at once for a non-blocking channel, or when the engine offers no frames to watch;
-/// the caller's read then waits as libibverbs' would. `Err(errno)` when the wait was
-/// interrupted by a signal (as the read would have been without `SA_RESTART`) or failed.
-fn wait_taking_frames(fd: c_int, engine: &xroce_datapath::engine::Engine) -> Result<(), c_int> {
+/// Waits until the blocking channel `fd` of `context` has a record, taking the engine's
+/// frames meanwhile. Returns at once for a non-blocking channel, or when the engine offers no
+/// frames to watch (or stops doing so); the caller's read then waits as libibverbs' would.
+/// `Err(errno)` when a signal ended the wait (see [`interrupted`]) or `poll` failed.
+///
+/// Nothing with a destructor is alive while it blocks (see `ibv_get_cq_event`).
+///
+/// # Safety
+/// `context` must be a live xroce context.
+unsafe fn wait_taking_frames(fd: c_int, context: *mut ibv_context) -> Result<(), c_int> {
     // SAFETY: F_GETFL on a descriptor the channel owns.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 || flags & libc::O_NONBLOCK != 0 {
         return Ok(());
     }
     loop {
-        let Some(frames) = engine.frames_fd() else {
+        // SAFETY: per the contract.
+        let Some(frames) = (unsafe { with_engine(context, |e| e.frames_fd()) }).flatten() else {
             return Ok(());
         };
         let mut fds = [
@@ -259,8 +280,7 @@ fn wait_taking_frames(fd: c_int, engine: &xroce_datapath::engine::Engine) -> Res
             },
         ];
         // SAFETY: `fds` holds two pollfds for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             interrupted()?;
             continue;
         }
@@ -273,14 +293,27 @@ fn wait_taking_frames(fd: c_int, engine: &xroce_datapath::engine::Engine) -> Res
             // engine, and wait on the channel alone.
             return Ok(());
         }
-        if !engine.take_frames() {
-            // Another thread is in the engine and takes the frames; they stay readable until
-            // it has, so look at the channel alone for a moment.
-            fds[0].revents = 0;
-            // SAFETY: one pollfd for the duration of the call.
-            if unsafe { libc::poll(fds.as_mut_ptr(), 1, BUSY_ENGINE_WAIT_MS) } < 0 {
-                interrupted()?;
+        // The round may make system calls that are cancellation points (the transmit's
+        // `sendto`) while locks and buffers are held: no cancellation in it.
+        let mut cancel_state: c_int = 0;
+        // SAFETY: glibc's pthread_setcancelstate, writing the old state into a local.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut cancel_state) };
+        // SAFETY: per the contract.
+        let took = unsafe { with_engine(context, |e| e.take_frames()) };
+        // SAFETY: as above; the state before is restored.
+        unsafe { pthread_setcancelstate(cancel_state, &mut cancel_state) };
+        match took {
+            Some(TakeFrames::Taken) => {}
+            Some(TakeFrames::OtherThread) => {
+                // It takes the frames; they stay readable until it has, so look at the
+                // channel alone for a moment.
+                fds[0].revents = 0;
+                // SAFETY: one pollfd for the duration of the call.
+                if unsafe { libc::poll(fds.as_mut_ptr(), 1, BUSY_ENGINE_WAIT_MS) } < 0 {
+                    interrupted()?;
+                }
             }
+            Some(TakeFrames::Stopped) | None => return Ok(()),
         }
     }
 }

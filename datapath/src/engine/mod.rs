@@ -252,6 +252,17 @@ pub enum EngineError {
     },
 }
 
+/// What [`Engine::take_frames`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeFrames {
+    /// It ran a round: the frames that waited were taken.
+    Taken,
+    /// Another thread is in the engine, and takes the frames.
+    OtherThread,
+    /// The engine has stopped or failed: nothing takes frames any more.
+    Stopped,
+}
+
 /// Engine-level counters (the transport's own are in [`Device::counters`]).
 #[derive(Debug, Default)]
 pub struct EngineCounters {
@@ -1323,12 +1334,12 @@ impl Engine {
     /// A descriptor that polls readable while received frames wait for the engine, for an
     /// application thread about to block until a completion event (`ibv_get_cq_event`). That
     /// thread can then take the frames itself ([`Engine::take_frames`]) rather than wait for
-    /// the progress thread to be woken by them and to wake it in turn: one wake-up per message
-    /// instead of two. `None` when the port has no such descriptor (a doorbell, which stays
-    /// readable after its frames were taken) or the engine has stopped or failed. The
-    /// descriptor is the engine's: it is closed when the engine stops.
+    /// the progress thread to take them and wake it. `None` when the port has no such
+    /// descriptor (a doorbell, which stays readable after its frames were taken) or the engine
+    /// has stopped. The descriptor is the engine's: it is closed when the engine stops. Takes
+    /// no lock.
     pub fn frames_fd(&self) -> Option<RawFd> {
-        if self.shared.stop.load(Ordering::SeqCst) || self.failure().is_some() {
+        if self.shared.stop.load(Ordering::SeqCst) {
             return None;
         }
         self.frames_fd
@@ -1336,18 +1347,17 @@ impl Engine {
 
     /// Runs a round of progress (receive, timers, events, transmit) from the calling thread
     /// when no other thread is in the engine, as the progress thread would: the events the
-    /// frames raise go to their completion channels. `false` when another thread held the
-    /// engine (it takes the frames then) or the engine has stopped or failed.
-    pub fn take_frames(&self) -> bool {
+    /// frames raise go to their completion channels. Never waits for the engine's lock.
+    pub fn take_frames(&self) -> TakeFrames {
         if self.shared.stop.load(Ordering::SeqCst) {
-            return false;
+            return TakeFrames::Stopped;
         }
         let Some(mut guard) = self.shared.try_state() else {
-            return false;
+            return TakeFrames::OtherThread;
         };
         let st = &mut *guard;
         if st.io.failed {
-            return false;
+            return TakeFrames::Stopped;
         }
         // As `progress_once`, which holds no ACK: nothing is held for an application that
         // learns of its completions from events (see `progress::thread_round`).
@@ -1365,7 +1375,7 @@ impl Engine {
         } else {
             self.wake_for_sooner_deadline(st, false);
         }
-        true
+        TakeFrames::Taken
     }
 
     /// Polls `cq` until at least one completion arrives or `timeout` passes; returns how many

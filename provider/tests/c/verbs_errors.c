@@ -391,6 +391,28 @@ static void *wait_for_cq_event(void *arg)
     return NULL;
 }
 
+/* Cleanup handler of a cancelled waiter. */
+static void mark_cancelled(void *arg)
+{
+    struct cq_event_waiter *w = arg;
+    w->err = ECANCELED;
+    __sync_synchronize();
+    w->done = 1;
+}
+
+static void *wait_for_cq_event_until_cancelled(void *arg)
+{
+    struct cq_event_waiter *w = arg;
+    pthread_cleanup_push(mark_cancelled, w);
+    void *cq_ctx;
+    w->rc = ibv_get_cq_event(w->ch, &w->cq, &cq_ctx);
+    pthread_cleanup_pop(0);
+    w->err = 0;
+    __sync_synchronize();
+    w->done = 1;
+    return NULL;
+}
+
 /* Waits (bounded) for the waiter to return; 1 when it did. */
 static int waiter_returned(struct cq_event_waiter *w, int ms)
 {
@@ -986,6 +1008,33 @@ int main(int argc, char **argv)
             }
         }
         signal(SIGUSR1, SIG_DFL);
+        free_flushing_qp(&f);
+    }
+
+    /* A thread cancelled while it waits in ibv_get_cq_event ends there, as it does in the
+     * read(2) of libibverbs' own definition (rping cancels its CQ thread so); the process goes
+     * on. */
+    {
+        struct flushing_qp f = make_flushing_qp();
+        struct cq_event_waiter w = {.ch = f.ch};
+        int armed = f.in_error && ibv_req_notify_cq(f.cq, 0) == 0;
+        int started =
+            armed && pthread_create(&w.thread, NULL, wait_for_cq_event_until_cancelled, &w) == 0;
+        /* Long enough for the waiter to be blocked. */
+        usleep(200 * 1000);
+        int asked = started && !w.done && pthread_cancel(w.thread) == 0;
+        int ended = asked && waiter_returned(&w, 2000);
+        void *ret = NULL;
+        if (ended)
+            pthread_join(w.thread, &ret);
+        CHECK("a_thread_waiting_for_a_cq_event_can_be_cancelled",
+              ended && ret == PTHREAD_CANCELED && w.err == ECANCELED,
+              "armed %d, started %d, cancel asked %d, ended %d (rc %d)", armed, started, asked,
+              ended, w.rc);
+        if (started && !ended) {
+            printf("FAIL setup: a cancelled thread stays blocked in ibv_get_cq_event\n");
+            return 1;
+        }
         free_flushing_qp(&f);
     }
 
