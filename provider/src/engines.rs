@@ -52,9 +52,15 @@ fn capture_path(netdev: &str) -> Option<std::path::PathBuf> {
 
 impl EngineRef {
     /// Whether this process started the engine (a forked child's is its parent's; see
-    /// [`inherited`], which also says so on stderr).
+    /// [`inherited`], which also says so on stderr). Asks the kernel only when the id the
+    /// fork handlers keep differs (a child made without them keeps its parent's).
     pub fn started_by_this_process(&self) -> bool {
-        self.pid == std::process::id()
+        if self.pid == process_id() {
+            return true;
+        }
+        let me = std::process::id();
+        PROCESS_ID.store(me, Ordering::Relaxed);
+        self.pid == me
     }
 
     /// A context stopped using this engine. When none is left the engine stops, whatever
@@ -260,14 +266,10 @@ fn process_id() -> u32 {
 /// memory: a mismatch is checked against `getpid` before it is believed, so that such a
 /// child's own objects work (its use of the parent's is not caught).
 pub fn inherited(engine: &EngineRef) -> bool {
-    if engine.pid == process_id() {
+    if engine.started_by_this_process() {
         return false;
     }
     let me = std::process::id();
-    PROCESS_ID.store(me, Ordering::Relaxed);
-    if engine.pid == me {
-        return false;
-    }
     static SAID_IN: AtomicU32 = AtomicU32::new(0);
     if SAID_IN.swap(me, Ordering::Relaxed) != me {
         xroce_datapath::stderr_line!(
