@@ -18,6 +18,7 @@ pub mod cpu_time;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod engine;
+pub mod ethtool;
 pub mod netlink;
 pub mod netns;
 pub mod port;

@@ -8,6 +8,12 @@
 //! 60 1 KiB datagrams per `sendmsg` carried 61-66 MB/s to an AF_XDP receiver where AF_XDP's
 //! copy mode carried 31-38 (`docs/decisions.md`, "Stop 62").
 //!
+//! On a veth pair the kernel's path per frame is cheaper this way too: the UDP stack builds a
+//! batch's frames from one buffer where AF_XDP's copy mode allocates and fills an skb per
+//! descriptor. Between two namespaces the sender's kernel time per 4 KiB frame fell by about
+//! a tenth and the 64 B message rate rose by about a seventh (`docs/decisions.md`, "Stop 64").
+//! There batching waits on the veth not offloading UDP segmentation ([`AutoBatching`]).
+//!
 //! The engine still builds whole frames. For each IPv4 RoCEv2 frame this port keeps the UDP
 //! payload (BTH to ICRC) and lets the kernel write the Ethernet, IP and UDP headers. What the
 //! kernel writes differs from the engine's in two fields the ICRC covers: the IP
@@ -22,17 +28,21 @@
 //! ([`MIN_BATCH`]); from the next round on they are sorted into batches, and a batch that ends
 //! shorter goes through AF_XDP as built. A round that took several frames and sent no batch
 //! turns batching off again. A stream batches, and so do messages of four packets or more; a
-//! ping-pong of one-packet messages (an answer and an ACK per round) never does. The AF_XDP socket is kicked before each batch goes to the UDP socket, so
-//! frames leave in the order they were built.
+//! ping-pong of one-packet messages (an answer and an ACK per round) never does. The AF_XDP
+//! socket is kicked before each batch goes to the UDP socket, so frames leave in the order
+//! they were built. While a batch is open, the engine builds the next frame where its segment
+//! would follow in the batch's buffer ([`Batcher::build_at_tail`]), so a stream's payloads are
+//! copied once, from the application's memory, as into AF_XDP's ring.
 //!
 //! Frames it does not take this way (IPv6, VLAN-tagged, anything not RoCEv2) go out through
 //! the AF_XDP socket as before. What is lost: the per-QP UDP source port (every batched frame
 //! carries the socket's), which spreads QPs over the paths of a multi-path fabric.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 use xroce_core::icrc::IcrcRewriter;
 use xroce_core::wire::udp::{self, UdpPacket};
@@ -80,7 +90,8 @@ impl std::str::FromStr for Transmit {
             "udp-gso" | "udp_gso" => Ok(Transmit::UdpGso),
             other => Err(format!(
                 "unknown transmit path {other:?} in {TRANSMIT_ENV}: use auto (the default: \
-                 udp-gso on virtio-net in copy mode), udp-gso or af-xdp"
+                 udp-gso in copy mode on virtio-net and on a veth whose peer runs native XDP), \
+                 udp-gso or af-xdp"
             )),
         }
     }
@@ -116,7 +127,10 @@ struct BatchKey {
 struct Batch {
     key: BatchKey,
     segments: usize,
-    bytes: Vec<u8>,
+    /// Room for a frame's headers (see [`Batcher::build_at_tail`]), then the segments up to `end`,
+    /// then room for the next frame.
+    buf: Vec<u8>,
+    end: usize,
     /// While the batch is shorter than [`MIN_BATCH`], its segments are kept as built, and
     /// these are their frames' headers: a batch that ends so short goes out through AF_XDP as
     /// those frames.
@@ -126,6 +140,11 @@ struct Batch {
 }
 
 impl Batch {
+    /// The segments, as the socket sends them.
+    fn bytes(&self) -> &[u8] {
+        &self.buf[HEADERS_LEN..self.end]
+    }
+
     /// Writes segment `index` of a short batch back into the frame the engine built; its
     /// length. (`None` for a batch of [`MIN_BATCH`] or more, whose segments are no longer as
     /// built.)
@@ -137,7 +156,7 @@ impl Batch {
         let len = HEADERS_LEN + seg;
         let frame = buf.get_mut(..len)?;
         frame[..HEADERS_LEN].copy_from_slice(self.built_headers.get(index)?);
-        frame[HEADERS_LEN..].copy_from_slice(self.bytes.get(index * seg..(index + 1) * seg)?);
+        frame[HEADERS_LEN..].copy_from_slice(self.bytes().get(index * seg..(index + 1) * seg)?);
         Some(len)
     }
 }
@@ -204,12 +223,25 @@ fn icrc_of(segment: &[u8]) -> u32 {
     u32::from_le_bytes(stored)
 }
 
+/// What became of a frame built at the open batch's tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TailBuild {
+    /// It joined the batch.
+    Added,
+    /// It is for elsewhere (another batch, or AF_XDP), copied out: its length.
+    Elsewhere(usize),
+    /// Nothing was built.
+    Nothing,
+}
+
 /// Builds the batches: each segment's ICRC changed for the identification and source port the
 /// kernel will write (see the module's notes).
 #[derive(Debug)]
 struct Batcher {
     /// The socket's source port.
     src_port: u16,
+    /// The longest frame the engine builds.
+    max_frame: usize,
     rewriter: IcrcRewriter,
     /// The batch still taking segments.
     open: Option<Batch>,
@@ -220,14 +252,24 @@ struct Batcher {
 }
 
 impl Batcher {
-    fn new(src_port: u16) -> Self {
+    fn new(src_port: u16, max_frame: usize) -> Self {
         Batcher {
             src_port,
+            max_frame,
             rewriter: IcrcRewriter::new(),
             open: None,
             closed: VecDeque::new(),
             spare: Vec::new(),
         }
+    }
+
+    /// Whether the open batch takes `seg`'s segment of `len` bytes.
+    fn fits(&self, seg: &Segment, len: usize) -> bool {
+        self.open.as_ref().is_some_and(|b| {
+            b.key == seg.key
+                && b.segments < MAX_SEGMENTS
+                && b.end - HEADERS_LEN + len <= MAX_BATCH_BYTES
+        })
     }
 
     /// Adds the segment of `frame` to the open batch, or closes it and opens another. The
@@ -243,74 +285,160 @@ impl Batcher {
         ) else {
             return false;
         };
-        let fits = self.open.as_ref().is_some_and(|b| {
-            b.key == seg.key
-                && b.segments < MAX_SEGMENTS
-                && b.bytes.len() + payload.len() <= MAX_BATCH_BYTES
-        });
-        if !fits {
+        if !self.fits(seg, payload.len()) {
             if let Some(b) = self.open.take() {
                 self.closed.push_back(b);
             }
         }
         let Some(batch) = &mut self.open else {
-            let mut bytes = self.spare.pop().unwrap_or_default();
-            bytes.clear();
-            bytes.extend_from_slice(payload);
+            let mut buf = self.spare.pop().unwrap_or_default();
+            // Never shrunk: a frame is built into it without clearing it first.
+            buf.resize(HEADERS_LEN + MAX_BATCH_BYTES + self.max_frame, 0);
+            let end = HEADERS_LEN + payload.len();
+            buf[HEADERS_LEN..end].copy_from_slice(payload);
             let mut built_headers = [[0u8; HEADERS_LEN]; MIN_BATCH - 1];
             built_headers[0] = headers;
             self.open = Some(Batch {
                 key: seg.key,
                 segments: 1,
-                bytes,
+                buf,
+                end,
                 built_headers,
                 sent_built: 0,
             });
             return true;
         };
+        let at = batch.end;
+        let Some(place) = batch.buf.get_mut(at..at + payload.len()) else {
+            return false;
+        };
+        place.copy_from_slice(payload);
+        Self::take_segment(
+            &mut self.rewriter,
+            self.src_port,
+            batch,
+            seg,
+            headers,
+            payload.len(),
+        )
+    }
+
+    /// Builds a frame with `build` where its segment would follow the open batch's last, so
+    /// that a stream's segments are not copied once more: the frame's headers go over the end
+    /// of that segment, whose bytes are put back once the headers are read. A frame for the
+    /// open batch joins it there; any other is copied, headers and all, into `elsewhere` (at
+    /// least as long as the longest frame).
+    fn build_at_tail(
+        &mut self,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        elsewhere: &mut [u8],
+    ) -> TailBuild {
+        let Some(batch) = &mut self.open else {
+            return TailBuild::Nothing;
+        };
+        let at = batch.end - HEADERS_LEN;
+        let max = self
+            .max_frame
+            .min(batch.buf.len() - at)
+            .min(elsewhere.len());
+        let tail = &mut batch.buf[at..at + max];
+        let mut saved = [0u8; HEADERS_LEN];
+        saved.copy_from_slice(&tail[..HEADERS_LEN]);
+        let built = build(tail).filter(|&l| l > 0 && l <= max);
+        let Some(len) = built else {
+            tail[..HEADERS_LEN].copy_from_slice(&saved);
+            return TailBuild::Nothing;
+        };
+        let seg = segment_of(&tail[..len]);
+        let mut headers = [0u8; HEADERS_LEN];
+        let head = len.min(HEADERS_LEN);
+        headers[..head].copy_from_slice(&tail[..head]);
+        tail[..HEADERS_LEN].copy_from_slice(&saved);
+        if let Some(seg) = seg {
+            let seg_len = seg.end - seg.start;
+            if self.fits(&seg, seg_len) {
+                if let Some(batch) = &mut self.open {
+                    if Self::take_segment(
+                        &mut self.rewriter,
+                        self.src_port,
+                        batch,
+                        &seg,
+                        headers,
+                        seg_len,
+                    ) {
+                        return TailBuild::Added;
+                    }
+                }
+            }
+        }
+        let Some(batch) = &self.open else {
+            // Not reached: nothing above closes the batch.
+            debug_assert!(
+                false,
+                "the open batch went while a frame was built at its tail"
+            );
+            return TailBuild::Nothing;
+        };
+        elsewhere[..head].copy_from_slice(&headers[..head]);
+        if len > head {
+            elsewhere[head..len].copy_from_slice(&batch.buf[at + head..at + len]);
+        }
+        TailBuild::Elsewhere(len)
+    }
+
+    /// Takes into `batch` the segment of `len` bytes now at its end, built with `headers`.
+    fn take_segment(
+        rewriter: &mut IcrcRewriter,
+        src_port: u16,
+        batch: &mut Batch,
+        seg: &Segment,
+        headers: [u8; HEADERS_LEN],
+        len: usize,
+    ) -> bool {
         let index = batch.segments;
+        let at = batch.end;
         if index < MIN_BATCH - 1 {
             batch.built_headers[index] = headers;
-            batch.bytes.extend_from_slice(payload);
+            batch.end += len;
             batch.segments += 1;
             return true;
         }
+        let Some(segment) = batch.buf.get(at..at + len) else {
+            return false;
+        };
         // The identification the kernel gives a segment is its place in the batch.
-        let ip_total_len = IPV4_LEN + UDP_LEN + payload.len();
-        let Some(icrc) = self.rewriter.rewritten(
-            icrc_of(payload),
-            ip_total_len,
+        let Some(icrc) = rewriter.rewritten(
+            icrc_of(segment),
+            IPV4_LEN + UDP_LEN + len,
             seg.ident ^ index as u16,
-            seg.src_port ^ self.src_port,
+            seg.src_port ^ src_port,
         ) else {
             return false;
         };
         if index == MIN_BATCH - 1 {
             // The batch is long enough: the segments kept as built become the batch's.
-            let len = payload.len();
             let mut rewritten = [0u32; MIN_BATCH - 1];
+            let kept = batch.bytes();
             for (i, headers) in batch.built_headers.iter().enumerate() {
                 let (ident, port) = ident_and_port(headers);
-                let kept = &batch.bytes[i * len..(i + 1) * len];
-                let Some(icrc) = self.rewriter.rewritten(
-                    icrc_of(kept),
-                    ip_total_len,
+                let Some(icrc) = rewriter.rewritten(
+                    icrc_of(&kept[i * len..(i + 1) * len]),
+                    IPV4_LEN + UDP_LEN + len,
                     ident ^ i as u16,
-                    port ^ self.src_port,
+                    port ^ src_port,
                 ) else {
                     return false;
                 };
                 rewritten[i] = icrc;
             }
             for (i, icrc) in rewritten.iter().enumerate() {
-                batch.bytes[(i + 1) * len - ICRC_LEN..(i + 1) * len]
-                    .copy_from_slice(&icrc.to_le_bytes());
+                let icrc_at = HEADERS_LEN + (i + 1) * len - ICRC_LEN;
+                batch.buf[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&icrc.to_le_bytes());
             }
         }
-        batch
-            .bytes
-            .extend_from_slice(&payload[..payload.len() - ICRC_LEN]);
-        batch.bytes.extend_from_slice(&icrc.to_le_bytes());
+        let icrc_at = at + len - ICRC_LEN;
+        batch.buf[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&icrc.to_le_bytes());
+        batch.end += len;
         batch.segments += 1;
         true
     }
@@ -331,71 +459,61 @@ impl Batcher {
 
     fn sent_oldest(&mut self) {
         if let Some(b) = self.closed.pop_front() {
-            self.spare.push(b.bytes);
+            self.spare.push(b.buf);
         }
     }
+
+    /// Drops every batch not sent: its frames are lost, as on a wire (the transport resends).
+    fn drop_all(&mut self) -> usize {
+        let mut frames = 0;
+        while let Some(b) = self.oldest() {
+            frames += b.segments - b.sent_built;
+            self.sent_oldest();
+        }
+        frames
+    }
 }
 
-/// Whether batching is what `auto` does on `iface`: on virtio-net, where it was measured (see
-/// the module's notes). Elsewhere it stays off unless asked for: where a virtual link hands a
-/// batch on whole (a bridge's port, say), a receiver in generic XDP mode gets it as one
-/// oversized frame and loses it; and a NIC that segments in hardware might number the IP
-/// identifications otherwise than Linux does, which the ICRCs count on.
+/// What `auto` does on an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoBatching {
+    /// Every frame through AF_XDP.
+    Off,
+    /// Batches (virtio-net).
+    On,
+    /// Batches while the kernel segments UDP in software (a veth whose `tx-udp-segmentation`
+    /// is off), re-read as it goes ([`REFRESH`]).
+    WhileSegmentedInSoftware,
+}
+
+/// The feature whose absence means the kernel cuts a batch into frames before the driver.
+const UDP_SEGMENTATION: &str = "tx-udp-segmentation";
+
+/// What `auto` does on `iface` (read in the calling thread's network namespace):
+/// - on virtio-net it batches: there copy mode notifies the device for every frame (see the
+///   module's notes);
+/// - on a veth it batches while the veth does not offload UDP segmentation, which a veth takes
+///   off when its peer runs native XDP (as xroce's engine does): the kernel then cuts each
+///   batch into frames before they cross, and the peer's XDP program sees frames. A veth
+///   whose peer runs no XDP or generic XDP would hand the batch across whole: a receiver in
+///   generic XDP mode gets one oversized frame and loses it (seen with devices on bridges);
+/// - elsewhere it does not: a NIC that segments in hardware might number the IP
+///   identifications otherwise than Linux does, which the ICRCs count on; and every batched
+///   frame carries the socket's source port, not its QP's, which a multi-path fabric spreads
+///   QPs by.
+pub fn auto_batching(iface: &str) -> AutoBatching {
+    match crate::ethtool::driver_name(iface).as_deref() {
+        Some("virtio_net") => AutoBatching::On,
+        Some("veth") if crate::ethtool::feature_active(iface, UDP_SEGMENTATION) == Some(false) => {
+            AutoBatching::WhileSegmentedInSoftware
+        }
+        _ => AutoBatching::Off,
+    }
+}
+
+/// Whether `auto` batches on `iface` ([`auto_batching`]).
 pub fn batching_pays_on(iface: &str) -> bool {
-    driver_name(iface).is_some_and(|d| d == "virtio_net")
-}
-
-/// The interface's driver, asked with `ETHTOOL_GDRVINFO` in the calling thread's network
-/// namespace.
-pub fn driver_name(iface: &str) -> Option<String> {
-    /// `struct ethtool_drvinfo` (linux/ethtool.h).
-    #[repr(C)]
-    struct DrvInfo {
-        cmd: u32,
-        driver: [u8; 32],
-        version: [u8; 32],
-        fw_version: [u8; 32],
-        bus_info: [u8; 32],
-        erom_version: [u8; 32],
-        reserved2: [u8; 12],
-        counts: [u32; 5],
-    }
-    const ETHTOOL_GDRVINFO: u32 = 0x3;
-    let name = iface.as_bytes();
-    if name.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
-    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut info = DrvInfo {
-        cmd: ETHTOOL_GDRVINFO,
-        driver: [0; 32],
-        version: [0; 32],
-        fw_version: [0; 32],
-        bus_info: [0; 32],
-        erom_version: [0; 32],
-        reserved2: [0; 12],
-        counts: [0; 5],
-    };
-    // SAFETY: an all-zero ifreq is a valid value; the name and data pointer are set below.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, &b) in req.ifr_name.iter_mut().zip(name) {
-        *dst = b as libc::c_char;
-    }
-    req.ifr_ifru.ifru_data = (&mut info as *mut DrvInfo).cast();
-    // SAFETY: SIOCETHTOOL reads `req` and writes at most a `struct ethtool_drvinfo` at its
-    // data pointer, which `info` is and which outlives the call.
-    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCETHTOOL, &mut req) };
-    if rc < 0 {
-        return None;
-    }
-    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
-    Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+    auto_batching(iface) != AutoBatching::Off
 }
 
 /// The UDP socket batches leave through.
@@ -442,17 +560,49 @@ pub struct UdpGsoPort<P> {
     last_key: Option<BatchKey>,
     run: usize,
     long_run_since_flush: bool,
+    /// Batching waits on the kernel segmenting in software ([`AutoBatching`]): what that
+    /// said when last read.
+    segmented_in_software: Option<bool>,
+    /// Whether an address is one of the engine's namespace's own (see
+    /// [`UdpGsoPort::reachable_by_socket`]), and the answers so far.
+    is_local: LocalCheck,
+    destinations: HashMap<Ipv4Addr, bool>,
+    /// The offload's place among the interface's features, once looked up.
+    offload_index: Option<crate::ethtool::FeatureIndex>,
+    /// When those two were last read.
+    refreshed: Instant,
 }
+
+/// Tells whether an IPv4 address is one of the engine's namespace's own.
+pub type LocalCheck = Box<dyn Fn(Ipv4Addr) -> bool + Send>;
+
+/// How often what a port asks the kernel (an offload, local addresses) is asked again. The
+/// offload is read under the kernel's RTNL lock, which a busy host can hold for a while, so
+/// not often: a veth's peer that loses its XDP program is noticed within this.
+const REFRESH: Duration = Duration::from_secs(1);
+/// Destinations whose answers are kept; more and the map starts again.
+const MAX_DESTINATIONS: usize = 4096;
 
 impl<P: Port> UdpGsoPort<P> {
     /// Wraps `inner` (the engine's AF_XDP sockets on `iface`), whose frames are at most
-    /// `max_frame` bytes.
-    pub fn new(inner: P, socket: GsoSocket, iface: &str, ifindex: u32, max_frame: usize) -> Self {
+    /// `max_frame` bytes. With `while_segmented_in_software`, batches go only while the
+    /// interface does not offload UDP segmentation ([`AutoBatching::WhileSegmentedInSoftware`]).
+    /// `is_local` says which destinations are the namespace's own addresses: frames to those
+    /// never go through the socket ([`is_local_ipv4`], asked in the engine's namespace).
+    pub fn new(
+        inner: P,
+        socket: GsoSocket,
+        iface: &str,
+        ifindex: u32,
+        max_frame: usize,
+        while_segmented_in_software: bool,
+        is_local: LocalCheck,
+    ) -> Self {
         UdpGsoPort {
             inner,
             socket: socket.fd,
             ifindex,
-            batcher: Batcher::new(socket.src_port),
+            batcher: Batcher::new(socket.src_port, max_frame),
             scratch: vec![0u8; max_frame],
             held: None,
             refused: false,
@@ -464,7 +614,19 @@ impl<P: Port> UdpGsoPort<P> {
             last_key: None,
             run: 0,
             long_run_since_flush: false,
+            segmented_in_software: while_segmented_in_software.then_some(true),
+            is_local,
+            destinations: HashMap::new(),
+            offload_index: None,
+            refreshed: Instant::now(),
         }
+    }
+
+    /// Whether batches may go: always, unless they wait on the kernel segmenting in software
+    /// and it no longer does.
+    fn may_batch(&mut self) -> bool {
+        self.refresh();
+        self.segmented_in_software.unwrap_or(true)
     }
 
     /// Whether a frame can be taken now: the held frame went, and not too many batches wait.
@@ -494,24 +656,79 @@ impl<P: Port> UdpGsoPort<P> {
         } else {
             1
         };
-        self.long_run_since_flush |= key.is_some() && self.run >= MIN_BATCH;
+        if let Some(k) = key.filter(|_| self.run == MIN_BATCH) {
+            self.long_run_since_flush |= self.reachable_by_socket(k.dst);
+        }
         self.last_key = key;
+    }
+
+    /// Whether the UDP socket's datagrams to `dst` leave through the interface: not when `dst`
+    /// is an address of the engine's own namespace (two devices of one host cabled together),
+    /// which the kernel delivers through its loopback interface instead. Asked once per
+    /// destination and [`REFRESH`].
+    fn reachable_by_socket(&mut self, dst: Ipv4Addr) -> bool {
+        if let Some(&reachable) = self.destinations.get(&dst) {
+            return reachable;
+        }
+        let reachable = !(self.is_local)(dst);
+        if self.destinations.len() >= MAX_DESTINATIONS {
+            self.destinations.clear();
+        }
+        self.destinations.insert(dst, reachable);
+        reachable
+    }
+
+    /// What is read again now and then: the destinations' answers, and whether the interface
+    /// segments in software (read through the UDP socket, so in the engine's namespace
+    /// whichever thread asks).
+    fn refresh(&mut self) {
+        if self.refreshed.elapsed() < REFRESH {
+            return;
+        }
+        self.refreshed = Instant::now();
+        self.destinations.clear();
+        if let Some(in_software) = &mut self.segmented_in_software {
+            let fd = self.socket.as_raw_fd();
+            if self.offload_index.is_none() {
+                self.offload_index =
+                    crate::ethtool::feature_index_via(fd, &self.iface, UDP_SEGMENTATION);
+            }
+            *in_software = self
+                .offload_index
+                .and_then(|at| crate::ethtool::feature_bit_via(fd, &self.iface, at))
+                == Some(false);
+        }
     }
 
     /// Sorts the frame in `scratch[..len]`: a batch's segment, or a frame for AF_XDP.
     fn take(&mut self, len: usize) {
         self.taken_since_flush += 1;
-        let frame = &self.scratch[..len];
-        if let Some(seg) = segment_of(frame) {
-            if self.batcher.add(frame, &seg) {
+        if let Some(seg) = segment_of(&self.scratch[..len]) {
+            // The open batch's destination was asked about when it opened.
+            let reachable = self.batcher.fits(&seg, seg.end - seg.start)
+                || self.reachable_by_socket(seg.key.dst);
+            if reachable && self.batcher.add(&self.scratch[..len], &seg) {
                 return;
             }
         }
+        let frame = &self.scratch[..len];
         if self.inner.send(frame) {
             self.unkicked = true;
         } else {
             self.held = Some(frame.to_vec());
         }
+    }
+
+    /// Builds a frame where its segment would follow the open batch's last
+    /// ([`Batcher::build_at_tail`]); a frame that is not for that batch is sorted as one built
+    /// elsewhere.
+    fn build_on_open_batch(&mut self, build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
+        match self.batcher.build_at_tail(build, &mut self.scratch) {
+            TailBuild::Added => self.taken_since_flush += 1,
+            TailBuild::Elsewhere(len) => self.take(len),
+            TailBuild::Nothing => {}
+        }
+        true
     }
 
     /// Sends the waiting batches, oldest first. Stops, leaving the rest, when the socket has
@@ -623,6 +840,9 @@ impl<P: Port> Port for UdpGsoPort<P> {
         if !self.room() {
             return false;
         }
+        if self.batcher.open.is_some() {
+            return self.build_on_open_batch(build);
+        }
         let max = self.scratch.len();
         let Some(len) = build(&mut self.scratch).filter(|&l| l > 0 && l <= max) else {
             return true;
@@ -639,10 +859,18 @@ impl<P: Port> Port for UdpGsoPort<P> {
     /// they were built.
     fn flush(&mut self) -> io::Result<()> {
         if !self.batching {
-            let flushed = self.inner.flush();
+            // Batches left when batching ended (the socket full as the kernel refused one):
+            // they go, or are refused and dropped, before anything built since.
+            let leftovers = if self.batcher.waiting() > 0 {
+                self.send_batches()
+            } else {
+                Ok(())
+            };
+            let flushed = leftovers.and(self.inner.flush());
             if std::mem::take(&mut self.long_run_since_flush)
                 && !self.inner.tx_pending()
                 && !self.refused
+                && self.may_batch()
             {
                 self.batching = true;
             }
@@ -655,6 +883,24 @@ impl<P: Port> Port for UdpGsoPort<P> {
                 self.held = None;
                 self.unkicked = true;
             }
+        }
+        if !self.may_batch() {
+            // The interface would now hand the batches on whole, and the receiver's program
+            // would lose them: dropped here instead, and the frames built from now on go
+            // through AF_XDP.
+            let dropped = self.batcher.drop_all();
+            if dropped > 0 {
+                crate::stderr_line!(
+                    "xroce: netdev {}: the interface now offloads UDP segmentation (its peer's \
+                     XDP program went?); {dropped} frames waiting in batches were dropped and \
+                     are resent through AF_XDP",
+                    self.iface
+                );
+            }
+            self.batching = false;
+            self.batched_since_flush = false;
+            self.taken_since_flush = 0;
+            return self.inner.flush();
         }
         let batches = self.send_batches();
         let inner = self.inner.flush();
@@ -682,6 +928,47 @@ impl<P: Port> Port for UdpGsoPort<P> {
     fn rx_drops(&self) -> RxDrops {
         self.inner.rx_drops()
     }
+}
+
+/// Whether `addr` is one of the calling thread's network namespace's own addresses: a UDP
+/// socket can be bound to it. An error other than "not here" counts as yes, so that frames of
+/// a destination not known to be elsewhere keep going through AF_XDP.
+pub fn is_local_ipv4(addr: Ipv4Addr) -> bool {
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return true;
+    }
+    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    match bind_ipv4(&socket, addr) {
+        Ok(()) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
+    }
+}
+
+/// Binds `socket` to `addr` and a port the kernel picks.
+fn bind_ipv4(socket: &OwnedFd, addr: Ipv4Addr) -> io::Result<()> {
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(addr.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `sa` is a valid sockaddr_in for the duration of the call.
+    let rc = unsafe {
+        libc::bind(
+            socket.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A non-blocking UDP socket bound to `iface` and to a port the kernel picks, sending with DF
@@ -732,23 +1019,7 @@ fn udp_socket(iface: &str) -> io::Result<OwnedFd> {
     }
     // Nothing is received on this socket; the least buffer the kernel allows.
     let _ = set(libc::SOL_SOCKET, libc::SO_RCVBUF, &0i32.to_ne_bytes());
-    let any = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: 0 },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `any` is a valid sockaddr_in for the duration of the call.
-    let rc = unsafe {
-        libc::bind(
-            socket.as_raw_fd(),
-            (&any as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    bind_ipv4(&socket, Ipv4Addr::UNSPECIFIED)?;
     Ok(socket)
 }
 
@@ -794,9 +1065,10 @@ fn send_batch(fd: RawFd, ifindex: u32, batch: &Batch) -> io::Result<()> {
         },
         sin_zero: [0; 8],
     };
+    let bytes = batch.bytes();
     let mut iov = libc::iovec {
-        iov_base: batch.bytes.as_ptr() as *mut libc::c_void,
-        iov_len: batch.bytes.len(),
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
     };
     let mut control = Control {
         bytes: [0; CONTROL_LEN],
@@ -879,7 +1151,7 @@ mod tests {
     /// The IP packet the kernel makes of segment `index` of `batch`.
     fn as_sent(batch: &Batch, index: usize, src_port: u16) -> Vec<u8> {
         let seg = usize::from(batch.key.segment);
-        let payload = &batch.bytes[index * seg..(index + 1) * seg];
+        let payload = &batch.bytes()[index * seg..(index + 1) * seg];
         let total = IPV4_LEN + UDP_LEN + seg;
         let mut p = vec![0u8; total];
         p[0] = 0x45;
@@ -923,7 +1195,7 @@ mod tests {
     /// Adds `count` equal frames of `payload` bytes to one peer; returns the batches' sizes,
     /// after checking every segment's ICRC as the kernel will send it.
     fn batch_sizes(count: u16, payload: usize) -> Vec<usize> {
-        let mut b = Batcher::new(45_678);
+        let mut b = Batcher::new(45_678, 9000);
         for i in 0..count {
             let f = frame(payload, 1000 + i, 0xc000 + i, [10, 0, 0, 2]);
             let seg = segment_of(&f).unwrap();
@@ -949,7 +1221,7 @@ mod tests {
 
     #[test]
     fn a_batch_ends_where_the_destination_or_the_length_changes() {
-        let mut b = Batcher::new(5000);
+        let mut b = Batcher::new(5000, 9000);
         let frames = [
             frame(1024, 1, 1, [10, 0, 0, 2]),
             frame(1024, 2, 1, [10, 0, 0, 2]),
@@ -971,7 +1243,7 @@ mod tests {
 
     #[test]
     fn a_short_batch_goes_back_into_the_frames_the_engine_built() {
-        let mut b = Batcher::new(5000);
+        let mut b = Batcher::new(5000, 9000);
         let lone = frame(100, 77, 0xc001, [10, 0, 0, 2]);
         let three = [78, 79, 80].map(|ident| frame(64, ident, 0xc001 + ident, [10, 0, 0, 2]));
         let four = [81, 82, 83, 84].map(|ident| frame(64, ident, 0xc001, [10, 0, 0, 3]));
@@ -1001,6 +1273,105 @@ mod tests {
     }
 
     #[test]
+    fn frames_built_at_the_batch_tail_make_the_batches_copying_makes() {
+        // Runs broken by a shorter frame and by new destinations (one for three frames only: a
+        // batch that stays short, two of its frames built at its tail), more than a batch
+        // holds.
+        let frames: Vec<Vec<u8>> = (0..200u16)
+            .map(|i| {
+                let payload = if i == 40 { 100 } else { 512 };
+                let dst = match i {
+                    60..=62 => [10, 0, 0, 4],
+                    0..=89 => [10, 0, 0, 2],
+                    _ => [10, 0, 0, 3],
+                };
+                frame(payload, 1000 + i, 0xc000 + (i % 3), dst)
+            })
+            .collect();
+        let mut vlan = frames[0].clone();
+        vlan[12..14].copy_from_slice(&[0x81, 0x00]);
+        let mut copied = Batcher::new(45_678, 9000);
+        let mut built = Batcher::new(45_678, 9000);
+        let mut elsewhere = vec![0u8; 9000];
+        let (mut at_tail, mut moved) = (0, 0);
+        for (i, f) in frames.iter().enumerate() {
+            assert!(copied.add(f, &segment_of(f).unwrap()));
+            if i % 7 == 3 {
+                // A build that writes and then gives up leaves the batch as it was ...
+                let none = built.build_at_tail(
+                    &mut |buf| {
+                        buf[..64].fill(0xee);
+                        None
+                    },
+                    &mut elsewhere,
+                );
+                assert!(matches!(none, TailBuild::Nothing));
+                // ... and so does a frame that is no batch's, which comes out whole.
+                if built.open.is_some() {
+                    let out = built.build_at_tail(
+                        &mut |buf| {
+                            buf[..vlan.len()].copy_from_slice(&vlan);
+                            Some(vlan.len())
+                        },
+                        &mut elsewhere,
+                    );
+                    assert_eq!(out, TailBuild::Elsewhere(vlan.len()));
+                    assert_eq!(&elsewhere[..vlan.len()], &vlan[..]);
+                }
+            }
+            let out = built.build_at_tail(
+                &mut |buf| {
+                    buf[..f.len()].copy_from_slice(f);
+                    Some(f.len())
+                },
+                &mut elsewhere,
+            );
+            match out {
+                TailBuild::Added => at_tail += 1,
+                TailBuild::Elsewhere(len) => {
+                    assert_eq!(&elsewhere[..len], &f[..], "frame {i} moved whole");
+                    let moved_frame = elsewhere[..len].to_vec();
+                    assert!(built.add(&moved_frame, &segment_of(&moved_frame).unwrap()));
+                    moved += 1;
+                }
+                TailBuild::Nothing => {
+                    assert!(built.open.is_none());
+                    assert!(built.add(f, &segment_of(f).unwrap()));
+                }
+            }
+        }
+        // Most frames were built in place; each change of batch moved one.
+        assert!(at_tail > 185, "{at_tail} built in place");
+        assert!(moved >= 6, "{moved} moved");
+        let (mut batches, mut short) = (0, false);
+        loop {
+            let (a, b) = (copied.oldest(), built.oldest());
+            let (Some(a), Some(b)) = (a, b) else {
+                assert!(copied.oldest().is_none() && built.oldest().is_none());
+                break;
+            };
+            assert_eq!((a.key, a.segments), (b.key, b.segments));
+            assert_eq!(a.bytes(), b.bytes(), "batch {batches}");
+            // A short batch goes back into the frames as built, headers and all.
+            let (mut fa, mut fb) = ([0u8; 9000], [0u8; 9000]);
+            for i in 0..a.segments {
+                assert_eq!(
+                    a.write_built_frame(i, &mut fa).map(|l| fa[..l].to_vec()),
+                    b.write_built_frame(i, &mut fb).map(|l| fb[..l].to_vec()),
+                    "batch {batches}, frame {i}"
+                );
+            }
+            short |= b.segments > 1 && b.segments < MIN_BATCH;
+            check_as_sent(b, 45_678);
+            copied.sent_oldest();
+            built.sent_oldest();
+            batches += 1;
+        }
+        assert!(batches >= 5, "{batches} batches");
+        assert!(short, "no short batch of several frames");
+    }
+
+    #[test]
     fn only_untagged_ipv4_rocev2_frames_are_batched() {
         let good = frame(64, 1, 1, [10, 0, 0, 2]);
         assert!(segment_of(&good).is_some());
@@ -1023,12 +1394,17 @@ mod tests {
     }
 
     #[test]
-    fn the_driver_of_an_interface_is_read() {
-        // Every namespace has a loopback device, whose driver has no ethtool name; an
-        // interface that does not exist has no driver at all.
-        assert_ne!(driver_name("lo").as_deref(), Some("virtio_net"));
-        assert_eq!(driver_name("xroce-no-such"), None);
-        assert_eq!(driver_name(&"x".repeat(40)), None);
+    fn local_addresses_are_told_from_others() {
+        assert!(is_local_ipv4(Ipv4Addr::LOCALHOST));
+        assert!(is_local_ipv4(Ipv4Addr::new(127, 0, 0, 2)));
+        // TEST-NET-1, documentation only: no host has it (the check sends nothing).
+        assert!(!is_local_ipv4(Ipv4Addr::new(192, 0, 2, 1)));
+    }
+
+    #[test]
+    fn auto_batches_on_no_loopback_and_no_missing_interface() {
+        assert_eq!(auto_batching("lo"), AutoBatching::Off);
+        assert_eq!(auto_batching("xroce-no-such"), AutoBatching::Off);
         assert!(!batching_pays_on("lo"));
     }
 

@@ -23,7 +23,7 @@ use xroce_core::wire::{
     Ipv4Repr, Opcode, RethRepr, TransportRepr, UdpRepr,
 };
 use xroce_datapath::afxdp::{XskConfig, XskSocket};
-use xroce_datapath::engine::{Backend, Engine, EngineConfig, VerbError};
+use xroce_datapath::engine::{Backend, Engine, EngineConfig, Transmit, VerbError};
 use xroce_datapath::netlink::std_address;
 use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::{registry, xdp};
@@ -471,12 +471,20 @@ impl<T> Side<T> {
 
 /// The RC workload: WRITE, READ, SEND and both atomics from side 0 to side 1; at least 100 MiB
 /// in total, every byte compared.
-fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32) {
-    rc_suite_on(mtu, path_mtu, drop_one_in, [Backend::AfXdp; 2]);
+fn rc_suite(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, transmit: Transmit) {
+    rc_suite_on(mtu, path_mtu, drop_one_in, [Backend::AfXdp; 2], transmit);
 }
 
-/// [`rc_suite`] with each side's engine on the backend given (client, server).
-fn rc_suite_on(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, backends: [Backend; 2]) {
+/// [`rc_suite`] with each side's engine on the backend given (client, server). With both ends'
+/// XDP programs native, `Transmit::Auto` batches through a UDP socket on the veth pair
+/// (checked), `Transmit::AfXdp` sends every frame through AF_XDP, as on a NIC.
+fn rc_suite_on(
+    mtu: u32,
+    path_mtu: PathMtu,
+    drop_one_in: u32,
+    backends: [Backend; 2],
+    transmit: Transmit,
+) {
     let setup = Setup::new(mtu);
     if drop_one_in != 0 {
         for side in 0..2 {
@@ -502,9 +510,15 @@ fn rc_suite_on(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, backends: [Backend
     let server = setup.pair.spawn_in(1, move || {
         let engine = Engine::start(EngineConfig {
             backend: backends[1],
+            transmit,
             ..EngineConfig::new(&server_iface)
         })
         .expect("engine");
+        assert_eq!(
+            engine.sends_through_udp_gso(),
+            backends[1] == Backend::AfXdp && transmit == Transmit::Auto,
+            "the server's transmit path"
+        );
         // What another process reads from the notes the engine leaves (on either backend).
         assert_eq!(
             xroce_datapath::engine::holder_multi_buffer(&server_iface),
@@ -569,9 +583,15 @@ fn rc_suite_on(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, backends: [Backend
     let client = setup.pair.spawn_in(0, move || {
         let engine = Engine::start(EngineConfig {
             backend: backends[0],
+            transmit,
             ..EngineConfig::new(&client_iface)
         })
         .expect("engine");
+        assert_eq!(
+            engine.sends_through_udp_gso(),
+            backends[0] == Backend::AfXdp && transmit == Transmit::Auto,
+            "the client's transmit path"
+        );
         let pd = engine.with_device(|d| d.alloc_pd());
         // [0, WRITE): WRITE source (its first SEND bytes are the SEND source); [WRITE, +READ):
         // READ target; then SEND source; then atomic results.
@@ -712,7 +732,13 @@ fn rc_suite_on(mtu: u32, path_mtu: PathMtu, drop_one_in: u32, backends: [Backend
 #[test]
 fn dpdk_port_against_af_xdp_moves_rc_traffic_mtu_1500() {
     if root_or_skip() {
-        rc_suite_on(1500, PathMtu::Mtu1024, 0, [Backend::Dpdk, Backend::AfXdp]);
+        rc_suite_on(
+            1500,
+            PathMtu::Mtu1024,
+            0,
+            [Backend::Dpdk, Backend::AfXdp],
+            Transmit::AfXdp,
+        );
     }
 }
 
@@ -721,36 +747,58 @@ fn dpdk_port_against_af_xdp_moves_rc_traffic_mtu_1500() {
 #[test]
 fn dpdk_ports_move_rc_traffic_mtu_9000() {
     if root_or_skip() {
-        rc_suite_on(9000, PathMtu::Mtu4096, 0, [Backend::Dpdk, Backend::Dpdk]);
+        rc_suite_on(
+            9000,
+            PathMtu::Mtu4096,
+            0,
+            [Backend::Dpdk, Backend::Dpdk],
+            Transmit::Auto,
+        );
     }
 }
 
+/// Every frame through AF_XDP, as on a NIC.
 #[test]
 fn rc_write_read_send_atomics_mtu_1500() {
     if root_or_skip() {
-        rc_suite(1500, PathMtu::Mtu1024, 0);
+        rc_suite(1500, PathMtu::Mtu1024, 0, Transmit::AfXdp);
     }
 }
 
-/// Path MTU 4096 on a 9000-byte veth: frames of two UMEM frames each (multi-buffer). A kernel
-/// without AF_XDP multi-buffer (before 6.6) carries at most 2048 (see the README's known
-/// limits); there the same transfers run at that.
+/// Path MTU 4096 on a 9000-byte veth: frames of two UMEM frames each (multi-buffer), sent
+/// through AF_XDP. A kernel without AF_XDP multi-buffer (before 6.6) carries at most 2048 (see
+/// the README's known limits); there the same transfers run at that.
 #[test]
 fn rc_write_read_send_atomics_mtu_9000_multi_buffer() {
     if root_or_skip() {
         if xroce_datapath::afxdp::kernel_supports_multi_buffer() {
-            rc_suite(9000, PathMtu::Mtu4096, 0);
+            rc_suite(9000, PathMtu::Mtu4096, 0, Transmit::AfXdp);
         } else {
             eprintln!("no AF_XDP multi-buffer in this kernel: path MTU 2048 instead of 4096");
-            rc_suite(9000, PathMtu::Mtu2048, 0);
+            rc_suite(9000, PathMtu::Mtu2048, 0, Transmit::AfXdp);
         }
     }
 }
 
+/// The same at path MTU 4096 as the engine sends by default on a veth pair: runs of frames in
+/// batches through a UDP socket.
+#[test]
+fn rc_write_read_send_atomics_mtu_9000_batched() {
+    if root_or_skip() {
+        let path_mtu = if xroce_datapath::afxdp::kernel_supports_multi_buffer() {
+            PathMtu::Mtu4096
+        } else {
+            PathMtu::Mtu2048
+        };
+        rc_suite(9000, path_mtu, 0, Transmit::Auto);
+    }
+}
+
+/// Batched, with 1 % of the RoCE frames dropped by the receivers' XDP programs.
 #[test]
 fn rc_transfers_survive_one_percent_loss() {
     if root_or_skip() {
-        rc_suite(1500, PathMtu::Mtu1024, 100);
+        rc_suite(1500, PathMtu::Mtu1024, 100, Transmit::Auto);
     }
 }
 
@@ -1928,23 +1976,44 @@ fn loopback_and_idle_cost_on(backend: Backend) {
     assert!(share < 5.0, "an idle engine used {share:.2} % of a core");
 }
 
-/// Batching through a UDP socket is left to choose only on virtio-net: the driver is read in
-/// the engine's namespace, and a veth is not one (`xroce_datapath::udp_gso`).
+/// Left to choose, batching through a UDP socket happens on a veth only while the veth does
+/// not offload UDP segmentation, which it takes off when its peer runs native XDP; read in
+/// the engine's namespace (`xroce_datapath::udp_gso::auto_batching`). Generic XDP on the peer
+/// leaves the offload on: a batch would cross whole and the peer's program would lose it.
 #[test]
-fn batching_is_chosen_by_the_interfaces_driver() {
+fn batching_is_chosen_by_the_interfaces_driver_and_offloads() {
+    use xroce_datapath::udp_gso::{auto_batching, AutoBatching};
+    use xroce_datapath::xdp::XdpMode;
     if !root_or_skip() {
         return;
     }
     let pair = NetnsPair::new("xrdrv", 1500).expect("namespaces");
-    let iface = pair.iface(0).to_string();
-    let (driver, pays) = pair.run_in(0, move || {
-        (
-            xroce_datapath::udp_gso::driver_name(&iface),
-            xroce_datapath::udp_gso::batching_pays_on(&iface),
-        )
-    });
-    assert_eq!(driver.as_deref(), Some("veth"));
-    assert!(!pays);
+    let (iface0, iface1) = (pair.iface(0).to_string(), pair.iface(1).to_string());
+    let choice = || {
+        let iface = iface0.clone();
+        pair.run_in(0, move || {
+            (
+                xroce_datapath::ethtool::driver_name(&iface),
+                auto_batching(&iface),
+            )
+        })
+    };
+    assert_eq!(choice(), (Some("veth".to_string()), AutoBatching::Off));
+    for (mode, expected) in [
+        (XdpMode::Generic, AutoBatching::Off),
+        (XdpMode::Native, AutoBatching::WhileSegmentedInSoftware),
+    ] {
+        let iface = iface1.clone();
+        pair.run_in(1, move || {
+            let mut options = xdp::LoadOptions::new(&iface);
+            options.mode = Some(mode);
+            xdp::load(&options).expect("load XDP program");
+        });
+        assert_eq!(choice().1, expected, "peer in {mode:?} mode");
+        let iface = iface1.clone();
+        pair.run_in(1, move || xdp::unload(&iface).expect("unload"));
+    }
+    assert_eq!(choice().1, AutoBatching::Off, "peer without XDP again");
 }
 
 /// With its interface down (the kernel then removes the interface's routes), connecting a QP

@@ -35,7 +35,7 @@ use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
 use xroce_core::transport::verbs::{RecvWr, SendOp, SendWr, SgList, Sge, WcStatus};
 use xroce_core::transport::{AddressVector, AttrMask, CqId, QpState, QpType};
 use xroce_core::wire::IpAddress;
-use xroce_datapath::engine::{Engine, EngineConfig};
+use xroce_datapath::engine::{Engine, EngineConfig, Transmit};
 use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::xdp;
 
@@ -485,7 +485,21 @@ struct Peer {
 }
 
 fn xroce_side(iface: &str, ip: Ipv4Addr, len: usize) -> Side {
-    let engine = Engine::start(EngineConfig::new(iface)).expect("engine");
+    let mut config = EngineConfig::new(iface);
+    // As a program's engine would: XROCE_TRANSMIT picks the transmit path (auto by default).
+    config.transmit = Transmit::from_env().unwrap_or_else(|e| panic!("{e}"));
+    let engine = Engine::start(config).expect("engine");
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "    (xroce's engines send {})",
+            if engine.sends_through_udp_gso() {
+                "runs of frames in batches through a UDP socket (UDP GSO)"
+            } else {
+                "every frame through AF_XDP"
+            }
+        )
+    });
     let pd: PdId = engine.with_device(|d| d.alloc_pd());
     let mut mem = vec![0u8; len];
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;

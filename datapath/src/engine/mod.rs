@@ -39,7 +39,7 @@ pub use queue_claim::{holder as queue_holder, holder_multi_buffer, interface_hol
 use crate::afxdp::{BindMode, QueueSet, XskConfig, XskError, XskSocket, RECEIVE_ONLY};
 use crate::netlink::core_address;
 pub use crate::udp_gso::Transmit;
-use crate::udp_gso::{GsoSocket, UdpGsoPort, TRANSMIT_ENV};
+use crate::udp_gso::{AutoBatching, GsoSocket, UdpGsoPort, TRANSMIT_ENV};
 
 /// What to run an engine on.
 #[derive(Debug, Clone)]
@@ -1527,22 +1527,26 @@ fn open_af_xdp(
         .collect();
     let max_frame = socket.max_tx_frame();
     // Zero-copy sockets hand the driver frames without a copy; batching through the kernel's
-    // UDP stack pays where copy mode hands virtio-net one frame at a time.
-    let udp_gso = match config.transmit {
-        Transmit::Auto => !zero_copy && crate::udp_gso::batching_pays_on(&config.iface),
-        Transmit::AfXdp => false,
-        Transmit::UdpGso => true,
+    // UDP stack pays where copy mode hands the driver one frame at a time (see `udp_gso`).
+    let batching = match config.transmit {
+        Transmit::Auto if zero_copy => AutoBatching::Off,
+        Transmit::Auto => crate::udp_gso::auto_batching(&config.iface),
+        Transmit::AfXdp => AutoBatching::Off,
+        Transmit::UdpGso => AutoBatching::On,
     };
     let ((port, udp_gso), wait_fd) = if others.is_empty() {
         let fd = socket.as_raw_fd();
         (
-            with_transmit(config, ifindex, max_frame, udp_gso, socket)?,
+            with_transmit(config, ifindex, max_frame, batching, socket)?,
             fd,
         )
     } else {
         let set = QueueSet::new(socket, others)?;
         let fd = set.wait_fd_raw();
-        (with_transmit(config, ifindex, max_frame, udp_gso, set)?, fd)
+        (
+            with_transmit(config, ifindex, max_frame, batching, set)?,
+            fd,
+        )
     };
     // Before the sockets: from their first frame on, the program steers only what is the
     // device's (a previous engine's addresses are replaced).
@@ -1566,17 +1570,17 @@ fn open_af_xdp(
     })
 }
 
-/// The AF_XDP port, wrapped to send runs of IPv4 frames through a UDP socket if `udp_gso`.
-/// Left to choose (auto), a UDP socket that cannot be opened leaves everything to AF_XDP, said
-/// on stderr; asked for, it is an error. Returns whether the port batches.
+/// The AF_XDP port, wrapped to send runs of IPv4 frames through a UDP socket as `batching`
+/// says. Left to choose (auto), a UDP socket that cannot be opened leaves everything to AF_XDP,
+/// said on stderr; asked for, it is an error. Returns whether the port batches.
 fn with_transmit<P: crate::port::Port + 'static>(
     config: &EngineConfig,
     ifindex: u32,
     max_frame: usize,
-    udp_gso: bool,
+    batching: AutoBatching,
     port: P,
 ) -> Result<(Box<dyn crate::port::Port>, bool), EngineError> {
-    if !udp_gso {
+    if batching == AutoBatching::Off {
         return Ok((Box::new(port), false));
     }
     match GsoSocket::open(&config.iface) {
@@ -1587,6 +1591,8 @@ fn with_transmit<P: crate::port::Port + 'static>(
                 &config.iface,
                 ifindex,
                 max_frame,
+                batching == AutoBatching::WhileSegmentedInSoftware,
+                local_check(),
             )),
             true,
         )),
@@ -1603,6 +1609,16 @@ fn with_transmit<P: crate::port::Port + 'static>(
             source,
         }),
     }
+}
+
+/// Tells whether an address is one of the namespace's own, asked in the namespace the calling
+/// thread is in now (the engine's, while it starts) whichever thread asks later.
+fn local_check() -> crate::udp_gso::LocalCheck {
+    let home = home_netns::HomeNetns::current();
+    Box::new(move |dst| {
+        home_netns::run_at_home(home.as_ref(), || crate::udp_gso::is_local_ipv4(dst))
+            .unwrap_or(true)
+    })
 }
 
 /// A DPDK `net_af_packet` device on the interface. One engine per interface: the port's
