@@ -59,8 +59,9 @@ pub const TRANSMIT_ENV: &str = "XROCE_TRANSMIT";
 /// How an AF_XDP engine sends its frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transmit {
-    /// [`Transmit::UdpGso`] where the sending socket is in copy mode on virtio-net
-    /// ([`batching_pays_on`]), [`Transmit::AfXdp`] elsewhere.
+    /// [`Transmit::UdpGso`] where the sending socket is in copy mode on virtio-net, or on a
+    /// veth that does not offload UDP segmentation ([`auto_batching`]); [`Transmit::AfXdp`]
+    /// elsewhere.
     #[default]
     Auto,
     /// Everything through the AF_XDP socket's TX ring.
