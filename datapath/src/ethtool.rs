@@ -16,7 +16,7 @@ const ETH_GSTRING_LEN: usize = 32;
 const MAX_FEATURES: usize = 1024;
 
 /// A socket to ask through, in the calling thread's network namespace.
-fn any_socket() -> Option<OwnedFd> {
+pub(crate) fn any_socket() -> Option<OwnedFd> {
     // SAFETY: socket(2) with constant arguments; the descriptor is owned below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {

@@ -100,7 +100,7 @@ impl std::str::FromStr for Transmit {
 
 /// Segments per batch: Linux takes 64 in one `UDP_SEGMENT` send (128 from 6.10); kernels
 /// before 5.16 counted the UDP header against that limit, so 63 leave room for it.
-const MAX_SEGMENTS: usize = 63;
+pub(crate) const MAX_SEGMENTS: usize = 63;
 /// The most a UDP datagram over IPv4 carries, and so a batch.
 const MAX_BATCH_BYTES: usize = 65_507;
 /// Fewer frames in a row than this go through AF_XDP as built: a `sendmsg` costs more than
@@ -510,11 +510,6 @@ pub fn auto_batching(iface: &str) -> AutoBatching {
         }
         _ => AutoBatching::Off,
     }
-}
-
-/// Whether `auto` batches on `iface` ([`auto_batching`]).
-pub fn batching_pays_on(iface: &str) -> bool {
-    auto_batching(iface) != AutoBatching::Off
 }
 
 /// The UDP socket batches leave through.
@@ -935,13 +930,9 @@ impl<P: Port> Port for UdpGsoPort<P> {
 /// socket can be bound to it. An error other than "not here" counts as yes, so that frames of
 /// a destination not known to be elsewhere keep going through AF_XDP.
 pub fn is_local_ipv4(addr: Ipv4Addr) -> bool {
-    // SAFETY: socket(2) with constant arguments; the descriptor is owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
+    let Some(socket) = crate::ethtool::any_socket() else {
         return true;
-    }
-    // SAFETY: `fd` was just returned by socket(2) and nothing else owns it.
-    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    };
     match bind_ipv4(&socket, addr) {
         Ok(()) => true,
         Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
@@ -1406,7 +1397,6 @@ mod tests {
     fn auto_batches_on_no_loopback_and_no_missing_interface() {
         assert_eq!(auto_batching("lo"), AutoBatching::Off);
         assert_eq!(auto_batching("xroce-no-such"), AutoBatching::Off);
-        assert!(!batching_pays_on("lo"));
     }
 
     #[test]

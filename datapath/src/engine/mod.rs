@@ -311,6 +311,9 @@ pub struct EngineCounters {
     /// Of those, holds that ran out before any ACK came for this side (each turns them off
     /// for `ANSWER_HOLDS_OFF_NS`).
     pub answer_holds_ran_out: AtomicU64,
+    /// ACK holds for the polling application's answer that ran out with no post from it
+    /// (see `ACK_HOLDS_OFF_NS`).
+    pub ack_holds_ran_out: AtomicU64,
     /// The receive queues the interface uses, looked at when retransmissions time out, were
     /// more than the engine took sockets on at its start (said on stderr; 1 once seen).
     pub rx_queues_grown: AtomicU64,
@@ -382,6 +385,12 @@ pub(crate) struct State {
     pub(crate) answer_holds_off_until: u64,
     /// Answer holds that ran out with no ACK for this side since one last saw it arrive.
     pub(crate) answer_holds_ran_out_in_a_row: u32,
+    /// Engine time before which `poll_cq` sends ACKs as soon as it receives their requests:
+    /// several holds for the application's answer in a row ran out with no post (see
+    /// `ACK_HOLDS_OFF_NS`).
+    pub(crate) ack_holds_off_until: u64,
+    /// Holds for the application's answer that ran out with no post since its last post.
+    pub(crate) ack_holds_ran_out_in_a_row: u32,
 }
 
 /// Packets the transport has ready that a round left for later.
@@ -620,6 +629,8 @@ impl Engine {
                 deferred: Deferred::Nothing,
                 answer_holds_off_until: 0,
                 answer_holds_ran_out_in_a_row: 0,
+                ack_holds_off_until: 0,
+                ack_holds_ran_out_in_a_row: 0,
             }),
             wake,
             kick: AtomicBool::new(false),
@@ -796,6 +807,10 @@ impl Engine {
             (
                 "answer_holds_ran_out",
                 c.answer_holds_ran_out.load(Ordering::Relaxed),
+            ),
+            (
+                "ack_holds_ran_out",
+                c.ack_holds_ran_out.load(Ordering::Relaxed),
             ),
             ("rx_queues_grown", c.rx_queues_grown.load(Ordering::Relaxed)),
             // Not a counter: 1 when the socket the engine sends on bound in zero-copy mode.
@@ -1101,6 +1116,10 @@ impl Engine {
     /// `poll_cq`, or the progress thread), which sends everything queued together: one system
     /// call and one ACK for the batch instead of one each.
     fn after_post(&self, mut guard: MutexGuard<'_, State>, busy: bool, in_verbs: &mut InVerbs) {
+        if matches!(guard.deferred, Deferred::AcksUntil { .. }) {
+            // A hold answered: the ACKs ride with this post.
+            guard.ack_holds_ran_out_in_a_row = 0;
+        }
         if !busy {
             self.send_now(guard);
             return;
@@ -1170,7 +1189,9 @@ impl Engine {
     /// its verbs loop, and at the latest with the first poll after `ACK_HOLD_NS` that finds no
     /// completion waiting on its CQ. A message that arrived while the application waits for the
     /// ACK of its own one message in flight, a ping-pong's turn, is held until that ACK is in
-    /// (and `ACK_HOLD_NS` from then) or for `ANSWER_HOLD_NS`.
+    /// (and `ACK_HOLD_NS` from then) or for `ANSWER_HOLD_NS`. An application whose holds keep
+    /// running out with no post (a receiver that never answers) has its ACKs sent as soon as
+    /// they are received, for a while (`ACK_HOLDS_OFF_NS`).
     pub fn poll_cq(
         &self,
         cq: CqId,
@@ -1252,6 +1273,18 @@ impl Engine {
                         st.answer_holds_ran_out_in_a_row = 0;
                         st.answer_holds_off_until = now + ANSWER_HOLDS_OFF_NS;
                     }
+                } else if answer_from.is_none() {
+                    // The application took every completion and posted nothing: a receiver
+                    // that does not answer (a stream of SENDs or WRITEs into it).
+                    self.shared
+                        .counters
+                        .ack_holds_ran_out
+                        .fetch_add(1, Ordering::Relaxed);
+                    st.ack_holds_ran_out_in_a_row += 1;
+                    if st.ack_holds_ran_out_in_a_row >= ACK_HOLDS_RUN_OUT_IN_A_ROW {
+                        st.ack_holds_ran_out_in_a_row = 0;
+                        st.ack_holds_off_until = now + ACK_HOLDS_OFF_NS;
+                    }
                 }
                 progress::send(&self.shared, st, now);
             }
@@ -1275,6 +1308,15 @@ impl Engine {
                 return st.dev.poll_cq(cq, max, out);
             }
             match st.deferred {
+                Deferred::Nothing
+                    if now < st.ack_holds_off_until
+                        && st.dev.answers_awaiting_acks() == answers =>
+                {
+                    // A receiver that has not been answering: its peer's send queue waits for
+                    // these ACKs, which go now, before the application takes its completions
+                    // (see `ACK_HOLDS_OFF_NS`).
+                    progress::send(&self.shared, st, now);
+                }
                 Deferred::Nothing => {
                     // A message that came while this side waits for the ACK of its own (a
                     // ping-pong turn) is ahead of that ACK in the peer's kick, and the
@@ -1438,6 +1480,16 @@ const ANSWER_HOLD_NS: u64 = 50_000;
 /// long.
 const ANSWER_HOLDS_RUN_OUT_IN_A_ROW: u32 = 3;
 const ANSWER_HOLDS_OFF_NS: u64 = 10_000_000;
+
+/// A hold for the application's answer (`ACK_HOLD_NS`) that runs out with no post from it
+/// delays its peer's send completions, and with them the peer's sending: `ib_send_bw`'s
+/// receiver never answers, and its sender, whose 128-deep send queue refills only when the
+/// ACK for every 100th message comes, sat idle until the receiving application had taken all
+/// the round's completions and the hold had run out. After this many such holds in a row,
+/// ACKs go as soon as their requests are received, for `ACK_HOLDS_OFF_NS`; a post that answers
+/// a hold starts the count again.
+const ACK_HOLDS_RUN_OUT_IN_A_ROW: u32 = 3;
+const ACK_HOLDS_OFF_NS: u64 = 10_000_000;
 
 /// The CPU the calling thread runs on (glibc reads it from the thread's rseq area: no system
 /// call), or -1.

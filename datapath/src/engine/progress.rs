@@ -17,8 +17,10 @@ use crate::xdp::{PinWatch, XsksMap};
 
 /// Frames taken from the port per lock hold.
 const RX_BATCH: usize = 64;
-/// Packets built per lock hold.
-const TX_BATCH: usize = 64;
+/// Packets built per lock hold: as many as a UDP GSO batch takes, so that a round of small
+/// frames leaves in one batch, not one and a frame too few for a batch of its own (which
+/// went through AF_XDP with a kick of its own: a second system call per round).
+const TX_BATCH: usize = crate::udp_gso::MAX_SEGMENTS;
 /// Frame bytes built per lock hold before the kernel is told to send them. Each frame is
 /// copied three more times after the transport writes it (into an skb, by veth for XDP, into
 /// the receiver's UMEM); a batch that still sits in the sender's L2 cache when those copies run
