@@ -380,17 +380,38 @@ pub(crate) struct State {
     pub(crate) queue_claims: Vec<queue_claim::QueueClaim>,
     /// What waits for the next progress round; that round sets it back to `Nothing`.
     pub(crate) deferred: Deferred,
-    /// Engine time before which holds are never lengthened for an answer: several such holds
-    /// in a row ran out with no ACK arriving for this side (see `ANSWER_HOLDS_OFF_NS`).
-    pub(crate) answer_holds_off_until: u64,
-    /// Answer holds that ran out with no ACK for this side since one last saw it arrive.
-    pub(crate) answer_holds_ran_out_in_a_row: u32,
-    /// Engine time before which `poll_cq` sends ACKs as soon as it receives their requests:
-    /// several holds for the application's answer in a row ran out with no post (see
-    /// `ACK_HOLDS_OFF_NS`).
-    pub(crate) ack_holds_off_until: u64,
-    /// Holds for the application's answer that ran out with no post since its last post.
-    pub(crate) ack_holds_ran_out_in_a_row: u32,
+    /// Holds for a ping-pong answer (`ANSWER_HOLD_NS`) that ran out with no ACK for this
+    /// side: after a few in a row, holds are never lengthened for an answer for a while (see
+    /// `ANSWER_HOLDS_OFF_NS`).
+    pub(crate) answer_holds: HoldsRunningOut,
+    /// Holds for the polling application's answer (`ACK_HOLD_NS`) that ran out with no post
+    /// from it: after a few in a row, `poll_cq` sends ACKs as soon as it receives their
+    /// requests, for a while (see `ACK_HOLDS_OFF_NS`).
+    pub(crate) ack_holds: HoldsRunningOut,
+}
+
+/// Holds of one kind that ran out in a row, and until when such holds are off.
+#[derive(Debug, Default)]
+pub(crate) struct HoldsRunningOut {
+    /// Holds that ran out since one last served its purpose.
+    pub(crate) in_a_row: u32,
+    /// Engine time before which such holds are not made.
+    off_until: u64,
+}
+
+impl HoldsRunningOut {
+    /// A hold ran out: after `limit` in a row, holds are off for `off_ns` from `now`.
+    fn ran_out(&mut self, now: u64, limit: u32, off_ns: u64) {
+        self.in_a_row += 1;
+        if self.in_a_row >= limit {
+            self.in_a_row = 0;
+            self.off_until = now + off_ns;
+        }
+    }
+
+    fn off_at(&self, now: u64) -> bool {
+        now < self.off_until
+    }
 }
 
 /// Packets the transport has ready that a round left for later.
@@ -627,10 +648,8 @@ impl Engine {
                 failed: None,
                 queue_claims,
                 deferred: Deferred::Nothing,
-                answer_holds_off_until: 0,
-                answer_holds_ran_out_in_a_row: 0,
-                ack_holds_off_until: 0,
-                ack_holds_ran_out_in_a_row: 0,
+                answer_holds: HoldsRunningOut::default(),
+                ack_holds: HoldsRunningOut::default(),
             }),
             wake,
             kick: AtomicBool::new(false),
@@ -1118,7 +1137,7 @@ impl Engine {
     fn after_post(&self, mut guard: MutexGuard<'_, State>, busy: bool, in_verbs: &mut InVerbs) {
         if matches!(guard.deferred, Deferred::AcksUntil { .. }) {
             // A hold answered: the ACKs ride with this post.
-            guard.ack_holds_ran_out_in_a_row = 0;
+            guard.ack_holds.in_a_row = 0;
         }
         if !busy {
             self.send_now(guard);
@@ -1268,11 +1287,11 @@ impl Engine {
                         .counters
                         .answer_holds_ran_out
                         .fetch_add(1, Ordering::Relaxed);
-                    st.answer_holds_ran_out_in_a_row += 1;
-                    if st.answer_holds_ran_out_in_a_row >= ANSWER_HOLDS_RUN_OUT_IN_A_ROW {
-                        st.answer_holds_ran_out_in_a_row = 0;
-                        st.answer_holds_off_until = now + ANSWER_HOLDS_OFF_NS;
-                    }
+                    st.answer_holds.ran_out(
+                        now,
+                        ANSWER_HOLDS_RUN_OUT_IN_A_ROW,
+                        ANSWER_HOLDS_OFF_NS,
+                    );
                 } else if answer_from.is_none() {
                     // The application took every completion and posted nothing: a receiver
                     // that does not answer (a stream of SENDs or WRITEs into it).
@@ -1280,11 +1299,8 @@ impl Engine {
                         .counters
                         .ack_holds_ran_out
                         .fetch_add(1, Ordering::Relaxed);
-                    st.ack_holds_ran_out_in_a_row += 1;
-                    if st.ack_holds_ran_out_in_a_row >= ACK_HOLDS_RUN_OUT_IN_A_ROW {
-                        st.ack_holds_ran_out_in_a_row = 0;
-                        st.ack_holds_off_until = now + ACK_HOLDS_OFF_NS;
-                    }
+                    st.ack_holds
+                        .ran_out(now, ACK_HOLDS_RUN_OUT_IN_A_ROW, ACK_HOLDS_OFF_NS);
                 }
                 progress::send(&self.shared, st, now);
             }
@@ -1309,8 +1325,7 @@ impl Engine {
             }
             match st.deferred {
                 Deferred::Nothing
-                    if now < st.ack_holds_off_until
-                        && st.dev.answers_awaiting_acks() == answers =>
+                    if st.ack_holds.off_at(now) && st.dev.answers_awaiting_acks() == answers =>
                 {
                     // A receiver that has not been answering: its peer's send queue waits for
                     // these ACKs, which go now, before the application takes its completions
@@ -1325,8 +1340,8 @@ impl Engine {
                     // `ACK_HOLD_NS` on a busy host; the hold then sent this side's ACK
                     // alone, and a peer spinning on memory took its completion, left its
                     // verbs, and needed its progress thread for the answer behind it.
-                    let answer = st.dev.answers_awaiting_acks() != answers
-                        && now >= st.answer_holds_off_until;
+                    let answer =
+                        st.dev.answers_awaiting_acks() != answers && !st.answer_holds.off_at(now);
                     let hold = if answer { ANSWER_HOLD_NS } else { ACK_HOLD_NS };
                     st.deferred = Deferred::AcksUntil {
                         until: now + hold,
@@ -1349,7 +1364,7 @@ impl Engine {
                         until: until.min(now + ACK_HOLD_NS),
                         answer_from: None,
                     };
-                    st.answer_holds_ran_out_in_a_row = 0;
+                    st.answer_holds.in_a_row = 0;
                 }
                 _ => {}
             }
