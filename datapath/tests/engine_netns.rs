@@ -2099,6 +2099,112 @@ fn batching_is_chosen_by_the_interfaces_driver_and_offloads() {
     assert_eq!(choice().1, AutoBatching::Off, "peer without XDP again");
 }
 
+/// An engine that batches through a UDP socket because its veth's peer runs native XDP (the
+/// veth then segments batches in software) keeps watching the offload: once the peer's
+/// program is attached in generic mode instead, a batch would cross whole and that program
+/// would lose it, so the engine drops what waits in batches and sends through AF_XDP again
+/// (within its second of re-reading, `udp_gso::REFRESH`). WRITEs to an engine behind the
+/// generic program then complete, every byte intact; an engine that kept batching resent
+/// them for ever, and this test ran into its bound.
+#[test]
+fn batching_stops_when_the_peers_program_goes_generic() {
+    use xroce_datapath::xdp::XdpMode;
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    const MSG: usize = 64 * 1024;
+    const MESSAGES: usize = 64;
+    const PHASES: usize = 2;
+    let (to_writer, from_reader) = mpsc::channel::<Endpoint>();
+    let (to_reader, from_writer) = mpsc::channel::<Endpoint>();
+    let (written_tx, written_rx) = mpsc::channel::<()>();
+
+    let writer_iface = setup.pair.iface(0).to_string();
+    let writer_ip = IpAddress::V4(setup.pair.ipv4(0).into());
+    let writer = setup.pair.spawn_in(0, move || {
+        let engine = Engine::start(EngineConfig {
+            transmit: Transmit::Auto,
+            ..EngineConfig::new(&writer_iface)
+        })
+        .expect("engine");
+        assert!(
+            engine.sends_through_udp_gso(),
+            "a veth whose peer runs native XDP: batches"
+        );
+        let pd = engine.with_device(|d| d.alloc_pd());
+        let mut buf = Buffer::new(&engine, pd, MESSAGES * MSG);
+        for phase in 0..PHASES {
+            buf.write(0, &pattern(10 + phase as u64, MESSAGES * MSG));
+            let qp = create_qp(&engine, pd, QpType::Rc);
+            to_init(&engine, &qp);
+            let reader = from_reader.recv_timeout(WAIT).expect("reader's endpoint");
+            let me = Endpoint {
+                qpn: qp.qpn,
+                psn: 0x200 + phase as u32,
+                ip: writer_ip,
+                va: buf.addr(0),
+                rkey: buf.mr.rkey,
+            };
+            to_reader.send(me).expect("send endpoint");
+            bring_up(&engine, &qp, writer_ip, &reader, me.psn, PathMtu::Mtu1024);
+            post_writes(&engine, &qp, &buf, &reader, 0..MESSAGES, MSG);
+            expect_completions(&engine, qp.send_cq, MESSAGES, "the WRITEs");
+            written_tx.send(()).expect("written");
+        }
+        engine.counters().tx_frames.load(Ordering::Relaxed)
+    });
+
+    let reader_iface = setup.pair.iface(1).to_string();
+    // Each phase's reader thread takes these in turn.
+    let from_writer = std::sync::Mutex::new(from_writer);
+    let written_rx = std::sync::Mutex::new(written_rx);
+    for phase in 0..PHASES {
+        if phase == 1 {
+            // The peer's program goes generic: the writer's veth offloads UDP segmentation
+            // again.
+            let iface = reader_iface.clone();
+            setup.pair.run_in(1, move || {
+                xdp::unload(&iface).expect("unload");
+                let mut options = xdp::LoadOptions::new(&iface);
+                options.mode = Some(XdpMode::Generic);
+                xdp::load(&options).expect("load XDP program in generic mode");
+            });
+        }
+        let iface = reader_iface.clone();
+        let ip = IpAddress::V4(setup.pair.ipv4(1).into());
+        let (to_writer, from_writer, written_rx) = (to_writer.clone(), &from_writer, &written_rx);
+        let reader = setup.pair.run_in(1, move || {
+            let (from_writer, written_rx) = (
+                from_writer.lock().expect("channel"),
+                written_rx.lock().expect("channel"),
+            );
+            let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+            let pd = engine.with_device(|d| d.alloc_pd());
+            let buf = Buffer::new(&engine, pd, MESSAGES * MSG);
+            let qp = create_qp(&engine, pd, QpType::Rc);
+            to_init(&engine, &qp);
+            let me = Endpoint {
+                qpn: qp.qpn,
+                psn: 0x300 + phase as u32,
+                ip,
+                va: buf.addr(0),
+                rkey: buf.mr.rkey,
+            };
+            to_writer.send(me).expect("send endpoint");
+            let writer = from_writer.recv_timeout(WAIT).expect("writer's endpoint");
+            bring_up(&engine, &qp, ip, &writer, me.psn, PathMtu::Mtu1024);
+            written_rx
+                .recv_timeout(WAIT * 2)
+                .unwrap_or_else(|_| panic!("phase {phase}: the WRITEs did not complete"));
+            buf.read(0, MESSAGES * MSG) == pattern(10 + phase as u64, MESSAGES * MSG)
+        });
+        assert!(reader, "phase {phase}: the WRITEs' bytes differ");
+    }
+    let frames = writer.join().expect("writer");
+    assert!(frames >= (PHASES * MESSAGES * MSG / 1024) as u64);
+}
+
 /// With its interface down (the kernel then removes the interface's routes), connecting a QP
 /// fails with an error that says the interface is down and how to bring it up, not that
 /// there is no route to the peer or that it is reached through another interface.
