@@ -12,7 +12,8 @@
 //! batch's frames from one buffer where AF_XDP's copy mode allocates and fills an skb per
 //! descriptor. Between two namespaces the sender's kernel time per 4 KiB frame fell by about
 //! a tenth and the 64 B message rate rose by about a seventh (`docs/decisions.md`, "Stop 64").
-//! There batching waits on the veth not offloading UDP segmentation ([`AutoBatching`]).
+//! There batching waits on the veth not offloading UDP segmentation ([`AutoBatching`]), read
+//! when the port opens and again once a second while it sees runs.
 //!
 //! The engine still builds whole frames. For each IPv4 RoCEv2 frame this port keeps the UDP
 //! payload (BTH to ICRC) and lets the kernel write the Ethernet, IP and UDP headers. What the
@@ -42,6 +43,8 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use xroce_core::icrc::IcrcRewriter;
@@ -60,8 +63,8 @@ pub const TRANSMIT_ENV: &str = "XROCE_TRANSMIT";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transmit {
     /// [`Transmit::UdpGso`] where the sending socket is in copy mode on virtio-net, or on a
-    /// veth that does not offload UDP segmentation ([`auto_batching`]); [`Transmit::AfXdp`]
-    /// elsewhere.
+    /// veth while it does not offload UDP segmentation ([`auto_batching`]);
+    /// [`Transmit::AfXdp`] elsewhere.
     #[default]
     Auto,
     /// Everything through the AF_XDP socket's TX ring.
@@ -497,7 +500,9 @@ const UDP_SEGMENTATION: &str = "tx-udp-segmentation";
 ///   off when its peer runs native XDP (as xroce's engine does): the kernel then cuts each
 ///   batch into frames before they cross, and the peer's XDP program sees frames. A veth
 ///   whose peer runs no XDP or generic XDP would hand the batch across whole: a receiver in
-///   generic XDP mode gets one oversized frame and loses it (seen with devices on bridges);
+///   generic XDP mode gets one oversized frame and loses it (seen with devices on bridges).
+///   The offload is read as the port goes ([`segmented_in_software`]), so an engine that
+///   starts before its peer's program is attached batches once it is;
 /// - elsewhere it does not: a NIC that segments in hardware might number the IP
 ///   identifications otherwise than Linux does, which the ICRCs count on; and every batched
 ///   frame carries the socket's source port, not its QP's, which a multi-path fabric spreads
@@ -505,11 +510,16 @@ const UDP_SEGMENTATION: &str = "tx-udp-segmentation";
 pub fn auto_batching(iface: &str) -> AutoBatching {
     match crate::ethtool::driver_name(iface).as_deref() {
         Some("virtio_net") => AutoBatching::On,
-        Some("veth") if crate::ethtool::feature_active(iface, UDP_SEGMENTATION) == Some(false) => {
-            AutoBatching::WhileSegmentedInSoftware
-        }
+        Some("veth") => AutoBatching::WhileSegmentedInSoftware,
         _ => AutoBatching::Off,
     }
+}
+
+/// Whether `iface` (in the calling thread's network namespace) segments UDP batches in
+/// software before its driver sees them: `tx-udp-segmentation` off. On a veth, while its peer
+/// runs native XDP.
+pub fn segmented_in_software(iface: &str) -> bool {
+    crate::ethtool::feature_active(iface, UDP_SEGMENTATION) == Some(false)
 }
 
 /// The UDP socket batches leave through.
@@ -567,6 +577,8 @@ pub struct UdpGsoPort<P> {
     offload_index: Option<crate::ethtool::FeatureIndex>,
     /// When those two were last read.
     refreshed: Instant,
+    /// Frames sent in batches so far.
+    batched_frames: Arc<AtomicU64>,
 }
 
 /// Tells whether an IPv4 address is one of the engine's namespace's own.
@@ -594,7 +606,7 @@ impl<P: Port> UdpGsoPort<P> {
         while_segmented_in_software: bool,
         is_local: LocalCheck,
     ) -> Self {
-        UdpGsoPort {
+        let mut port = UdpGsoPort {
             inner,
             socket: socket.fd,
             ifindex,
@@ -615,7 +627,15 @@ impl<P: Port> UdpGsoPort<P> {
             destinations: HashMap::new(),
             offload_index: None,
             refreshed: Instant::now(),
-        }
+            batched_frames: Arc::new(AtomicU64::new(0)),
+        };
+        port.read_offload();
+        port
+    }
+
+    /// The count of frames this port has sent in batches, as it goes.
+    pub fn frames_batched(&self) -> Arc<AtomicU64> {
+        self.batched_frames.clone()
     }
 
     /// Whether batches may go: always, unless they wait on the kernel segmenting in software
@@ -683,6 +703,11 @@ impl<P: Port> UdpGsoPort<P> {
         }
         self.refreshed = Instant::now();
         self.destinations.clear();
+        self.read_offload();
+    }
+
+    /// Reads whether the interface segments in software, when batching waits on that.
+    fn read_offload(&mut self) {
         if let Some(in_software) = &mut self.segmented_in_software {
             let fd = self.socket.as_raw_fd();
             if self.offload_index.is_none() {
@@ -763,7 +788,11 @@ impl<P: Port> UdpGsoPort<P> {
                 self.unkicked = false;
             }
             match send_batch(self.socket.as_raw_fd(), self.ifindex, batch) {
-                Ok(()) => self.batched_since_flush = true,
+                Ok(()) => {
+                    self.batched_since_flush = true;
+                    self.batched_frames
+                        .fetch_add(batch.segments as u64, Ordering::Relaxed);
+                }
                 Err(e) => match e.raw_os_error() {
                     Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return Ok(()),
                     // A socket bound to a downed interface finds no route: down, as AF_XDP's

@@ -2065,7 +2065,7 @@ fn loopback_and_idle_cost_on(backend: Backend) {
 /// leaves the offload on: a batch would cross whole and the peer's program would lose it.
 #[test]
 fn batching_is_chosen_by_the_interfaces_driver_and_offloads() {
-    use xroce_datapath::udp_gso::{auto_batching, AutoBatching};
+    use xroce_datapath::udp_gso::{auto_batching, segmented_in_software, AutoBatching};
     use xroce_datapath::xdp::XdpMode;
     if !root_or_skip() {
         return;
@@ -2078,47 +2078,63 @@ fn batching_is_chosen_by_the_interfaces_driver_and_offloads() {
             (
                 xroce_datapath::ethtool::driver_name(&iface),
                 auto_batching(&iface),
+                segmented_in_software(&iface),
             )
         })
     };
-    assert_eq!(choice(), (Some("veth".to_string()), AutoBatching::Off));
-    for (mode, expected) in [
-        (XdpMode::Generic, AutoBatching::Off),
-        (XdpMode::Native, AutoBatching::WhileSegmentedInSoftware),
-    ] {
+    let while_in_software = AutoBatching::WhileSegmentedInSoftware;
+    assert_eq!(
+        choice(),
+        (Some("veth".to_string()), while_in_software, false)
+    );
+    for (mode, expected) in [(XdpMode::Generic, false), (XdpMode::Native, true)] {
         let iface = iface1.clone();
         pair.run_in(1, move || {
             let mut options = xdp::LoadOptions::new(&iface);
             options.mode = Some(mode);
             xdp::load(&options).expect("load XDP program");
         });
-        assert_eq!(choice().1, expected, "peer in {mode:?} mode");
+        assert_eq!(
+            choice().1,
+            while_in_software,
+            "peer in {mode:?} mode: decided as it goes"
+        );
+        assert_eq!(choice().2, expected, "peer in {mode:?} mode");
         let iface = iface1.clone();
         pair.run_in(1, move || xdp::unload(&iface).expect("unload"));
     }
-    assert_eq!(choice().1, AutoBatching::Off, "peer without XDP again");
+    assert!(!choice().2, "peer without XDP again");
 }
 
-/// An engine that batches through a UDP socket because its veth's peer runs native XDP (the
-/// veth then segments batches in software) keeps watching the offload: once the peer's
-/// program is attached in generic mode instead, a batch would cross whole and that program
-/// would lose it, so the engine drops what waits in batches and sends through AF_XDP again
-/// (within its second of re-reading, `udp_gso::REFRESH`). WRITEs to an engine behind the
-/// generic program then complete, every byte intact; an engine that kept batching resent
-/// them for ever, and this test ran into its bound.
+/// An engine batches through a UDP socket while its veth segments batches in software, which
+/// the veth does while its peer runs native XDP, and it keeps reading that as it goes:
+/// - started before the peer's program was attached, it batches once the program is there in
+///   native mode (it used to decide once, at its start, and never batched);
+/// - once the peer's program is attached in generic mode instead, a batch would cross whole
+///   and that program would lose it, so the engine drops what waits in batches and sends
+///   through AF_XDP again (within its second of re-reading, `udp_gso::REFRESH`). An engine
+///   that kept batching resent its WRITEs for ever, and this test ran into its bound.
+///
+/// The WRITEs to the engine behind each program complete, every byte intact.
 #[test]
-fn batching_stops_when_the_peers_program_goes_generic() {
+fn batching_follows_the_peers_program() {
     use xroce_datapath::xdp::XdpMode;
     if !root_or_skip() {
         return;
     }
     let setup = Setup::new(1500);
+    // The writer starts with no program on the other end.
+    let iface = setup.pair.iface(1).to_string();
+    setup
+        .pair
+        .run_in(1, move || xdp::unload(&iface).expect("unload"));
+    let (started_tx, started_rx) = mpsc::channel::<()>();
     const MSG: usize = 64 * 1024;
     const MESSAGES: usize = 64;
     const PHASES: usize = 2;
     let (to_writer, from_reader) = mpsc::channel::<Endpoint>();
     let (to_reader, from_writer) = mpsc::channel::<Endpoint>();
-    let (written_tx, written_rx) = mpsc::channel::<()>();
+    let (written_tx, written_rx) = mpsc::channel::<u64>();
 
     let writer_iface = setup.pair.iface(0).to_string();
     let writer_ip = IpAddress::V4(setup.pair.ipv4(0).into());
@@ -2130,8 +2146,9 @@ fn batching_stops_when_the_peers_program_goes_generic() {
         .expect("engine");
         assert!(
             engine.sends_through_udp_gso(),
-            "a veth whose peer runs native XDP: batches"
+            "a veth: batches while it segments in software"
         );
+        started_tx.send(()).expect("started");
         let pd = engine.with_device(|d| d.alloc_pd());
         let mut buf = Buffer::new(&engine, pd, MESSAGES * MSG);
         for phase in 0..PHASES {
@@ -2148,29 +2165,42 @@ fn batching_stops_when_the_peers_program_goes_generic() {
             };
             to_reader.send(me).expect("send endpoint");
             bring_up(&engine, &qp, writer_ip, &reader, me.psn, PathMtu::Mtu1024);
-            post_writes(&engine, &qp, &buf, &reader, 0..MESSAGES, MSG);
-            expect_completions(&engine, qp.send_cq, MESSAGES, "the WRITEs");
-            written_tx.send(()).expect("written");
+            // The offload is read again once a second: after the native program came, the
+            // writes go on until they go in batches (or for a bounded while).
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                post_writes(&engine, &qp, &buf, &reader, 0..MESSAGES, MSG);
+                expect_completions(&engine, qp.send_cq, MESSAGES, "the WRITEs");
+                if phase == 1 || engine.frames_sent_in_batches() > 0 || Instant::now() > until {
+                    break;
+                }
+            }
+            written_tx
+                .send(engine.frames_sent_in_batches())
+                .expect("written");
         }
-        engine.counters().tx_frames.load(Ordering::Relaxed)
     });
+    started_rx
+        .recv_timeout(WAIT)
+        .expect("the writer's engine started");
 
     let reader_iface = setup.pair.iface(1).to_string();
     // Each phase's reader thread takes these in turn.
     let from_writer = std::sync::Mutex::new(from_writer);
     let written_rx = std::sync::Mutex::new(written_rx);
     for phase in 0..PHASES {
-        if phase == 1 {
-            // The peer's program goes generic: the writer's veth offloads UDP segmentation
-            // again.
-            let iface = reader_iface.clone();
-            setup.pair.run_in(1, move || {
+        // Native, then generic: the writer's veth segments in software, then offloads UDP
+        // segmentation again.
+        let mode = [XdpMode::Native, XdpMode::Generic][phase];
+        let iface = reader_iface.clone();
+        setup.pair.run_in(1, move || {
+            if mode == XdpMode::Generic {
                 xdp::unload(&iface).expect("unload");
-                let mut options = xdp::LoadOptions::new(&iface);
-                options.mode = Some(XdpMode::Generic);
-                xdp::load(&options).expect("load XDP program in generic mode");
-            });
-        }
+            }
+            let mut options = xdp::LoadOptions::new(&iface);
+            options.mode = Some(mode);
+            xdp::load(&options).expect("load XDP program");
+        });
         let iface = reader_iface.clone();
         let ip = IpAddress::V4(setup.pair.ipv4(1).into());
         let (to_writer, from_writer, written_rx) = (to_writer.clone(), &from_writer, &written_rx);
@@ -2194,15 +2224,23 @@ fn batching_stops_when_the_peers_program_goes_generic() {
             to_writer.send(me).expect("send endpoint");
             let writer = from_writer.recv_timeout(WAIT).expect("writer's endpoint");
             bring_up(&engine, &qp, ip, &writer, me.psn, PathMtu::Mtu1024);
-            written_rx
+            let batched = written_rx
                 .recv_timeout(WAIT * 2)
                 .unwrap_or_else(|_| panic!("phase {phase}: the WRITEs did not complete"));
-            buf.read(0, MESSAGES * MSG) == pattern(10 + phase as u64, MESSAGES * MSG)
+            (
+                buf.read(0, MESSAGES * MSG) == pattern(10 + phase as u64, MESSAGES * MSG),
+                batched,
+            )
         });
-        assert!(reader, "phase {phase}: the WRITEs' bytes differ");
+        assert!(reader.0, "phase {phase}: the WRITEs' bytes differ");
+        if mode == XdpMode::Native {
+            assert!(
+                reader.1 > 0,
+                "no frame went in batches to a peer in native mode"
+            );
+        }
     }
-    let frames = writer.join().expect("writer");
-    assert!(frames >= (PHASES * MESSAGES * MSG / 1024) as u64);
+    writer.join().expect("writer");
 }
 
 /// With its interface down (the kernel then removes the interface's routes), connecting a QP

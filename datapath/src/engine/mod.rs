@@ -85,7 +85,8 @@ pub struct EngineConfig {
     pub backend: Backend,
     /// How an AF_XDP engine sends: runs of IPv4 RoCEv2 frames through a kernel UDP socket in
     /// batches, the rest through its AF_XDP socket (see [`crate::udp_gso`]); by default so on
-    /// virtio-net in copy mode, all through AF_XDP elsewhere.
+    /// virtio-net in copy mode and on a veth while it segments in software, all through
+    /// AF_XDP elsewhere.
     pub transmit: Transmit,
 }
 
@@ -517,8 +518,9 @@ pub struct Engine {
     zero_copy: bool,
     /// Every socket carries frames longer than one UMEM frame (see [`Engine::is_multi_buffer`]).
     multi_buffer: bool,
-    /// IPv4 frames in runs leave through a UDP socket (see [`Engine::sends_through_udp_gso`]).
-    udp_gso: bool,
+    /// IPv4 frames in runs may leave through a UDP socket (see
+    /// [`Engine::sends_through_udp_gso`]): the frames that did so far.
+    udp_gso: Option<Arc<AtomicU64>>,
     /// Readable while received frames wait (see [`Engine::frames_fd`]).
     frames_fd: Option<RawFd>,
 }
@@ -708,9 +710,17 @@ impl Engine {
     }
 
     /// Whether IPv4 frames in runs leave through a kernel UDP socket in batches (see
-    /// [`EngineConfig::transmit`]; an AF_XDP engine only).
+    /// [`EngineConfig::transmit`]; an AF_XDP engine only). On a veth, only while the veth
+    /// segments batches in software ([`Engine::frames_sent_in_batches`] counts them).
     pub fn sends_through_udp_gso(&self) -> bool {
+        self.udp_gso.is_some()
+    }
+
+    /// The frames that left through the UDP socket, in batches, so far.
+    pub fn frames_sent_in_batches(&self) -> u64 {
         self.udp_gso
+            .as_ref()
+            .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     pub fn is_zero_copy(&self) -> bool {
@@ -839,6 +849,7 @@ impl Engine {
             // Nor this: 1 when runs of IPv4 frames leave through a UDP socket in batches
             // (`XROCE_TRANSMIT`: by default on virtio-net in copy mode; see `crate::udp_gso`).
             ("udp_gso", u64::from(self.sends_through_udp_gso())),
+            ("tx_frames_batched", self.frames_sent_in_batches()),
             // Nor this: 1 when ICRCs are hashed with tables rather than carry-less multiplies
             // (the faster here; see `xroce_core::icrc::code_in_use`).
             (
@@ -1544,8 +1555,9 @@ struct OpenedPort {
     /// configuration asked for it, but zero-copy may have done without (see
     /// [`XskSocket::open`]).
     multi_buffer: bool,
-    /// IPv4 frames in runs leave through a UDP socket ([`crate::udp_gso`]).
-    udp_gso: bool,
+    /// IPv4 frames in runs may leave through a UDP socket ([`crate::udp_gso`]): the frames
+    /// that did so far.
+    udp_gso: Option<Arc<AtomicU64>>,
 }
 
 /// AF_XDP sockets on the interface's queues, entered into the steering program's map.
@@ -1637,22 +1649,26 @@ fn open_af_xdp(
     })
 }
 
+/// A port, and the count of frames it sent in batches when it may batch.
+type PortAndBatched = (Box<dyn crate::port::Port>, Option<Arc<AtomicU64>>);
+
 /// The AF_XDP port, wrapped to send runs of IPv4 frames through a UDP socket as `batching`
 /// says. Left to choose (auto), a UDP socket that cannot be opened leaves everything to AF_XDP,
-/// said on stderr; asked for, it is an error. Returns whether the port batches.
+/// said on stderr; asked for, it is an error. Returns, when the port may batch, the count of
+/// frames it sent in batches.
 fn with_transmit<P: crate::port::Port + 'static>(
     config: &EngineConfig,
     ifindex: u32,
     max_frame: usize,
     batching: AutoBatching,
     port: P,
-) -> Result<(Box<dyn crate::port::Port>, bool), EngineError> {
+) -> Result<PortAndBatched, EngineError> {
     if batching == AutoBatching::Off {
-        return Ok((Box::new(port), false));
+        return Ok((Box::new(port), None));
     }
     match GsoSocket::open(&config.iface) {
-        Ok(socket) => Ok((
-            Box::new(UdpGsoPort::new(
+        Ok(socket) => {
+            let port = UdpGsoPort::new(
                 port,
                 socket,
                 &config.iface,
@@ -1660,16 +1676,17 @@ fn with_transmit<P: crate::port::Port + 'static>(
                 max_frame,
                 batching == AutoBatching::WhileSegmentedInSoftware,
                 local_check(),
-            )),
-            true,
-        )),
+            );
+            let batched = port.frames_batched();
+            Ok((Box::new(port), Some(batched)))
+        }
         Err(source) if config.transmit == Transmit::Auto => {
             crate::stderr_line!(
                 "xroce: netdev {}: cannot open a UDP socket to send batches through ({source}); \
                  every frame goes through AF_XDP",
                 config.iface
             );
-            Ok((Box::new(port), false))
+            Ok((Box::new(port), None))
         }
         Err(source) => Err(EngineError::UdpGsoSocket {
             iface: config.iface.clone(),
@@ -1722,7 +1739,7 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
             .collect(),
         zero_copy: false,
         multi_buffer,
-        udp_gso: false,
+        udp_gso: None,
     })
 }
 
