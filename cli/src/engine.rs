@@ -55,7 +55,7 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
             Backend::AfXdp => "AF_XDP copy",
         },
         if engine.sends_through_udp_gso() {
-            ", IPv4 sent through UDP GSO"
+            ", runs of IPv4 frames through UDP GSO where the link takes them"
         } else {
             ""
         },

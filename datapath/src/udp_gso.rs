@@ -517,7 +517,8 @@ pub fn auto_batching(iface: &str) -> AutoBatching {
 
 /// Whether `iface` (in the calling thread's network namespace) segments UDP batches in
 /// software before its driver sees them: `tx-udp-segmentation` off. On a veth, while its peer
-/// runs native XDP.
+/// runs native XDP. (The port reads the same through its own socket; this is for callers
+/// that want to know, the tests among them.)
 pub fn segmented_in_software(iface: &str) -> bool {
     crate::ethtool::feature_active(iface, UDP_SEGMENTATION) == Some(false)
 }

@@ -2060,9 +2060,10 @@ fn loopback_and_idle_cost_on(backend: Backend) {
 }
 
 /// Left to choose, batching through a UDP socket happens on a veth only while the veth does
-/// not offload UDP segmentation, which it takes off when its peer runs native XDP; read in
-/// the engine's namespace (`xroce_datapath::udp_gso::auto_batching`). Generic XDP on the peer
-/// leaves the offload on: a batch would cross whole and the peer's program would lose it.
+/// not offload UDP segmentation, which it takes off when its peer runs native XDP: every veth
+/// gets the port (`xroce_datapath::udp_gso::auto_batching`), which reads the offload in the
+/// engine's namespace as it goes (`segmented_in_software`). Generic XDP on the peer leaves
+/// the offload on: a batch would cross whole and the peer's program would lose it.
 #[test]
 fn batching_is_chosen_by_the_interfaces_driver_and_offloads() {
     use xroce_datapath::udp_gso::{auto_batching, segmented_in_software, AutoBatching};

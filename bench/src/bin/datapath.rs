@@ -494,7 +494,7 @@ fn xroce_side(iface: &str, ip: Ipv4Addr, len: usize) -> Side {
         eprintln!(
             "    (xroce's engines send {})",
             if engine.sends_through_udp_gso() {
-                "runs of frames in batches through a UDP socket (UDP GSO)"
+                "runs of frames in batches through a UDP socket (UDP GSO) where the link takes them"
             } else {
                 "every frame through AF_XDP"
             }

@@ -312,8 +312,9 @@ pub struct EngineCounters {
     /// Of those, holds that ran out before any ACK came for this side (each turns them off
     /// for `ANSWER_HOLDS_OFF_NS`).
     pub answer_holds_ran_out: AtomicU64,
-    /// ACK holds for the polling application's answer that ran out with no post from it
-    /// (see `ACK_HOLDS_OFF_NS`).
+    /// Holds of ACKs for the application's answer (whoever started them: a poll, or the
+    /// progress thread for an application that polled lately) that a poll found run out
+    /// with no post from the application (see `ACK_HOLDS_OFF_NS`).
     pub ack_holds_ran_out: AtomicU64,
     /// The receive queues the interface uses, looked at when retransmissions time out, were
     /// more than the engine took sockets on at its start (said on stderr; 1 once seen).
@@ -709,9 +710,10 @@ impl Engine {
         self.queues[0]
     }
 
-    /// Whether IPv4 frames in runs leave through a kernel UDP socket in batches (see
-    /// [`EngineConfig::transmit`]; an AF_XDP engine only). On a veth, only while the veth
-    /// segments batches in software ([`Engine::frames_sent_in_batches`] counts them).
+    /// Whether IPv4 frames in runs may leave through a kernel UDP socket in batches (see
+    /// [`EngineConfig::transmit`]; an AF_XDP engine only). On a veth they do only while the
+    /// veth segments batches in software; [`Engine::frames_sent_in_batches`] counts those that
+    /// did.
     pub fn sends_through_udp_gso(&self) -> bool {
         self.udp_gso.is_some()
     }
@@ -846,8 +848,9 @@ impl Engine {
             ("zero_copy", u64::from(self.zero_copy)),
             // Nor this: 1 when every socket carries frames longer than one UMEM frame.
             ("multi_buffer", u64::from(self.multi_buffer)),
-            // Nor this: 1 when runs of IPv4 frames leave through a UDP socket in batches
-            // (`XROCE_TRANSMIT`: by default on virtio-net in copy mode; see `crate::udp_gso`).
+            // Nor this: 1 when runs of IPv4 frames may leave through a UDP socket in batches
+            // (`XROCE_TRANSMIT`: by default on virtio-net in copy mode, and on a veth while it
+            // segments in software; see `crate::udp_gso`). The next counts those that did.
             ("udp_gso", u64::from(self.sends_through_udp_gso())),
             ("tx_frames_batched", self.frames_sent_in_batches()),
             // Nor this: 1 when ICRCs are hashed with tables rather than carry-less multiplies
@@ -1304,8 +1307,10 @@ impl Engine {
                         ANSWER_HOLDS_OFF_NS,
                     );
                 } else if answer_from.is_none() {
-                    // The application took every completion and posted nothing: a receiver
-                    // that does not answer (a stream of SENDs or WRITEs into it).
+                    // The application took every completion of the CQ it polls and posted
+                    // nothing: a receiver that does not answer (a stream of SENDs into it).
+                    // (A post to any QP counts as an answer, so a ping-pong on one QP keeps a
+                    // stream into another under holds.)
                     self.shared
                         .counters
                         .ack_holds_ran_out

@@ -329,7 +329,10 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
         Deferred::Nothing => {
             let polled_ns = shared.app_polled_at.load(Ordering::Relaxed);
             let polled_lately = polled_ns != 0 && now.saturating_sub(polled_ns) < POLLED_LATELY_NS;
-            let hold = polled_lately && st.dev.ack_only_requests() != requests;
+            // Not for an application whose holds keep running out (see `ACK_HOLDS_OFF_NS`).
+            let hold = polled_lately
+                && st.dev.ack_only_requests() != requests
+                && !st.ack_holds.off_at(now);
             if hold {
                 st.deferred = Deferred::AcksUntil {
                     until: now + THREAD_ACK_HOLD_NS,
