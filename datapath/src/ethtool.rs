@@ -33,9 +33,9 @@ pub(crate) fn any_socket() -> Option<OwnedFd> {
 ///
 /// `data` must point to writable memory laid out as the command's structure, as large as the
 /// kernel will write for it, and valid for the duration of the call.
-unsafe fn ethtool(fd: RawFd, iface: &str, data: *mut libc::c_void) -> Option<()> {
+pub(crate) unsafe fn ethtool(fd: RawFd, iface: &str, data: *mut libc::c_void) -> Option<()> {
     let name = iface.as_bytes();
-    if name.len() >= libc::IFNAMSIZ || name.contains(&0) {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
         return None;
     }
     // SAFETY: an all-zero ifreq is a valid value; the name and data pointer are set below.

@@ -7,8 +7,7 @@
 //! queues in use are what ethtool's channels say (`ETHTOOL_GCHANNELS`: receive-only channels
 //! plus combined ones), asked on a socket of the calling thread's network namespace.
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 /// `ETHTOOL_GCHANNELS` from `<linux/ethtool.h>`.
 const ETHTOOL_GCHANNELS: u32 = 0x3c;
@@ -30,7 +29,7 @@ struct EthtoolChannels {
 
 /// The receive queues `iface` uses now, or `None` when its driver does not report channels.
 pub fn receive_queues_in_use(iface: &str) -> Option<u32> {
-    let channels = channels(iface).ok()?;
+    let channels = channels(iface)?;
     receive_queues(&channels)
 }
 
@@ -44,7 +43,7 @@ fn receive_queues(c: &EthtoolChannels) -> Option<u32> {
 /// driver does not report channels. A socket bound to a queue at or past this count receives
 /// but cannot send: copy mode's transmit path skips such a queue and reports success.
 pub fn transmit_queues_in_use(iface: &str) -> Option<u32> {
-    let channels = channels(iface).ok()?;
+    let channels = channels(iface)?;
     transmit_queues(&channels)
 }
 
@@ -54,35 +53,21 @@ fn transmit_queues(c: &EthtoolChannels) -> Option<u32> {
     (n > 0).then_some(n)
 }
 
-fn channels(iface: &str) -> io::Result<EthtoolChannels> {
-    let name = iface.as_bytes();
-    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    }
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+fn channels(iface: &str) -> Option<EthtoolChannels> {
+    let socket = crate::ethtool::any_socket()?;
     let mut channels = EthtoolChannels {
         cmd: ETHTOOL_GCHANNELS,
         ..EthtoolChannels::default()
     };
-    // SAFETY: an all-zero ifreq is valid (a name of NULs and a null data pointer).
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, &src) in req.ifr_name.iter_mut().zip(name) {
-        *dst = src as libc::c_char;
-    }
-    req.ifr_ifru.ifru_data = (&mut channels as *mut EthtoolChannels).cast();
-    // SAFETY: `req` names the interface and points at `channels`, which outlives the call;
-    // the kernel writes at most a `struct ethtool_channels` there.
-    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut req) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(channels)
+    // SAFETY: `channels` is a `struct ethtool_channels`, which is all GCHANNELS writes.
+    unsafe {
+        crate::ethtool::ethtool(
+            socket.as_raw_fd(),
+            iface,
+            (&mut channels as *mut EthtoolChannels).cast(),
+        )
+    }?;
+    Some(channels)
 }
 
 #[cfg(test)]
@@ -116,7 +101,7 @@ mod tests {
 
     #[test]
     fn names_the_kernel_cannot_take_are_refused_before_asking() {
-        assert!(channels("").is_err());
-        assert!(channels("a-name-far-too-long-for-linux").is_err());
+        assert!(channels("").is_none());
+        assert!(channels("a-name-far-too-long-for-linux").is_none());
     }
 }
