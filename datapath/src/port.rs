@@ -30,6 +30,9 @@ pub trait Port: Send {
     fn wait_fd_is_doorbell(&self) -> bool {
         false
     }
+    /// An interface of the port's namespace changed (a link notification), or notifications
+    /// were lost: a port that follows a setting of its interface reads it again.
+    fn links_changed(&mut self) {}
     /// Frames for this port that the device dropped before they could be received: with no
     /// room in the receive ring, and for any other reason. Lost frames look like loss on the
     /// path to the transport (NAKs, retransmissions); these say where they were lost.

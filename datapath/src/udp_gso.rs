@@ -13,7 +13,8 @@
 //! descriptor. Between two namespaces the sender's kernel time per 4 KiB frame fell by about
 //! a tenth and the 64 B message rate rose by about a seventh (`docs/decisions.md`, "Stop 64").
 //! There batching waits on the veth not offloading UDP segmentation ([`AutoBatching`]), read
-//! when the port opens and again once a second while it sees runs.
+//! when the port opens and again after each link notification (the offload changes with the
+//! peer's XDP program, and the kernel notifies the change).
 //!
 //! The engine still builds whole frames. For each IPv4 RoCEv2 frame this port keeps the UDP
 //! payload (BTH to ICRC) and lets the kernel write the Ethernet, IP and UDP headers. What the
@@ -486,7 +487,7 @@ pub enum AutoBatching {
     /// Batches (virtio-net).
     On,
     /// Batches while the kernel segments UDP in software (a veth whose `tx-udp-segmentation`
-    /// is off), re-read as it goes ([`REFRESH`]).
+    /// is off), read again after each link notification ([`Port::links_changed`]).
     WhileSegmentedInSoftware,
 }
 
@@ -501,8 +502,8 @@ const UDP_SEGMENTATION: &str = "tx-udp-segmentation";
 ///   batch into frames before they cross, and the peer's XDP program sees frames. A veth
 ///   whose peer runs no XDP or generic XDP would hand the batch across whole: a receiver in
 ///   generic XDP mode gets one oversized frame and loses it (seen with devices on bridges).
-///   The offload is read as the port goes ([`segmented_in_software`]), so an engine that
-///   starts before its peer's program is attached batches once it is;
+///   The offload is read again after each link notification, so an engine that starts
+///   before its peer's program is attached batches once it is;
 /// - elsewhere it does not: a NIC that segments in hardware might number the IP
 ///   identifications otherwise than Linux does, which the ICRCs count on; and every batched
 ///   frame carries the socket's source port, not its QP's, which a multi-path fabric spreads
@@ -576,7 +577,10 @@ pub struct UdpGsoPort<P> {
     destinations: HashMap<Ipv4Addr, bool>,
     /// The offload's place among the interface's features, once looked up.
     offload_index: Option<crate::ethtool::FeatureIndex>,
-    /// When those two were last read.
+    /// A link changed since the offload was read ([`Port::links_changed`]): read it again
+    /// before the next batch.
+    offload_stale: bool,
+    /// When the destinations' answers were last cleared.
     refreshed: Instant,
     /// Frames sent in batches so far.
     batched_frames: Arc<AtomicU64>,
@@ -585,9 +589,10 @@ pub struct UdpGsoPort<P> {
 /// Tells whether an IPv4 address is one of the engine's namespace's own.
 pub type LocalCheck = Box<dyn Fn(Ipv4Addr) -> bool + Send>;
 
-/// How often what a port asks the kernel (an offload, local addresses) is asked again. The
-/// offload is read under the kernel's RTNL lock, which a busy host can hold for a while, so
-/// not often: a veth's peer that loses its XDP program is noticed within this.
+/// How often the port asks again which destinations are local addresses. (The offload is read
+/// again only after a link notification: it is read under the kernel's RTNL lock, which a busy
+/// host can hold for a while, and the thread that reads it may be an application's, in its
+/// verbs.)
 const REFRESH: Duration = Duration::from_secs(1);
 /// Destinations whose answers are kept; more and the map starts again.
 const MAX_DESTINATIONS: usize = 4096;
@@ -627,6 +632,7 @@ impl<P: Port> UdpGsoPort<P> {
             is_local,
             destinations: HashMap::new(),
             offload_index: None,
+            offload_stale: false,
             refreshed: Instant::now(),
             batched_frames: Arc::new(AtomicU64::new(0)),
         };
@@ -643,6 +649,9 @@ impl<P: Port> UdpGsoPort<P> {
     /// and it no longer does.
     fn may_batch(&mut self) -> bool {
         self.refresh();
+        if std::mem::take(&mut self.offload_stale) {
+            self.read_offload();
+        }
         self.segmented_in_software.unwrap_or(true)
     }
 
@@ -695,19 +704,17 @@ impl<P: Port> UdpGsoPort<P> {
         reachable
     }
 
-    /// What is read again now and then: the destinations' answers, and whether the interface
-    /// segments in software (read through the UDP socket, so in the engine's namespace
-    /// whichever thread asks).
+    /// Asks again, now and then, which destinations are local.
     fn refresh(&mut self) {
         if self.refreshed.elapsed() < REFRESH {
             return;
         }
         self.refreshed = Instant::now();
         self.destinations.clear();
-        self.read_offload();
     }
 
-    /// Reads whether the interface segments in software, when batching waits on that.
+    /// Reads whether the interface segments in software, when batching waits on that (through
+    /// the UDP socket, so in the engine's namespace whichever thread asks).
     fn read_offload(&mut self) {
         if let Some(in_software) = &mut self.segmented_in_software {
             let fd = self.socket.as_raw_fd();
@@ -953,6 +960,13 @@ impl<P: Port> Port for UdpGsoPort<P> {
 
     fn rx_drops(&self) -> RxDrops {
         self.inner.rx_drops()
+    }
+
+    /// A veth's offload changes with its peer's XDP program, and the kernel tells the link's
+    /// watchers (`NETDEV_FEAT_CHANGE` sends `RTM_NEWLINK`).
+    fn links_changed(&mut self) {
+        self.offload_stale = true;
+        self.inner.links_changed();
     }
 }
 

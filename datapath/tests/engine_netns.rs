@@ -2166,8 +2166,8 @@ fn batching_follows_the_peers_program() {
             };
             to_reader.send(me).expect("send endpoint");
             bring_up(&engine, &qp, writer_ip, &reader, me.psn, PathMtu::Mtu1024);
-            // The offload is read again once a second: after the native program came, the
-            // writes go on until they go in batches (or for a bounded while).
+            // The offload is read again after a link notification: after the native program
+            // came, the writes go on until they go in batches (or for a bounded while).
             let until = Instant::now() + Duration::from_secs(10);
             loop {
                 post_writes(&engine, &qp, &buf, &reader, 0..MESSAGES, MSG);

@@ -408,6 +408,9 @@ pub(crate) fn apply_changes(
             }
         }
     }
+    if link_changed {
+        st.io.port.links_changed();
+    }
     if link_changed && st.io.link_down && !st.io.failed {
         // Perhaps up again: kick the frames held meanwhile.
         st.io.link_down = false;
