@@ -33,6 +33,9 @@ pub trait Port: Send {
     /// An interface of the port's namespace changed (a link notification), or notifications
     /// were lost: a port that follows a setting of its interface reads it again.
     fn links_changed(&mut self) {}
+    /// Addresses or routes of the port's namespace changed, or notifications were lost: a port
+    /// that keeps answers about addresses forgets them.
+    fn addresses_changed(&mut self) {}
     /// Frames for this port that the device dropped before they could be received: with no
     /// room in the receive ring, and for any other reason. Lost frames look like loss on the
     /// path to the transport (NAKs, retransmissions); these say where they were lost.

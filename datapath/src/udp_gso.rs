@@ -46,7 +46,6 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use xroce_core::icrc::IcrcRewriter;
 use xroce_core::wire::udp::{self, UdpPacket};
@@ -580,8 +579,6 @@ pub struct UdpGsoPort<P> {
     /// A link changed since the offload was read ([`Port::links_changed`]): read it again
     /// before the next batch.
     offload_stale: bool,
-    /// When the destinations' answers were last cleared.
-    refreshed: Instant,
     /// Frames sent in batches so far.
     batched_frames: Arc<AtomicU64>,
 }
@@ -589,11 +586,6 @@ pub struct UdpGsoPort<P> {
 /// Tells whether an IPv4 address is one of the engine's namespace's own.
 pub type LocalCheck = Box<dyn Fn(Ipv4Addr) -> bool + Send>;
 
-/// How often the port asks again which destinations are local addresses. (The offload is read
-/// again only after a link notification: it is read under the kernel's RTNL lock, which a busy
-/// host can hold for a while, and the thread that reads it may be an application's, in its
-/// verbs.)
-const REFRESH: Duration = Duration::from_secs(1);
 /// Destinations whose answers are kept; more and the map starts again.
 const MAX_DESTINATIONS: usize = 4096;
 
@@ -633,7 +625,6 @@ impl<P: Port> UdpGsoPort<P> {
             destinations: HashMap::new(),
             offload_index: None,
             offload_stale: false,
-            refreshed: Instant::now(),
             batched_frames: Arc::new(AtomicU64::new(0)),
         };
         port.read_offload();
@@ -648,7 +639,6 @@ impl<P: Port> UdpGsoPort<P> {
     /// Whether batches may go: always, unless they wait on the kernel segmenting in software
     /// and it no longer does.
     fn may_batch(&mut self) -> bool {
-        self.refresh();
         if std::mem::take(&mut self.offload_stale) {
             self.read_offload();
         }
@@ -691,7 +681,8 @@ impl<P: Port> UdpGsoPort<P> {
     /// Whether the UDP socket's datagrams to `dst` leave through the interface: not when `dst`
     /// is an address of the engine's own namespace (two devices of one host cabled together),
     /// which the kernel delivers through its loopback interface instead. Asked once per
-    /// destination and [`REFRESH`].
+    /// destination, and again after the namespace's addresses or routes change
+    /// ([`Port::addresses_changed`]).
     fn reachable_by_socket(&mut self, dst: Ipv4Addr) -> bool {
         if let Some(&reachable) = self.destinations.get(&dst) {
             return reachable;
@@ -702,15 +693,6 @@ impl<P: Port> UdpGsoPort<P> {
         }
         self.destinations.insert(dst, reachable);
         reachable
-    }
-
-    /// Asks again, now and then, which destinations are local.
-    fn refresh(&mut self) {
-        if self.refreshed.elapsed() < REFRESH {
-            return;
-        }
-        self.refreshed = Instant::now();
-        self.destinations.clear();
     }
 
     /// Reads whether the interface segments in software, when batching waits on that (through
@@ -967,6 +949,13 @@ impl<P: Port> Port for UdpGsoPort<P> {
     fn links_changed(&mut self) {
         self.offload_stale = true;
         self.inner.links_changed();
+    }
+
+    /// An address added or removed in the namespace (or a local route) may make a destination
+    /// local or not: each is asked again when next used.
+    fn addresses_changed(&mut self) {
+        self.destinations.clear();
+        self.inner.addresses_changed();
     }
 }
 
@@ -1450,5 +1439,66 @@ mod tests {
         assert_eq!("auto".parse(), Ok(Transmit::Auto));
         assert_eq!(" AF-XDP ".parse(), Ok(Transmit::AfXdp));
         assert!("gso".parse::<Transmit>().unwrap_err().contains("udp-gso"));
+    }
+
+    /// What the kernel says of the port's interface and addresses is asked again after a
+    /// notification of a change, and not before: the offload (read under the RTNL lock, maybe
+    /// from an application's thread) and whether a destination is local.
+    #[test]
+    fn the_port_asks_again_after_a_change_is_notified() {
+        // The socket is bound to its interface, which takes CAP_NET_RAW.
+        let socket = match GsoSocket::open("lo") {
+            Ok(s) => s,
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("skipped: binding a socket to an interface needs CAP_NET_RAW");
+                return;
+            }
+            Err(e) => panic!("a UDP socket on lo: {e}"),
+        };
+        let asked = Arc::new(AtomicU64::new(0));
+        let local = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let is_local: LocalCheck = {
+            let (asked, local) = (asked.clone(), local.clone());
+            Box::new(move |_| {
+                asked.fetch_add(1, Ordering::Relaxed);
+                local.load(Ordering::Relaxed)
+            })
+        };
+        let mut port = UdpGsoPort::new(
+            crate::port::ClosedPort,
+            socket,
+            "lo",
+            1,
+            9000,
+            true,
+            is_local,
+        );
+        // lo offloads UDP segmentation: batches would not wait on it there.
+        assert!(!port.may_batch(), "read when the port opens");
+
+        // A stale reading stays until a link notification.
+        port.segmented_in_software = Some(true);
+        assert!(port.may_batch());
+        port.addresses_changed();
+        assert!(
+            port.may_batch(),
+            "an address change leaves the offload alone"
+        );
+        port.links_changed();
+        assert!(!port.may_batch(), "read again after a link change");
+
+        let dst = Ipv4Addr::new(192, 0, 2, 7);
+        assert!(port.reachable_by_socket(dst));
+        local.store(true, Ordering::Relaxed);
+        assert!(port.reachable_by_socket(dst), "the answer is kept");
+        port.links_changed();
+        assert!(port.reachable_by_socket(dst), "a link change leaves it");
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+        port.addresses_changed();
+        assert!(
+            !port.reachable_by_socket(dst),
+            "asked again after an address change"
+        );
+        assert_eq!(asked.load(Ordering::Relaxed), 2);
     }
 }

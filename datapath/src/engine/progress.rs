@@ -391,8 +391,13 @@ pub(crate) fn apply_changes(
     changes: impl IntoIterator<Item = Noticed>,
 ) {
     let mut link_changed = false;
+    let mut addresses_changed = false;
     for noticed in changes {
         link_changed |= is_link_change(&noticed);
+        addresses_changed |= matches!(
+            noticed,
+            Noticed::Kernel(Change::Addresses(_) | Change::Routes | Change::Resync)
+        );
         match noticed {
             Noticed::Kernel(change) => {
                 if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
@@ -410,6 +415,9 @@ pub(crate) fn apply_changes(
     }
     if link_changed {
         st.io.port.links_changed();
+    }
+    if addresses_changed {
+        st.io.port.addresses_changed();
     }
     if link_changed && st.io.link_down && !st.io.failed {
         // Perhaps up again: kick the frames held meanwhile.
