@@ -802,6 +802,40 @@ fn ack_req_once_per_burst() {
     assert_eq!((c.timeouts, c.retransmissions), (0, 0));
 }
 
+/// In a burst that signals only some of its WRs (perftest signals every 100th), a signalled WR
+/// with unsignalled ones queued behind it asks for its ACK, and says so to the engine
+/// (`completes_signaled`): its sender likely waits for that completion before it posts more,
+/// so the ACK must not wait for the end of the burst. Where every WR is signalled the burst
+/// still asks once (`ack_req_once_per_burst`).
+#[test]
+fn a_signalled_wr_among_unsignalled_ones_asks_for_its_ack() {
+    let mut sim = Sim::new(29, 2, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(64 * 1024, RW);
+    let dst = sim.nodes[1].alloc(64 * 1024, RW);
+    // WRs 4 and 9 signalled; 9 is the burst's last (it asks anyway).
+    for i in 0..10u64 {
+        let off = i * 1024;
+        let mut wr = SendWr::new(i, write_op(&dst, off), vec![sge(&src, off, 1024)]);
+        if i != 4 && i != 9 {
+            wr.flags = SendFlags::NONE;
+        }
+        sim.nodes[0].post_send(a.qpn, wr).unwrap();
+    }
+    // Take the packets straight from the device, with what it says of each.
+    let mut frame = vec![0u8; 9000];
+    let mut sent = Vec::new();
+    let node = &mut sim.nodes[0];
+    while let Some(tx) = node.dev.poll_transmit(sim.now, &node.mem, &mut frame) {
+        sent.push((bth_ack_req(&frame[..tx.len]), tx.completes_signaled));
+    }
+    assert_eq!(sent.len(), 10);
+    let asked: Vec<usize> = (0..10).filter(|&i| sent[i].0).collect();
+    assert_eq!(asked, [4, 9], "{sent:?}");
+    let told: Vec<usize> = (0..10).filter(|&i| sent[i].1).collect();
+    assert_eq!(told, [4], "the last has no WR behind it: {sent:?}");
+}
+
 /// A reply leaves ahead of the ACK for the message it answers, all of it: the peer is waiting
 /// for the reply, and the ACK only frees a send-queue slot. The engine lets the application
 /// see its receive completion before the ACK is sent, so in a ping-pong the two go out

@@ -1682,6 +1682,94 @@ fn a_receiver_that_never_answers_sends_its_acks_without_holding_them() {
     );
 }
 
+/// `ib_send_bw`'s pattern: a sender that signals one SEND in 100 and refills its 128-deep
+/// window only with those completions, into a receiver that never answers and takes its
+/// completions one poll at a time. The sender's engine kicks the frames up to each signalled
+/// SEND early (its packet asks for the ACK), and the receiver's polls take the frames that
+/// came while they return completions and send their ACKs (its ACKs go at once once its holds
+/// have run out). Before, the signalled SEND went with the rest of its round and its ACK
+/// waited until the receiver had taken every completion before it: the sender sat idle.
+/// Every message arrives, in order, intact.
+#[test]
+fn a_sender_waiting_for_one_completion_in_many_gets_its_ack_early() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::alone(1500);
+    const MESSAGES: usize = 20_000;
+    const MSG: usize = 64;
+    const WINDOW: usize = 128;
+    const SIGNAL_EVERY: usize = 100;
+    const SLOTS: usize = 512;
+    let results = setup.on_both_sides(move |me: Side<Endpoint>| {
+        let (side, pd, engine) = (me.index, me.pd, &me.engine);
+        let mut buf = Buffer::new(engine, pd, SLOTS * MSG);
+        let qp = create_qp(engine, pd, QpType::Rc);
+        to_init(engine, &qp);
+        let post_recv = |buf: &Buffer, slot: usize| {
+            let wr = RecvWr {
+                wr_id: slot as u64,
+                sg_list: vec![buf.sge(slot * MSG, MSG)].into(),
+            };
+            engine.post_recv(qp.qpn, wr).expect("post_recv");
+        };
+        if side == 1 {
+            (0..SLOTS).for_each(|slot| post_recv(&buf, slot));
+        }
+        connect_for_sends(&me, &qp, 0xd00 + side as u32);
+        if side == 0 {
+            let mut completed = 0;
+            for i in 0..MESSAGES {
+                if i - completed == WINDOW {
+                    spin_for_one(engine, qp.send_cq, "a signalled send's ACK");
+                    completed += SIGNAL_EVERY;
+                }
+                let slot = i % SLOTS;
+                buf.write(slot * MSG, &pattern(i as u64, MSG));
+                let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(slot * MSG, MSG)]);
+                if (i + 1) % SIGNAL_EVERY != 0 {
+                    wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
+                }
+                engine.post_send(qp.qpn, wr).expect("post_send");
+            }
+            while completed < MESSAGES {
+                spin_for_one(engine, qp.send_cq, "a signalled send's ACK");
+                completed += SIGNAL_EVERY;
+            }
+        } else {
+            for i in 0..MESSAGES {
+                let wc = spin_for_one(engine, qp.recv_cq, "the next message");
+                let slot = wc.wr_id as usize;
+                assert_eq!(slot, i % SLOTS, "message {i} landed in the wrong receive");
+                assert_eq!(wc.byte_len as usize, MSG, "message {i}: {wc:?}");
+                assert!(
+                    buf.read(slot * MSG, MSG) == pattern(i as u64, MSG),
+                    "message {i} arrived changed"
+                );
+                if i + SLOTS < MESSAGES {
+                    post_recv(&buf, slot);
+                }
+            }
+        }
+        let c = engine.counters();
+        (
+            c.tx_kicks_for_completions.load(Ordering::Relaxed),
+            c.rx_frames_while_draining.load(Ordering::Relaxed),
+        )
+    });
+    let (kicks, _) = results[0];
+    let (_, drained) = results[1];
+    eprintln!(
+        "sender: {kicks} early kicks; receiver: {drained} frames taken by polls that returned \
+         completions ({MESSAGES} messages)"
+    );
+    assert!(kicks > 0, "the sender never kicked a signalled SEND early");
+    assert!(
+        drained > 0,
+        "the receiver took no frames while it took its completions"
+    );
+}
+
 /// A path MTU above the port's active MTU, as `ibv_rc_pingpong -m 4096` asks for on a
 /// 1500-byte veth: a message that fits the link in one packet still arrives (1200 bytes, more
 /// than the port's 1024), as with rdma_rxe; a longer one makes a packet the veth drops, which

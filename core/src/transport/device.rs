@@ -72,6 +72,10 @@ pub struct Transmit {
     pub dst: IpAddress,
     /// The local QP that sent it.
     pub qpn: u32,
+    /// The last packet of a signalled RC send WR with unsignalled WRs queued behind it: it
+    /// asks for the ACK that brings the application's completion, which the application may
+    /// wait for before it posts more.
+    pub completes_signaled: bool,
 }
 
 /// What the device has seen and done, for `xroce` statistics and tests.

@@ -321,6 +321,18 @@ impl Qp {
                 });
             }
         }
+        // The last packet of a signalled WR with unsignalled ones queued behind it (perftest
+        // signals every 100th) asks for its ACK, whatever follows: its sender likely waits
+        // for this completion before it posts more, and the engine kicks such a packet early
+        // (`completes_signaled`). Where every WR is signalled, the ACKs stay coalesced.
+        let completes_signaled = ends
+            && self.ty == QpType::Rc
+            && !self.sq_sig_all
+            && self.sq[idx].wr.flags.contains(SendFlags::SIGNALED)
+            && self
+                .sq
+                .get(idx + 1)
+                .is_some_and(|next| !next.wr.flags.contains(SendFlags::SIGNALED));
         if self.ty == QpType::Rc {
             // Packets since the last AckReq (rdma_rxe forces one after 64 without).
             // Also by time: next to many busy QPs a QP gets one packet per round of the
@@ -343,6 +355,7 @@ impl Qp {
             // until the retransmission timer). READ and atomic requests are answered anyway and
             // keep the bit, as rdma_rxe sets it.
             let more_behind = ends
+                && !completes_signaled
                 && self.req.noack_msgs + 1 < MAX_MSGS_PER_ACK
                 && !self.sq[idx].wr.op.is_read_or_atomic()
                 && self.attr.state == QpState::Rts
@@ -430,6 +443,7 @@ impl Qp {
             src,
             dst,
             qpn: self.qpn,
+            completes_signaled,
         })
     }
 

@@ -1068,6 +1068,7 @@ impl Qp {
             src,
             dst,
             qpn: self.qpn,
+            completes_signaled: false,
         })
     }
 }

@@ -275,6 +275,9 @@ pub struct EngineCounters {
     /// Of `rx_frames`, those an application thread took while it waited for a completion
     /// event (see [`Engine::take_frames`]).
     pub rx_frames_by_waiters: AtomicU64,
+    /// Of `rx_frames`, those a poll took on its way out with completions, for a receiver
+    /// that does not answer (its ACKs go at once): see [`Engine::poll_cq`].
+    pub rx_frames_while_draining: AtomicU64,
     pub rx_not_roce: AtomicU64,
     /// RoCEv2 frames addressed to another MAC than the interface's, dropped as the kernel
     /// drops such frames (`PACKET_OTHERHOST`): a peer still using an old MAC of ours, or a
@@ -284,6 +287,9 @@ pub struct EngineCounters {
     /// Rounds that handed frames to the port (one kick of the kernel each, in copy mode):
     /// `tx_frames / tx_batches` is the batching the transmit path achieves.
     pub tx_batches: AtomicU64,
+    /// Rounds that kicked their frames early, at a packet asking for the ACK of a signalled
+    /// WR with unsignalled ones behind it (see `progress::KICK_SIGNALED_AFTER`).
+    pub tx_kicks_for_completions: AtomicU64,
     pub tx_loopback: AtomicU64,
     /// Packets dropped because the destination's MAC was not known yet (resolution started;
     /// the transport's retransmission recovers).
@@ -812,10 +818,18 @@ impl Engine {
                 "rx_frames_by_waiters",
                 c.rx_frames_by_waiters.load(Ordering::Relaxed),
             ),
+            (
+                "rx_frames_while_draining",
+                c.rx_frames_while_draining.load(Ordering::Relaxed),
+            ),
             ("rx_not_roce", c.rx_not_roce.load(Ordering::Relaxed)),
             ("rx_other_host", c.rx_other_host.load(Ordering::Relaxed)),
             ("tx_frames", c.tx_frames.load(Ordering::Relaxed)),
             ("tx_batches", c.tx_batches.load(Ordering::Relaxed)),
+            (
+                "tx_kicks_for_completions",
+                c.tx_kicks_for_completions.load(Ordering::Relaxed),
+            ),
             ("tx_loopback", c.tx_loopback.load(Ordering::Relaxed)),
             ("tx_no_neighbour", c.tx_no_neighbour.load(Ordering::Relaxed)),
             (
@@ -1324,6 +1338,22 @@ impl Engine {
         }
         let n = st.dev.poll_cq(cq, max, out)?;
         if n > 0 {
+            if st.ack_holds.off_at(now) {
+                // A receiver that does not answer, taking a round's completions a few at a
+                // time: the frames that came meanwhile are taken now and their ACKs go,
+                // instead of after the last of those completions. Its peer may wait for one
+                // of them before it posts more (`ib_send_bw`'s sender, every 100th message,
+                // whose packet its engine kicked early for this: see
+                // `progress::KICK_SIGNALED_AFTER`).
+                let received = progress::receive(&self.shared, st, now);
+                if received > 0 {
+                    self.shared
+                        .counters
+                        .rx_frames_while_draining
+                        .fetch_add(received as u64, Ordering::Relaxed);
+                    progress::send(&self.shared, st, now);
+                }
+            }
             return Ok(n);
         }
         let completions = st.dev.completions_stored();
