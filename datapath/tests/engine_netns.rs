@@ -1599,81 +1599,111 @@ fn simultaneous_sends_do_not_stall_on_each_others_held_acks() {
     }
 }
 
-/// A stream of SENDs into an application that takes each completion and never answers
-/// (`ib_send_bw`'s receiver): a hold of the ACKs for an answer runs out every time, and its
-/// sender, whose send queue refills only with those ACKs, waits meanwhile. After a few holds
-/// in a row ran out, the receiver sends its ACKs as soon as it receives their requests, for a
-/// while. Before, every receive round held its ACK until the application had taken every
-/// completion and the hold had run out: about 2 000 such holds in this stream. Every message
-/// arrives, in order, intact.
-#[test]
-fn a_receiver_that_never_answers_sends_its_acks_without_holding_them() {
-    if !root_or_skip() {
-        return;
-    }
+/// A one-way stream of `MESSAGES` SENDs of `SEND_MSG` bytes into an application that takes
+/// each completion with a poll of its own and never answers (`ib_send_bw`'s receiver), which
+/// checks that every message arrives, in order, intact, through `SEND_SLOTS` receives it posts
+/// again. The sender, side 0, is `send(engine, qp, post)`, where `post(i, signalled)` writes
+/// message `i` into its slot and posts it. Returns each side's engine counters at the end.
+fn one_way_sends(
+    psn_base: u32,
+    send: fn(&Engine, &Qp, &mut dyn FnMut(usize, bool)),
+) -> [[u64; 3]; 2] {
+    const SEND_SLOTS: usize = 512;
+    const SEND_MSG: usize = 64;
     let setup = Setup::alone(1500);
-    const MESSAGES: usize = 4000;
-    const MSG: usize = 64;
-    // Sends in flight at most: a short queue makes many receive rounds, each a hold before.
-    const WINDOW: usize = 4;
-    const SLOTS: usize = 64;
-    let results = setup.on_both_sides(move |me: Side<Endpoint>| {
+    setup.on_both_sides(move |me: Side<Endpoint>| {
         let (side, pd, engine) = (me.index, me.pd, &me.engine);
-        let mut buf = Buffer::new(engine, pd, SLOTS * MSG);
+        let mut buf = Buffer::new(engine, pd, SEND_SLOTS * SEND_MSG);
         let qp = create_qp(engine, pd, QpType::Rc);
         to_init(engine, &qp);
         let post_recv = |buf: &Buffer, slot: usize| {
             let wr = RecvWr {
                 wr_id: slot as u64,
-                sg_list: vec![buf.sge(slot * MSG, MSG)].into(),
+                sg_list: vec![buf.sge(slot * SEND_MSG, SEND_MSG)].into(),
             };
             engine.post_recv(qp.qpn, wr).expect("post_recv");
         };
         if side == 1 {
-            (0..SLOTS).for_each(|slot| post_recv(&buf, slot));
+            (0..SEND_SLOTS).for_each(|slot| post_recv(&buf, slot));
         }
-        connect_for_sends(&me, &qp, 0xc00 + side as u32);
-        let t0 = Instant::now();
+        connect_for_sends(&me, &qp, psn_base + side as u32);
         if side == 0 {
-            let mut in_flight = 0;
-            for i in 0..MESSAGES {
-                if in_flight == WINDOW {
-                    spin_for_one(engine, qp.send_cq, "a send's ACK");
-                    in_flight -= 1;
+            send(engine, &qp, &mut |i, signalled| {
+                let slot = i % SEND_SLOTS;
+                buf.write(slot * SEND_MSG, &pattern(i as u64, SEND_MSG));
+                let sge = buf.sge(slot * SEND_MSG, SEND_MSG);
+                let mut wr = SendWr::new(i as u64, SendOp::Send, vec![sge]);
+                if !signalled {
+                    wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
                 }
-                let slot = i % SLOTS;
-                buf.write(slot * MSG, &pattern(i as u64, MSG));
-                let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(slot * MSG, MSG)]);
-                wr.flags = xroce_core::transport::verbs::SendFlags::SIGNALED;
                 engine.post_send(qp.qpn, wr).expect("post_send");
-                in_flight += 1;
-            }
-            for _ in 0..in_flight {
-                spin_for_one(engine, qp.send_cq, "a send's ACK");
-            }
+            });
         } else {
             for i in 0..MESSAGES {
                 let wc = spin_for_one(engine, qp.recv_cq, "the next message");
                 let slot = wc.wr_id as usize;
-                assert_eq!(slot, i % SLOTS, "message {i} landed in the wrong receive");
-                assert_eq!(wc.byte_len as usize, MSG, "message {i}: {wc:?}");
+                assert_eq!(
+                    slot,
+                    i % SEND_SLOTS,
+                    "message {i} landed in the wrong receive"
+                );
+                assert_eq!(wc.byte_len as usize, SEND_MSG, "message {i}: {wc:?}");
                 assert!(
-                    buf.read(slot * MSG, MSG) == pattern(i as u64, MSG),
+                    buf.read(slot * SEND_MSG, SEND_MSG) == pattern(i as u64, SEND_MSG),
                     "message {i} arrived changed"
                 );
-                if i + SLOTS < MESSAGES {
+                if i + SEND_SLOTS < MESSAGES {
                     post_recv(&buf, slot);
                 }
             }
         }
-        let elapsed = t0.elapsed();
-        let ran_out = engine.counters().ack_holds_ran_out.load(Ordering::Relaxed) as usize;
-        (side, ran_out, elapsed)
+        let c = engine.counters();
+        [
+            c.ack_holds_ran_out.load(Ordering::Relaxed),
+            c.tx_kicks_for_completions.load(Ordering::Relaxed),
+            c.rx_frames_while_draining.load(Ordering::Relaxed),
+        ]
+    })
+}
+
+/// Messages of [`one_way_sends`].
+const MESSAGES: usize = 20_000;
+
+/// A stream of SENDs into an application that takes each completion and never answers
+/// (`ib_send_bw`'s receiver): a hold of the ACKs for an answer runs out every time, and its
+/// sender, whose send queue refills only with those ACKs, waits meanwhile. After a few holds
+/// in a row ran out, the receiver sends its ACKs as soon as it receives their requests, for a
+/// while. Before, every receive round held its ACK until the application had taken every
+/// completion and the hold had run out: 12 897 such holds in one run of this stream. Every
+/// message arrives, in order, intact.
+#[test]
+fn a_receiver_that_never_answers_sends_its_acks_without_holding_them() {
+    if !root_or_skip() {
+        return;
+    }
+    let t0 = Instant::now();
+    // Sends in flight at most, each signalled: a short queue makes many receive rounds, each
+    // a hold before.
+    let counters = one_way_sends(0xc00, |engine, qp, post| {
+        const WINDOW: usize = 4;
+        let mut in_flight = 0;
+        for i in 0..MESSAGES {
+            if in_flight == WINDOW {
+                spin_for_one(engine, qp.send_cq, "a send's ACK");
+                in_flight -= 1;
+            }
+            post(i, true);
+            in_flight += 1;
+        }
+        for _ in 0..in_flight {
+            spin_for_one(engine, qp.send_cq, "a send's ACK");
+        }
     });
-    let (_, ran_out, elapsed) = results[1];
+    let elapsed = t0.elapsed();
+    let ran_out = counters[1][0] as usize;
     eprintln!("receiver: {ran_out} ACK holds ran out in {MESSAGES} messages ({elapsed:?})");
-    // Three in a row, then none for 10 ms: 6 here, where the stream takes about 17 ms. A
-    // slower host fits more 10 ms spells into the stream.
+    // Three in a row, then none for 10 ms. A slower host fits more 10 ms spells into the
+    // stream.
     let spells = elapsed.as_millis() as usize / 10 + 2;
     assert!(
         ran_out <= (MESSAGES / 40).max(3 * spells),
@@ -1695,70 +1725,23 @@ fn a_sender_waiting_for_one_completion_in_many_gets_its_ack_early() {
     if !root_or_skip() {
         return;
     }
-    let setup = Setup::alone(1500);
-    const MESSAGES: usize = 20_000;
-    const MSG: usize = 64;
-    const WINDOW: usize = 128;
-    const SIGNAL_EVERY: usize = 100;
-    const SLOTS: usize = 512;
-    let results = setup.on_both_sides(move |me: Side<Endpoint>| {
-        let (side, pd, engine) = (me.index, me.pd, &me.engine);
-        let mut buf = Buffer::new(engine, pd, SLOTS * MSG);
-        let qp = create_qp(engine, pd, QpType::Rc);
-        to_init(engine, &qp);
-        let post_recv = |buf: &Buffer, slot: usize| {
-            let wr = RecvWr {
-                wr_id: slot as u64,
-                sg_list: vec![buf.sge(slot * MSG, MSG)].into(),
-            };
-            engine.post_recv(qp.qpn, wr).expect("post_recv");
-        };
-        if side == 1 {
-            (0..SLOTS).for_each(|slot| post_recv(&buf, slot));
-        }
-        connect_for_sends(&me, &qp, 0xd00 + side as u32);
-        if side == 0 {
-            let mut completed = 0;
-            for i in 0..MESSAGES {
-                if i - completed == WINDOW {
-                    spin_for_one(engine, qp.send_cq, "a signalled send's ACK");
-                    completed += SIGNAL_EVERY;
-                }
-                let slot = i % SLOTS;
-                buf.write(slot * MSG, &pattern(i as u64, MSG));
-                let mut wr = SendWr::new(i as u64, SendOp::Send, vec![buf.sge(slot * MSG, MSG)]);
-                if (i + 1) % SIGNAL_EVERY != 0 {
-                    wr.flags = xroce_core::transport::verbs::SendFlags::NONE;
-                }
-                engine.post_send(qp.qpn, wr).expect("post_send");
-            }
-            while completed < MESSAGES {
+    let counters = one_way_sends(0xd00, |engine, qp, post| {
+        const WINDOW: usize = 128;
+        const SIGNAL_EVERY: usize = 100;
+        let mut completed = 0;
+        for i in 0..MESSAGES {
+            if i - completed == WINDOW {
                 spin_for_one(engine, qp.send_cq, "a signalled send's ACK");
                 completed += SIGNAL_EVERY;
             }
-        } else {
-            for i in 0..MESSAGES {
-                let wc = spin_for_one(engine, qp.recv_cq, "the next message");
-                let slot = wc.wr_id as usize;
-                assert_eq!(slot, i % SLOTS, "message {i} landed in the wrong receive");
-                assert_eq!(wc.byte_len as usize, MSG, "message {i}: {wc:?}");
-                assert!(
-                    buf.read(slot * MSG, MSG) == pattern(i as u64, MSG),
-                    "message {i} arrived changed"
-                );
-                if i + SLOTS < MESSAGES {
-                    post_recv(&buf, slot);
-                }
-            }
+            post(i, (i + 1) % SIGNAL_EVERY == 0);
         }
-        let c = engine.counters();
-        (
-            c.tx_kicks_for_completions.load(Ordering::Relaxed),
-            c.rx_frames_while_draining.load(Ordering::Relaxed),
-        )
+        while completed < MESSAGES {
+            spin_for_one(engine, qp.send_cq, "a signalled send's ACK");
+            completed += SIGNAL_EVERY;
+        }
     });
-    let (kicks, _) = results[0];
-    let (_, drained) = results[1];
+    let (kicks, drained) = (counters[0][1], counters[1][2]);
     eprintln!(
         "sender: {kicks} early kicks; receiver: {drained} frames taken by polls that returned \
          completions ({MESSAGES} messages)"
