@@ -19,6 +19,11 @@ pub trait Port: Send {
     fn send_with(&mut self, build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool;
     /// Makes queued frames go out.
     fn flush(&mut self) -> io::Result<()>;
+    /// Makes the frames queued so far go out in the middle of a round, leaving to the round's
+    /// `flush` what it decides for the next round (a batching port judges each round there).
+    fn kick(&mut self) -> io::Result<()> {
+        self.flush()
+    }
     /// Frames are queued that the device has not sent yet.
     fn tx_pending(&self) -> bool;
     /// A descriptor that becomes readable when frames arrive, for sleeping in `poll()`.
@@ -30,11 +35,12 @@ pub trait Port: Send {
     fn wait_fd_is_doorbell(&self) -> bool {
         false
     }
-    /// An interface of the port's namespace changed (a link notification), or notifications
-    /// were lost: a port that follows a setting of its interface reads it again.
-    fn links_changed(&mut self) {}
+    /// Interface `ifindex` of the port's namespace changed (a link notification), or, with
+    /// `None`, notifications were lost: a port that follows a setting of its interface reads
+    /// it again.
+    fn link_changed(&mut self, _ifindex: Option<u32>) {}
     /// Addresses or routes of the port's namespace changed, or notifications were lost: a port
-    /// that keeps answers about addresses forgets them.
+    /// that keeps answers about addresses asks again.
     fn addresses_changed(&mut self) {}
     /// Frames for this port that the device dropped before they could be received: with no
     /// room in the receive ring, and for any other reason. Lost frames look like loss on the

@@ -46,6 +46,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use xroce_core::icrc::IcrcRewriter;
 use xroce_core::wire::udp::{self, UdpPacket};
@@ -486,7 +487,8 @@ pub enum AutoBatching {
     /// Batches (virtio-net).
     On,
     /// Batches while the kernel segments UDP in software (a veth whose `tx-udp-segmentation`
-    /// is off), read again after each link notification ([`Port::links_changed`]).
+    /// is off), read again after each notification of a change of the interface
+    /// ([`Port::link_changed`]).
     WhileSegmentedInSoftware,
 }
 
@@ -576,9 +578,13 @@ pub struct UdpGsoPort<P> {
     destinations: HashMap<Ipv4Addr, bool>,
     /// The offload's place among the interface's features, once looked up.
     offload_index: Option<crate::ethtool::FeatureIndex>,
-    /// A link changed since the offload was read ([`Port::links_changed`]): read it again
-    /// before the next batch.
+    /// The interface changed since the offload was read ([`Port::link_changed`]): read it
+    /// again before the next batch.
     offload_stale: bool,
+    /// Addresses or routes changed since `destinations` was cleared
+    /// ([`Port::addresses_changed`]), and when it was.
+    destinations_stale: bool,
+    destinations_cleared: Instant,
     /// Frames sent in batches so far.
     batched_frames: Arc<AtomicU64>,
 }
@@ -586,6 +592,9 @@ pub struct UdpGsoPort<P> {
 /// Tells whether an IPv4 address is one of the engine's namespace's own.
 pub type LocalCheck = Box<dyn Fn(Ipv4Addr) -> bool + Send>;
 
+/// The shortest time between two clearings of the destinations' answers after address or
+/// route notifications.
+const REFRESH: Duration = Duration::from_secs(1);
 /// Destinations whose answers are kept; more and the map starts again.
 const MAX_DESTINATIONS: usize = 4096;
 
@@ -625,6 +634,8 @@ impl<P: Port> UdpGsoPort<P> {
             destinations: HashMap::new(),
             offload_index: None,
             offload_stale: false,
+            destinations_stale: false,
+            destinations_cleared: Instant::now(),
             batched_frames: Arc::new(AtomicU64::new(0)),
         };
         port.read_offload();
@@ -682,8 +693,13 @@ impl<P: Port> UdpGsoPort<P> {
     /// is an address of the engine's own namespace (two devices of one host cabled together),
     /// which the kernel delivers through its loopback interface instead. Asked once per
     /// destination, and again after the namespace's addresses or routes change
-    /// ([`Port::addresses_changed`]).
+    /// ([`Port::addresses_changed`], at most once per [`REFRESH`]).
     fn reachable_by_socket(&mut self, dst: Ipv4Addr) -> bool {
+        if self.destinations_stale && self.destinations_cleared.elapsed() >= REFRESH {
+            self.destinations_stale = false;
+            self.destinations_cleared = Instant::now();
+            self.destinations.clear();
+        }
         if let Some(&reachable) = self.destinations.get(&dst) {
             return reachable;
         }
@@ -740,6 +756,16 @@ impl<P: Port> UdpGsoPort<P> {
             TailBuild::Nothing => {}
         }
         true
+    }
+
+    /// Not batching: batches left when batching ended (the socket full as the kernel refused
+    /// one) go, or are refused and dropped, before anything built since.
+    fn send_leftovers(&mut self) -> io::Result<()> {
+        if self.batcher.waiting() > 0 {
+            self.send_batches()
+        } else {
+            Ok(())
+        }
     }
 
     /// Sends the waiting batches, oldest first. Stops, leaving the rest, when the socket has
@@ -874,14 +900,7 @@ impl<P: Port> Port for UdpGsoPort<P> {
     /// they were built.
     fn flush(&mut self) -> io::Result<()> {
         if !self.batching {
-            // Batches left when batching ended (the socket full as the kernel refused one):
-            // they go, or are refused and dropped, before anything built since.
-            let leftovers = if self.batcher.waiting() > 0 {
-                self.send_batches()
-            } else {
-                Ok(())
-            };
-            let flushed = leftovers.and(self.inner.flush());
+            let flushed = self.send_leftovers().and(self.inner.flush());
             if std::mem::take(&mut self.long_run_since_flush)
                 && !self.inner.tx_pending()
                 && !self.refused
@@ -928,6 +947,28 @@ impl<P: Port> Port for UdpGsoPort<P> {
         batches.and(inner)
     }
 
+    /// Sends what waits, in the order `flush` sends it, but leaves the round's judgement (and
+    /// its counts) to the round's own flush: the frames after a kick belong to the same round.
+    fn kick(&mut self) -> io::Result<()> {
+        if !self.batching {
+            return self.send_leftovers().and(self.inner.flush());
+        }
+        if !self.may_batch() {
+            // As at a round's end: what waits in batches is dropped, and batching ends.
+            return self.flush();
+        }
+        if let Some(frame) = &self.held {
+            if self.inner.send(frame) {
+                self.held = None;
+                self.unkicked = true;
+            }
+        }
+        let batches = self.send_batches();
+        let inner = self.inner.flush();
+        self.unkicked = false;
+        batches.and(inner)
+    }
+
     fn tx_pending(&self) -> bool {
         self.held.is_some() || self.batcher.waiting() > 0 || self.inner.tx_pending()
     }
@@ -946,15 +987,19 @@ impl<P: Port> Port for UdpGsoPort<P> {
 
     /// A veth's offload changes with its peer's XDP program, and the kernel tells the link's
     /// watchers (`NETDEV_FEAT_CHANGE` sends `RTM_NEWLINK`).
-    fn links_changed(&mut self) {
-        self.offload_stale = true;
-        self.inner.links_changed();
+    fn link_changed(&mut self, ifindex: Option<u32>) {
+        if ifindex.is_none_or(|i| i == self.ifindex) {
+            self.offload_stale = true;
+        }
+        self.inner.link_changed(ifindex);
     }
 
     /// An address added or removed in the namespace (or a local route) may make a destination
-    /// local or not: each is asked again when next used.
+    /// local or not: each is asked again when next used, at most once per [`REFRESH`] (a
+    /// routing daemon may change routes many times a second, and each destination asked
+    /// again costs a socket and a bind).
     fn addresses_changed(&mut self) {
-        self.destinations.clear();
+        self.destinations_stale = true;
         self.inner.addresses_changed();
     }
 }
@@ -1476,25 +1521,36 @@ mod tests {
         // lo offloads UDP segmentation: batches would not wait on it there.
         assert!(!port.may_batch(), "read when the port opens");
 
-        // A stale reading stays until a link notification.
+        // A stale reading stays until a notification for this interface (lo is 1).
         port.segmented_in_software = Some(true);
         assert!(port.may_batch());
         port.addresses_changed();
+        port.link_changed(Some(2));
         assert!(
             port.may_batch(),
-            "an address change leaves the offload alone"
+            "an address change or another interface's leaves the offload alone"
         );
-        port.links_changed();
-        assert!(!port.may_batch(), "read again after a link change");
+        port.link_changed(Some(1));
+        assert!(!port.may_batch(), "read again after its link changed");
+        port.segmented_in_software = Some(true);
+        port.link_changed(None);
+        assert!(!port.may_batch(), "and after notifications were lost");
 
         let dst = Ipv4Addr::new(192, 0, 2, 7);
         assert!(port.reachable_by_socket(dst));
         local.store(true, Ordering::Relaxed);
         assert!(port.reachable_by_socket(dst), "the answer is kept");
-        port.links_changed();
+        port.link_changed(Some(1));
         assert!(port.reachable_by_socket(dst), "a link change leaves it");
         assert_eq!(asked.load(Ordering::Relaxed), 1);
+        // At most once per REFRESH: the answers were last cleared when the port opened.
         port.addresses_changed();
+        assert!(
+            port.reachable_by_socket(dst),
+            "too soon after the last clearing"
+        );
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+        port.destinations_cleared = Instant::now().checked_sub(REFRESH).expect("uptime");
         assert!(
             !port.reachable_by_socket(dst),
             "asked again after an address change"

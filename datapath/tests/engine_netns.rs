@@ -2133,7 +2133,7 @@ fn loopback_and_idle_cost_on(backend: Backend) {
 /// Left to choose, batching through a UDP socket happens on a veth only while the veth does
 /// not offload UDP segmentation, which it takes off when its peer runs native XDP: every veth
 /// gets the port (`xroce_datapath::udp_gso::auto_batching`), which reads the offload in the
-/// engine's namespace as it goes (`segmented_in_software`). Generic XDP on the peer leaves
+/// engine's namespace (`segmented_in_software`). Generic XDP on the peer leaves
 /// the offload on: a batch would cross whole and the peer's program would lose it.
 #[test]
 fn batching_is_chosen_by_the_interfaces_driver_and_offloads() {
@@ -2179,13 +2179,14 @@ fn batching_is_chosen_by_the_interfaces_driver_and_offloads() {
 }
 
 /// An engine batches through a UDP socket while its veth segments batches in software, which
-/// the veth does while its peer runs native XDP, and it keeps reading that as it goes:
+/// the veth does while its peer runs native XDP, and it reads that again after each
+/// notification of a change of its link (the kernel sends one when the feature changes):
 /// - started before the peer's program was attached, it batches once the program is there in
 ///   native mode (it used to decide once, at its start, and never batched);
 /// - once the peer's program is attached in generic mode instead, a batch would cross whole
 ///   and that program would lose it, so the engine drops what waits in batches and sends
-///   through AF_XDP again (within its second of re-reading, `udp_gso::REFRESH`). An engine
-///   that kept batching resent its WRITEs for ever, and this test ran into its bound.
+///   through AF_XDP again. An engine that kept batching resent its WRITEs for ever, and this
+///   test ran into its bound.
 ///
 /// The WRITEs to the engine behind each program complete, every byte intact.
 #[test]

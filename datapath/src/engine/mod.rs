@@ -284,8 +284,9 @@ pub struct EngineCounters {
     /// promiscuous interface (a bridge port) seeing frames for another host.
     pub rx_other_host: AtomicU64,
     pub tx_frames: AtomicU64,
-    /// Rounds that handed frames to the port (one kick of the kernel each, in copy mode):
-    /// `tx_frames / tx_batches` is the batching the transmit path achieves.
+    /// Rounds that handed frames to the port (one kick of the kernel each in copy mode, two
+    /// for a round kicked early: `tx_kicks_for_completions`): `tx_frames / tx_batches` is
+    /// about the batching the transmit path achieves.
     pub tx_batches: AtomicU64,
     /// Rounds that kicked their frames early, at a packet asking for the ACK of a signalled
     /// WR with unsignalled ones behind it (see `progress::KICK_SIGNALED_AFTER`).
@@ -1338,20 +1339,25 @@ impl Engine {
         }
         let n = st.dev.poll_cq(cq, max, out)?;
         if n > 0 {
-            if st.ack_holds.off_at(now) {
+            if st.ack_holds.off_at(now) && st.deferred == Deferred::Nothing {
                 // A receiver that does not answer, taking a round's completions a few at a
                 // time: the frames that came meanwhile are taken now and their ACKs go,
                 // instead of after the last of those completions. Its peer may wait for one
                 // of them before it posts more (`ib_send_bw`'s sender, every 100th message,
                 // whose packet its engine kicked early for this: see
-                // `progress::KICK_SIGNALED_AFTER`).
+                // `progress::KICK_SIGNALED_AFTER`). Not while ACKs are held for an answer,
+                // nor when a message came that this side answers once its own ACK is in (a
+                // ping-pong on another QP): the next empty poll treats those as it does.
+                let answers = st.dev.answers_awaiting_acks();
                 let received = progress::receive(&self.shared, st, now);
                 if received > 0 {
                     self.shared
                         .counters
                         .rx_frames_while_draining
                         .fetch_add(received as u64, Ordering::Relaxed);
-                    progress::send(&self.shared, st, now);
+                    if st.dev.answers_awaiting_acks() == answers {
+                        progress::send(&self.shared, st, now);
+                    }
                 }
             }
             return Ok(n);

@@ -401,13 +401,20 @@ pub(crate) fn apply_changes(
     changes: impl IntoIterator<Item = Noticed>,
 ) {
     let mut link_changed = false;
-    let mut addresses_changed = false;
     for noticed in changes {
         link_changed |= is_link_change(&noticed);
-        addresses_changed |= matches!(
-            noticed,
-            Noticed::Kernel(Change::Addresses(_) | Change::Routes | Change::Resync)
-        );
+        // What the port asks the kernel (see `UdpGsoPort`).
+        match noticed {
+            Noticed::Kernel(Change::Link(ifindex)) => st.io.port.link_changed(Some(ifindex)),
+            Noticed::Kernel(Change::Resync) => {
+                st.io.port.link_changed(None);
+                st.io.port.addresses_changed();
+            }
+            Noticed::Kernel(Change::Addresses(_) | Change::Routes) => {
+                st.io.port.addresses_changed()
+            }
+            _ => {}
+        }
         match noticed {
             Noticed::Kernel(change) => {
                 if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
@@ -422,12 +429,6 @@ pub(crate) fn apply_changes(
                 }
             }
         }
-    }
-    if link_changed {
-        st.io.port.links_changed();
-    }
-    if addresses_changed {
-        st.io.port.addresses_changed();
     }
     if link_changed && st.io.link_down && !st.io.failed {
         // Perhaps up again: kick the frames held meanwhile.
@@ -686,7 +687,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
                 .counters
                 .tx_kicks_for_completions
                 .fetch_add(1, Ordering::Relaxed);
-            if io.port.flush().is_err() {
+            if io.port.kick().is_err() {
                 // The round's flush below says why.
                 break;
             }
