@@ -758,6 +758,40 @@ impl<P: Port> UdpGsoPort<P> {
         true
     }
 
+    /// Batching: the held frame, then the waiting batches, then a kick of the AF_XDP ring. When
+    /// the interface no longer segments in software, what waits in batches is dropped instead
+    /// and batching ends.
+    fn send_waiting(&mut self) -> io::Result<()> {
+        if let Some(frame) = &self.held {
+            if self.inner.send(frame) {
+                self.held = None;
+                self.unkicked = true;
+            }
+        }
+        if !self.may_batch() {
+            // The interface would now hand the batches on whole, and the receiver's program
+            // would lose them: dropped here instead, and the frames built from now on go
+            // through AF_XDP.
+            let dropped = self.batcher.drop_all();
+            if dropped > 0 {
+                crate::stderr_line!(
+                    "xroce: netdev {}: the interface now offloads UDP segmentation (its peer's \
+                     XDP program went?); {dropped} frames waiting in batches were dropped and \
+                     are resent through AF_XDP",
+                    self.iface
+                );
+            }
+            self.batching = false;
+            self.batched_since_flush = false;
+            self.taken_since_flush = 0;
+            return self.inner.flush();
+        }
+        let batches = self.send_batches();
+        let inner = self.inner.flush();
+        self.unkicked = false;
+        batches.and(inner)
+    }
+
     /// Not batching: batches left when batching ended (the socket full as the kernel refused
     /// one) go, or are refused and dropped, before anything built since.
     fn send_leftovers(&mut self) -> io::Result<()> {
@@ -912,39 +946,13 @@ impl<P: Port> Port for UdpGsoPort<P> {
             self.run = 0;
             return flushed;
         }
-        if let Some(frame) = &self.held {
-            if self.inner.send(frame) {
-                self.held = None;
-                self.unkicked = true;
-            }
-        }
-        if !self.may_batch() {
-            // The interface would now hand the batches on whole, and the receiver's program
-            // would lose them: dropped here instead, and the frames built from now on go
-            // through AF_XDP.
-            let dropped = self.batcher.drop_all();
-            if dropped > 0 {
-                crate::stderr_line!(
-                    "xroce: netdev {}: the interface now offloads UDP segmentation (its peer's \
-                     XDP program went?); {dropped} frames waiting in batches were dropped and \
-                     are resent through AF_XDP",
-                    self.iface
-                );
-            }
-            self.batching = false;
-            self.batched_since_flush = false;
-            self.taken_since_flush = 0;
-            return self.inner.flush();
-        }
-        let batches = self.send_batches();
-        let inner = self.inner.flush();
-        self.unkicked = false;
+        let sent = self.send_waiting();
         let batched = std::mem::take(&mut self.batched_since_flush);
         let taken = std::mem::take(&mut self.taken_since_flush);
         if !batched && taken > 1 && self.held.is_none() && self.batcher.waiting() == 0 {
             self.batching = false;
         }
-        batches.and(inner)
+        sent
     }
 
     /// Sends what waits, in the order `flush` sends it, but leaves the round's judgement (and
@@ -953,20 +961,7 @@ impl<P: Port> Port for UdpGsoPort<P> {
         if !self.batching {
             return self.send_leftovers().and(self.inner.flush());
         }
-        if !self.may_batch() {
-            // As at a round's end: what waits in batches is dropped, and batching ends.
-            return self.flush();
-        }
-        if let Some(frame) = &self.held {
-            if self.inner.send(frame) {
-                self.held = None;
-                self.unkicked = true;
-            }
-        }
-        let batches = self.send_batches();
-        let inner = self.inner.flush();
-        self.unkicked = false;
-        batches.and(inner)
+        self.send_waiting()
     }
 
     fn tx_pending(&self) -> bool {
