@@ -19,6 +19,12 @@ pub trait Port: Send {
     fn send_with(&mut self, build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool;
     /// Makes queued frames go out.
     fn flush(&mut self) -> io::Result<()>;
+    /// `flush` for a round that its limits cut short, with the transport's next packets
+    /// built in a round that follows at once: a batching port may keep its open batch open
+    /// for them, so that a run of frames is not cut where the round was.
+    fn flush_before_more(&mut self) -> io::Result<()> {
+        self.flush()
+    }
     /// Makes the frames queued so far go out in the middle of a round, leaving to the round's
     /// `flush` what it decides for the next round (a batching port judges each round there).
     fn kick(&mut self) -> io::Result<()> {

@@ -1179,13 +1179,18 @@ impl Device {
         !due.is_empty()
     }
 
+    /// Packets wait to be built: [`Self::poll_transmit`] has more to give (unless a window or
+    /// a fence holds them).
+    pub fn transmit_queued(&self) -> bool {
+        !self.ready.is_empty() || self.departed_pending
+    }
+
     /// Whether [`Self::poll_transmit`], [`Self::handle_timeout`] or [`Self::poll_event`]
     /// have anything for a round at `now`: a QP is ready to send, a timer is due, or an event
     /// waits. A polling application that finds none of these waiting skips the transmit
     /// round.
     pub fn has_work(&self, now: Nanos) -> bool {
-        !self.ready.is_empty()
-            || self.departed_pending
+        self.transmit_queued()
             || self.timer_floor.is_some_and(|t| t <= now)
             || !self.sh.events.is_empty()
     }

@@ -403,18 +403,7 @@ pub(crate) fn apply_changes(
     let mut link_changed = false;
     for noticed in changes {
         link_changed |= is_link_change(&noticed);
-        // What the port asks the kernel (see `UdpGsoPort`).
-        match noticed {
-            Noticed::Kernel(Change::Link(ifindex)) => st.io.port.link_changed(Some(ifindex)),
-            Noticed::Kernel(Change::Resync) => {
-                st.io.port.link_changed(None);
-                st.io.port.addresses_changed();
-            }
-            Noticed::Kernel(Change::Addresses(_) | Change::Routes) => {
-                st.io.port.addresses_changed()
-            }
-            _ => {}
-        }
+        tell_port(&mut *st.io.port, &noticed);
         match noticed {
             Noticed::Kernel(change) => {
                 if st.neighbours.apply(&mut st.dev, change) == Applied::InterfaceGone {
@@ -434,6 +423,21 @@ pub(crate) fn apply_changes(
         // Perhaps up again: kick the frames held meanwhile.
         st.io.link_down = false;
         send(shared, st, shared.now());
+    }
+}
+
+/// Passes on to the port the changes that make what it asked the kernel stale (see
+/// `UdpGsoPort`): a link's (its offloads), addresses' and routes' (which destinations are
+/// local), all of them when notifications were lost.
+fn tell_port(port: &mut dyn Port, noticed: &Noticed) {
+    match noticed {
+        Noticed::Kernel(Change::Link(ifindex)) => port.link_changed(Some(*ifindex)),
+        Noticed::Kernel(Change::Resync) => {
+            port.link_changed(None);
+            port.addresses_changed();
+        }
+        Noticed::Kernel(Change::Addresses(_) | Change::Routes) => port.addresses_changed(),
+        Noticed::Kernel(Change::Neighbour(..)) | Noticed::PinsRemoved => {}
     }
 }
 
@@ -720,7 +724,14 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             .fetch_add(wired, Ordering::Relaxed);
         shared.counters.tx_batches.fetch_add(1, Ordering::Relaxed);
     }
-    match io.port.flush() {
+    // Cut short by its limits: the transport has more, and the next round follows at once.
+    let cut = built == TX_BATCH || built_bytes >= TX_BATCH_BYTES;
+    let flushed = if cut && dev.transmit_queued() {
+        io.port.flush_before_more()
+    } else {
+        io.port.flush()
+    };
+    match flushed {
         // A flush that may not have asked the kernel at all (nothing to kick, or no wake-up
         // needed) says nothing about the link; one that emptied the queue does.
         Ok(()) => io.link_down &= io.port.tx_pending(),
@@ -761,9 +772,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             io.link_down = true;
         }
     }
-    let more = built == TX_BATCH
-        || built_bytes >= TX_BATCH_BYTES
-        || (!io.link_down && (io.tx_full || io.port.tx_pending()));
+    let more = cut || (!io.link_down && (io.tx_full || io.port.tx_pending()));
     Round {
         work: work || more,
         more,
@@ -1500,6 +1509,59 @@ mod tests {
         // Cut short before the port, or empty.
         assert!(!carries_rocev2(&v4[..23]));
         assert!(!carries_rocev2(&[]));
+    }
+
+    /// The port's side of every kind of notification: a link's with its interface, addresses'
+    /// and routes' as such, both when notifications were lost, nothing for a neighbour or the
+    /// program's pins.
+    #[test]
+    fn the_port_hears_of_the_changes_that_make_its_answers_stale() {
+        #[derive(Default)]
+        struct Recording {
+            links: Vec<Option<u32>>,
+            addresses: usize,
+        }
+        impl Port for Recording {
+            fn recv(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> usize {
+                0
+            }
+            fn send(&mut self, _: &[u8]) -> bool {
+                false
+            }
+            fn send_with(&mut self, _: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
+                false
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+            fn tx_pending(&self) -> bool {
+                false
+            }
+            fn wait_fd(&self) -> Option<RawFd> {
+                None
+            }
+            fn link_changed(&mut self, ifindex: Option<u32>) {
+                self.links.push(ifindex);
+            }
+            fn addresses_changed(&mut self) {
+                self.addresses += 1;
+            }
+        }
+        let heard = |noticed: Noticed| {
+            let mut port = Recording::default();
+            tell_port(&mut port, &noticed);
+            (port.links, port.addresses)
+        };
+        let ip = std::net::IpAddr::from([10, 0, 0, 1]);
+        assert_eq!(heard(Noticed::Kernel(Change::Link(7))), (vec![Some(7)], 0));
+        assert_eq!(heard(Noticed::Kernel(Change::Addresses(7))), (vec![], 1));
+        assert_eq!(heard(Noticed::Kernel(Change::Routes)), (vec![], 1));
+        assert_eq!(heard(Noticed::Kernel(Change::Resync)), (vec![None], 1));
+        assert_eq!(
+            heard(Noticed::Kernel(Change::Neighbour(7, ip, None))),
+            (vec![], 0)
+        );
+        assert_eq!(heard(Noticed::PinsRemoved), (vec![], 0));
     }
 
     /// Untagged, one tag, two tags (802.1Q and 802.1ad, as the steering program accepts them);
