@@ -658,6 +658,87 @@ pub fn xsk_send_stream(
     })
 }
 
+/// Segments per `sendmsg` of [`udp_gso_send_stream`]: xroce's batches hold up to 63.
+pub const GSO_SEGMENTS: usize = 32;
+
+/// The batched sending end of a raw stream: UDP datagrams of `payload` bytes from `own` (bound
+/// to `iface`) to `peer`'s RoCEv2 port for `duration`, [`GSO_SEGMENTS`] to a `sendmsg` through
+/// a kernel UDP socket with `UDP_SEGMENT` (the kernel cuts the batch into datagrams and hands
+/// them to the driver with "more to come"), DF set. This is how xroce's engines send runs of
+/// frames where AF_XDP's copy mode would notify a virtio-net device for every frame, so on
+/// such a link it, not [`xsk_send_stream`], is the most a sender can put on the path. An
+/// AF_XDP receiver behind xroce's XDP program takes the datagrams as it takes raw frames.
+/// Returns the time it sent for.
+pub fn udp_gso_send_stream(
+    iface: &str,
+    own: Ipv4Addr,
+    peer: Ipv4Addr,
+    payload: usize,
+    duration: Duration,
+) -> Result<Duration, String> {
+    let s = UdpSocket::bind((own, 0)).map_err(|e| format!("binding a UDP socket to {own}: {e}"))?;
+    s.connect((peer, 4791))
+        .map_err(|e| format!("connecting a UDP socket to {peer}: {e}"))?;
+    let fd = s.as_raw_fd();
+    let int_opt = |level: libc::c_int, name: libc::c_int, value: libc::c_int, what: &str| {
+        // SAFETY: `fd` is this function's open socket, and the option value is a c_int that
+        // lives for the call, its size passed with it.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(format!("{what}: {}", std::io::Error::last_os_error()))
+        }
+    };
+    let segment = libc::c_int::try_from(payload).map_err(|_| format!("payload {payload}"))?;
+    int_opt(libc::SOL_UDP, libc::UDP_SEGMENT, segment, "UDP_SEGMENT")?;
+    int_opt(
+        libc::IPPROTO_IP,
+        libc::IP_MTU_DISCOVER,
+        libc::IP_PMTUDISC_DO,
+        "IP_MTU_DISCOVER",
+    )?;
+    let name = std::ffi::CString::new(iface).map_err(|_| format!("interface {iface:?}"))?;
+    // SAFETY: as above; the name is a NUL-terminated string that lives for the call.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            name.as_ptr().cast(),
+            name.as_bytes_with_nul().len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "binding to {iface}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let batch = vec![1u8; payload * GSO_SEGMENTS];
+    let t = Instant::now();
+    while t.elapsed() < duration {
+        for _ in 0..8 {
+            match s.send(&batch) {
+                Ok(_) => {}
+                // A full send buffer or qdisc: the next batch tries again.
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(format!("sending a batch: {e}")),
+            }
+        }
+    }
+    Ok(t.elapsed())
+}
+
 /// Sends the frames `build` writes (see [`XskSocket::send_with`]) for `duration`, as fast as
 /// the ring takes them, 32 to a kick. Returns the time it sent for and the CPU it used.
 fn send_for(

@@ -8,8 +8,13 @@
 //! every FRAMES frames with FRAMES of its own (the message, then ACK-sized frames; two per
 //! turn is what RC needs), and `ping` times COUNT such turns, both ends busy-polling.
 //!
+//! `send-batched` sends the same stream through a kernel UDP socket in batches (UDP GSO), as
+//! xroce's engines send runs of frames on virtio-net: AF_XDP's copy mode notifies the device
+//! for every frame, so on that link the batched sender is the ceiling.
+//!
 //! ```text
 //! guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS
+//! guest-stream send-batched IFACE OWN_IP PEER_IP PAYLOAD SECS
 //! guest-stream recv IFACE PEER_IP WAIT_SECS
 //! guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES
 //! guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT
@@ -27,10 +32,12 @@ use std::time::Duration;
 use std::sync::atomic::AtomicBool;
 
 use xroce_bench::baseline::{
-    xsk_echo, xsk_ping, xsk_receive_stream, xsk_send_stream, EchoLimits, PingTurn, RoundTrip,
+    udp_gso_send_stream, xsk_echo, xsk_ping, xsk_receive_stream, xsk_send_stream, EchoLimits,
+    PingTurn, RoundTrip,
 };
 
 const USAGE: &str = "usage: guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS\n       \
+                     guest-stream send-batched IFACE OWN_IP PEER_IP PAYLOAD SECS\n       \
                      guest-stream recv IFACE PEER_IP WAIT_SECS\n       \
                      guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES\n       \
                      guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT";
@@ -77,13 +84,18 @@ fn run(args: &[String]) -> Result<String, String> {
         })
     };
     match args {
-        [mode, iface, own, peer, payload, secs] if mode == "send" => {
+        [mode, iface, own, peer, payload, secs] if mode == "send" || mode == "send-batched" => {
             let payload = number(payload)? as usize;
             if !(1..=1472).contains(&payload) {
                 return Err(format!("PAYLOAD {payload}: 1 to 1472 bytes"));
             }
             let duration = Duration::from_secs(number(secs)?);
-            let (sent_for, _) = xsk_send_stream(iface, ip(own)?, ip(peer)?, payload, duration)?;
+            let (own, peer) = (ip(own)?, ip(peer)?);
+            let sent_for = if mode == "send" {
+                xsk_send_stream(iface, own, peer, payload, duration)?.0
+            } else {
+                udp_gso_send_stream(iface, own, peer, payload, duration)?
+            };
             Ok(format!("sent for {:.2} s", sent_for.as_secs_f64()))
         }
         [mode, iface, peer, wait] if mode == "recv" => {
