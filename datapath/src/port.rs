@@ -20,10 +20,15 @@ pub trait Port: Send {
     /// Makes queued frames go out.
     fn flush(&mut self) -> io::Result<()>;
     /// `flush` for a round that its limits cut short, with the transport's next packets
-    /// built in a round that follows at once: a batching port may keep its open batch open
-    /// for them, so that a run of frames is not cut where the round was.
+    /// built in the round that follows: a batching port may keep its open batch open for
+    /// them, so that a run of frames is not cut where the round was.
     fn flush_before_more(&mut self) -> io::Result<()> {
         self.flush()
+    }
+    /// Sends what [`Port::flush_before_more`] kept back, when the round it waits for may not
+    /// come soon (the engine holds ACKs, or is flushed or stopped).
+    fn send_kept(&mut self) -> io::Result<()> {
+        Ok(())
     }
     /// Makes the frames queued so far go out in the middle of a round, leaving to the round's
     /// `flush` what it decides for the next round (a batching port judges each round there).

@@ -569,6 +569,8 @@ pub struct UdpGsoPort<P> {
     refused: bool,
     /// Frames went into the AF_XDP ring since its last kick.
     unkicked: bool,
+    /// The open batch was kept open by [`Port::flush_before_more`] for the next round.
+    kept_open: bool,
     iface: String,
     /// Frames are sorted into batches (after a round that had [`MIN_BATCH`] frames in a row
     /// for one batch); otherwise they go straight into the AF_XDP ring, as without this port.
@@ -635,6 +637,7 @@ impl<P: Port> UdpGsoPort<P> {
             held: None,
             refused: false,
             unkicked: false,
+            kept_open: false,
             iface: iface.to_string(),
             batching: false,
             batched_since_flush: false,
@@ -775,6 +778,7 @@ impl<P: Port> UdpGsoPort<P> {
     /// the interface no longer segments in software, what waits in batches is dropped instead
     /// and batching ends.
     fn send_waiting(&mut self) -> io::Result<()> {
+        self.kept_open = false;
         if let Some(frame) = &self.held {
             if self.inner.send(frame) {
                 self.held = None;
@@ -959,6 +963,7 @@ impl<P: Port> Port for UdpGsoPort<P> {
     /// changes only when nothing waits on the way left, so that frames leave in the order
     /// they were built.
     fn flush(&mut self) -> io::Result<()> {
+        self.kept_open = false;
         if !self.batching {
             let flushed = self.send_leftovers().and(self.inner.flush());
             if std::mem::take(&mut self.long_run_since_flush)
@@ -981,23 +986,40 @@ impl<P: Port> Port for UdpGsoPort<P> {
         sent
     }
 
-    /// A round cut short by its limits, whose next packets the transport builds at once: the
-    /// open batch stays open for them, and everything before it goes. A run of frames is then
-    /// not cut where the round was: at path MTU 1024 a round of 63 frames ended inside each
-    /// 64 KiB WRITE's run of 63 (62 fill a batch), and every piece shorter than
-    /// [`MIN_BATCH`] went through AF_XDP, a notification of a virtio-net device each. The
-    /// round's judgement waits for the next flush, which sends the batch if nothing joins it.
+    /// A round cut short by its limits, whose next packets the transport builds in the round
+    /// that follows: the open batch stays open for them, and everything before it goes. A
+    /// run of frames is then not cut where the round was: at path MTU 1024 a round of 63
+    /// frames ended inside each 64 KiB WRITE's run of 63 (62 fill a batch), at 4096 a round of
+    /// 68 KiB inside the next message's, and every piece shorter than [`MIN_BATCH`] went
+    /// through AF_XDP on its own (a kick, and on virtio-net a notification, each). The round's
+    /// judgement waits for the next flush, which sends the batch if nothing joins it; a hold
+    /// of ACKs that keeps the next round from coming sends it with [`Port::send_kept`].
     fn flush_before_more(&mut self) -> io::Result<()> {
-        if !self.batching || self.held.is_some() || !self.batcher.open_has_room() {
-            return self.flush();
-        }
-        if !self.may_batch() {
+        if !self.batching
+            || self.held.is_some()
+            || !self.batcher.open_has_room()
+            || !self.may_batch()
+        {
             return self.flush();
         }
         let batches = self.send_batches_but(true);
+        if !self.batching {
+            // A batch was refused, and batching ended with it: the open batch goes now,
+            // ahead of the frames built from here on (straight into the AF_XDP ring).
+            return batches.and(self.flush());
+        }
         let inner = self.inner.flush();
         self.unkicked = false;
+        self.kept_open = self.batcher.open.is_some();
         batches.and(inner)
+    }
+
+    fn send_kept(&mut self) -> io::Result<()> {
+        if self.kept_open {
+            self.send_waiting()
+        } else {
+            Ok(())
+        }
     }
 
     /// Sends what waits, in the order `flush` sends it, but leaves the round's judgement (and
@@ -1550,7 +1572,8 @@ mod tests {
     }
 
     /// A round cut by its limits leaves its open batch open for the next round's frames, and
-    /// the round's flush after that sends it; a full batch, or a round not cut, goes at once.
+    /// the round's flush after that sends it, or `send_kept` when the engine holds that round
+    /// back; a full batch, or a round not cut, goes at once.
     #[test]
     fn a_run_cut_where_the_round_was_stays_in_one_batch() {
         let Some(mut port) = port_on_lo(Box::new(|_| false)) else {
@@ -1592,6 +1615,20 @@ mod tests {
         );
         assert!(!port.tx_pending());
 
+        // A batch kept open goes when the engine holds its next round back.
+        for i in 0..5 {
+            assert!(port.send(&local(i)));
+        }
+        port.send_kept().unwrap();
+        assert_eq!(open(&port), 5, "nothing was kept");
+        port.flush_before_more().unwrap();
+        port.send_kept().unwrap();
+        assert_eq!(
+            (open(&port), sent.load(Ordering::Relaxed)),
+            (0, 17),
+            "sent when kept"
+        );
+
         // A batch with no room for another segment goes, cut round or not.
         let full = MAX_BATCH_BYTES / (1024 + 12 + ICRC_LEN);
         for i in 0..full {
@@ -1600,7 +1637,7 @@ mod tests {
         port.flush_before_more().unwrap();
         assert_eq!(
             (open(&port), sent.load(Ordering::Relaxed)),
-            (0, 12 + full as u64)
+            (0, 17 + full as u64)
         );
     }
 

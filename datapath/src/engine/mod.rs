@@ -922,6 +922,7 @@ impl Engine {
     pub fn flush(&self) {
         if let Some(mut guard) = self.shared.try_state() {
             self.send_deferred(&mut guard);
+            let _ = guard.io.port.send_kept();
             guard.io.flush_capture();
         }
     }
@@ -1420,11 +1421,15 @@ impl Engine {
                 }
                 _ => {}
             }
+            // What a hold leaves unsent must not include frames built already.
+            let _ = st.io.port.send_kept();
             return st.dev.poll_cq(cq, max, out);
         }
         if holding {
             // Nothing new: the application is between taking a completion and answering
-            // (or waits on another CQ); the held ACKs may still ride with the answer.
+            // (or waits on another CQ); the held ACKs may still ride with the answer. Frames
+            // built already do not wait for them (an error is the next flush's).
+            let _ = st.io.port.send_kept();
             return Ok(0);
         }
         // Frames held while the interface is down wait for it (the progress thread kicks them
@@ -1909,6 +1914,8 @@ impl Engine {
         // Close the socket now (not when the last reference goes): the queue is free for the
         // next engine, in this process or another. The capture file is complete from here.
         let mut st = self.lock();
+        // Frames built go, as a round's flush would have sent them.
+        let _ = st.io.port.send_kept();
         st.io.port = Box::new(crate::port::ClosedPort);
         st.queue_claims.clear();
         st.io.capture = None;

@@ -353,7 +353,10 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
         }
         Deferred::Requests => false,
     };
-    if !hold {
+    if hold {
+        // The frames built already do not wait for the hold (an error is the next flush's).
+        let _ = st.io.port.send_kept();
+    } else {
         let sent = send(shared, st, now);
         round.work |= sent.work;
         round.more |= sent.more;
@@ -724,7 +727,8 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             .fetch_add(wired, Ordering::Relaxed);
         shared.counters.tx_batches.fetch_add(1, Ordering::Relaxed);
     }
-    // Cut short by its limits: the transport has more, and the next round follows at once.
+    // Cut short by its limits, with packets left: the next round builds them (a caller that
+    // holds ACKs instead sends what the port kept with `Port::send_kept`).
     let cut = built == TX_BATCH || built_bytes >= TX_BATCH_BYTES;
     let flushed = if cut && dev.transmit_queued() {
         io.port.flush_before_more()
