@@ -677,8 +677,6 @@ pub fn udp_gso_send_stream(
     duration: Duration,
 ) -> Result<Duration, String> {
     let s = UdpSocket::bind((own, 0)).map_err(|e| format!("binding a UDP socket to {own}: {e}"))?;
-    s.connect((peer, 4791))
-        .map_err(|e| format!("connecting a UDP socket to {peer}: {e}"))?;
     let fd = s.as_raw_fd();
     let int_opt = |level: libc::c_int, name: libc::c_int, value: libc::c_int, what: &str| {
         // SAFETY: `fd` is this function's open socket, and the option value is a c_int that
@@ -723,15 +721,22 @@ pub fn udp_gso_send_stream(
             std::io::Error::last_os_error()
         ));
     }
+    s.connect((peer, 4791))
+        .map_err(|e| format!("connecting a UDP socket to {peer}: {e}"))?;
     let batch = vec![1u8; payload * GSO_SEGMENTS];
     let t = Instant::now();
     while t.elapsed() < duration {
         for _ in 0..8 {
             match s.send(&batch) {
                 Ok(_) => {}
-                // A full send buffer or qdisc: the next batch tries again.
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // A full qdisc: the next batch tries again. Refused: datagrams that came
+                // before the receiver's socket was in the XDP program's map went to the
+                // kernel, which answered that no one listens.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOBUFS) | Some(libc::ECONNREFUSED)
+                    ) => {}
                 Err(e) => return Err(format!("sending a batch: {e}")),
             }
         }

@@ -64,20 +64,24 @@ pub struct Comparison {
 }
 
 /// Raw streams between the guests (MB/s received by an AF_XDP receiver that counts frames).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RawStreams {
     /// Sent through AF_XDP's copy mode, which notifies the guest's virtio-net device for
     /// every frame.
     pub copy_mode: f64,
     /// Sent through a kernel UDP socket in batches (UDP GSO), one notification per batch, as
-    /// xroce's engines send runs of frames there: the better of [`BATCHED_RUNS`] runs.
-    pub batched: f64,
+    /// xroce's engines send runs of frames there: the better of [`BATCHED_RUNS`] runs, or why
+    /// none could be measured.
+    pub batched: Result<f64, String>,
 }
 
 impl RawStreams {
     /// The most a sender put on the path.
     pub fn ceiling(&self) -> f64 {
-        self.copy_mode.max(self.batched)
+        match self.batched {
+            Ok(batched) => self.copy_mode.max(batched),
+            Err(_) => self.copy_mode,
+        }
     }
 }
 
@@ -154,15 +158,14 @@ pub fn compare(
     xroce_link(&g, "add xr0 netdev eth0")?;
     say("raw streams between the guests (what their path carries at all)");
     let raw_stream_mb_s = raw_recovering(&lab, &g, &incidents, say, &mut || raw_stream(&g, "send"))
-        .and_then(|copy_mode| {
-            let mut batched = f64::NAN;
-            for _ in 0..BATCHED_RUNS {
-                let run = raw_recovering(&lab, &g, &incidents, say, &mut || {
+        .map(|copy_mode| {
+            let batched = (0..BATCHED_RUNS).try_fold(f64::NAN, |best, _| {
+                raw_recovering(&lab, &g, &incidents, say, &mut || {
                     raw_stream(&g, "send-batched")
-                })?;
-                batched = batched.max(run);
-            }
-            Ok(RawStreams { copy_mode, batched })
+                })
+                .map(|run| best.max(run))
+            });
+            RawStreams { copy_mode, batched }
         });
     say("raw AF_XDP ping-pong between the guests (the floor of their round trip)");
     let raw_one_way_us = raw_recovering(&lab, &g, &incidents, say, &mut || raw_pingpong(&g, 1))
