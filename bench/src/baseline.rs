@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use xroce_datapath::afxdp::{XskConfig, XskSocket};
 use xroce_datapath::netlink;
 use xroce_datapath::netns::NetnsPair;
+use xroce_datapath::udp_gso::GsoSocket;
 use xroce_datapath::xdp;
 
 use crate::cpu::CpuTime;
@@ -661,68 +662,42 @@ pub fn xsk_send_stream(
 /// Segments per `sendmsg` of [`udp_gso_send_stream`]: xroce's batches hold up to 63.
 pub const GSO_SEGMENTS: usize = 32;
 
-/// The batched sending end of a raw stream: UDP datagrams of `payload` bytes from `own` (bound
-/// to `iface`) to `peer`'s RoCEv2 port for `duration`, [`GSO_SEGMENTS`] to a `sendmsg` through
-/// a kernel UDP socket with `UDP_SEGMENT` (the kernel cuts the batch into datagrams and hands
-/// them to the driver with "more to come"), DF set. This is how xroce's engines send runs of
-/// frames where AF_XDP's copy mode would notify a virtio-net device for every frame, so on
-/// such a link it, not [`xsk_send_stream`], is the most a sender can put on the path. An
-/// AF_XDP receiver behind xroce's XDP program takes the datagrams as it takes raw frames.
+/// The batched sending end of a raw stream: UDP datagrams of `payload` bytes from `iface` (its
+/// address) to `peer`'s RoCEv2 port for `duration`, [`GSO_SEGMENTS`] to a `sendmsg` through
+/// the kernel UDP socket xroce's engines batch through ([`GsoSocket`]: bound to the interface,
+/// DF set), with `UDP_SEGMENT`: the kernel cuts the batch into datagrams and hands them to the
+/// driver with "more to come". On a link where AF_XDP's copy mode notifies a virtio-net device
+/// for every frame, this, not [`xsk_send_stream`], is the most a sender can put on the path.
+/// An AF_XDP receiver behind xroce's XDP program takes the datagrams as it takes raw frames.
 /// Returns the time it sent for.
 pub fn udp_gso_send_stream(
     iface: &str,
-    own: Ipv4Addr,
     peer: Ipv4Addr,
     payload: usize,
     duration: Duration,
 ) -> Result<Duration, String> {
-    let s = UdpSocket::bind((own, 0)).map_err(|e| format!("binding a UDP socket to {own}: {e}"))?;
-    let fd = s.as_raw_fd();
-    let int_opt = |level: libc::c_int, name: libc::c_int, value: libc::c_int, what: &str| {
-        // SAFETY: `fd` is this function's open socket, and the option value is a c_int that
-        // lives for the call, its size passed with it.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&value as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(format!("{what}: {}", std::io::Error::last_os_error()))
-        }
-    };
+    let s: UdpSocket = GsoSocket::open(iface)
+        .map_err(|e| format!("a UDP socket on {iface}: {e}"))?
+        .into();
+    s.set_nonblocking(false)
+        .map_err(|e| format!("a blocking UDP socket: {e}"))?;
+    s.connect((peer, 4791))
+        .map_err(|e| format!("connecting a UDP socket to {peer}: {e}"))?;
     let segment = libc::c_int::try_from(payload).map_err(|_| format!("payload {payload}"))?;
-    int_opt(libc::SOL_UDP, libc::UDP_SEGMENT, segment, "UDP_SEGMENT")?;
-    int_opt(
-        libc::IPPROTO_IP,
-        libc::IP_MTU_DISCOVER,
-        libc::IP_PMTUDISC_DO,
-        "IP_MTU_DISCOVER",
-    )?;
-    let name = std::ffi::CString::new(iface).map_err(|_| format!("interface {iface:?}"))?;
-    // SAFETY: as above; the name is a NUL-terminated string that lives for the call.
+    // SAFETY: `s` is open; the option value is a c_int that lives for the call, its size
+    // passed with it.
     let r = unsafe {
         libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_BINDTODEVICE,
-            name.as_ptr().cast(),
-            name.as_bytes_with_nul().len() as libc::socklen_t,
+            s.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&segment as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     if r != 0 {
-        return Err(format!(
-            "binding to {iface}: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(format!("UDP_SEGMENT: {}", std::io::Error::last_os_error()));
     }
-    s.connect((peer, 4791))
-        .map_err(|e| format!("connecting a UDP socket to {peer}: {e}"))?;
     let batch = vec![1u8; payload * GSO_SEGMENTS];
     let t = Instant::now();
     while t.elapsed() < duration {

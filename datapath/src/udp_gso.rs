@@ -456,11 +456,6 @@ impl Batcher {
         })
     }
 
-    /// The oldest closed batch, leaving the open one open.
-    fn oldest_closed(&mut self) -> Option<&mut Batch> {
-        self.closed.front_mut()
-    }
-
     fn waiting(&self) -> usize {
         self.closed.len() + usize::from(self.open.is_some())
     }
@@ -543,6 +538,14 @@ pub fn segmented_in_software(iface: &str) -> bool {
 pub struct GsoSocket {
     fd: OwnedFd,
     src_port: u16,
+}
+
+/// The socket as a standard one (blocking as opened: non-blocking), for senders of their own
+/// (the benchmark's batched raw stream).
+impl From<GsoSocket> for std::net::UdpSocket {
+    fn from(s: GsoSocket) -> Self {
+        std::net::UdpSocket::from(s.fd)
+    }
 }
 
 impl GsoSocket {
@@ -835,7 +838,7 @@ impl<P: Port> UdpGsoPort<P> {
     fn send_batches_but(&mut self, keep_open: bool) -> io::Result<()> {
         loop {
             let batch = if keep_open {
-                self.batcher.oldest_closed()
+                self.batcher.closed.front_mut()
             } else {
                 self.batcher.oldest()
             };

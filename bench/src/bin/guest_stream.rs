@@ -94,7 +94,8 @@ fn run(args: &[String]) -> Result<String, String> {
             let sent_for = if mode == "send" {
                 xsk_send_stream(iface, own, peer, payload, duration)?.0
             } else {
-                udp_gso_send_stream(iface, own, peer, payload, duration)?
+                // The socket takes the interface's address, as xroce's engines' does.
+                udp_gso_send_stream(iface, peer, payload, duration)?
             };
             Ok(format!("sent for {:.2} s", sent_for.as_secs_f64()))
         }
