@@ -8,9 +8,12 @@
 //! - [`XskSocket`]: a socket with its own UMEM in ordinary pages, bound to one queue, zero-copy
 //!   when the driver supports it and copy mode otherwise, multi-buffer (`XDP_USE_SG`) whenever
 //!   the kernel has it (6.6 and later; [`kernel_supports_multi_buffer`]);
-//! - [`QueueSet`]: an engine's sockets on every receive queue of an interface with several.
+//! - [`QueueSet`]: an engine's sockets on every receive queue of an interface with several;
+//! - `eviction`: a copy-mode socket evicts the cache lines of each frame it received before
+//!   the frame goes back to the kernel, whose next copy into it then finds them free.
 
 mod channels;
+mod eviction;
 mod queue_set;
 mod ring;
 mod socket;

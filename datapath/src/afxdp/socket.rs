@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use xroce_core::transport::qp_state::PathMtu;
 
+use super::eviction::{LineEviction, TakenFrames};
 use super::ring::Ring;
 
 /// Size of a UMEM frame. Without hugepages a frame cannot span more than a page, so frames larger
@@ -376,6 +377,9 @@ pub struct XskSocket {
     zero_copy: bool,
     /// Bound with `XDP_USE_SG` (see [`XskConfig::multi_buffer`]).
     multi_buffer: bool,
+    /// The frames received whose cache lines this CPU has yet to give up (copy mode; see
+    /// `eviction`).
+    taken: TakenFrames,
     /// A kick that ended on its budget (EAGAIN) was seen to move the kernel's consumer index:
     /// this kernel (6.17 and later) shows partial kicks, and a kick that shows no progress
     /// sent nothing (see `flush`).
@@ -573,6 +577,7 @@ impl XskSocket {
             scratch: Vec::with_capacity(16 * 1024),
             zero_copy: false,
             multi_buffer: config.multi_buffer(),
+            taken: TakenFrames::new(LineEviction::Off),
             kernel_shows_partial_kicks: false,
             left_queued: false,
             ifindex,
@@ -630,6 +635,9 @@ impl XskSocket {
         }
         let opts: XdpOptions = getsockopt(s, libc::XDP_OPTIONS, "query options")?;
         sock.zero_copy = opts.0 & libc::XDP_OPTIONS_ZEROCOPY != 0;
+        if !sock.zero_copy {
+            sock.taken = TakenFrames::new(LineEviction::for_copy_mode());
+        }
         Ok(sock)
     }
 
@@ -651,10 +659,19 @@ impl XskSocket {
         self.ifindex
     }
 
+    /// Evicts the lines of the frames taken since the last eviction (see `TakenFrames`).
+    fn evict_taken(&mut self) {
+        let umem = &self.umem;
+        self.taken.evict(|addr, len| umem.slice(addr, len));
+    }
+
     /// Receives up to `max` frames, calling `deliver` with each whole frame (descriptors of a
     /// multi-buffer frame are joined). Frames go back to the fill ring at once. Returns the
     /// number of frames delivered.
     pub fn recv(&mut self, max: usize, deliver: &mut dyn FnMut(&[u8])) -> usize {
+        if self.taken.backlogged() {
+            self.evict_taken();
+        }
         let avail = self.rx.available();
         if avail == 0 {
             self.wake_fill_if_needed();
@@ -689,6 +706,13 @@ impl XskSocket {
                 if let Some(bytes) = self.umem.slice(addr, len) {
                     deliver(bytes);
                 }
+                // Of a joined frame, up to the end of the second fragment's old place, which
+                // was read when it was moved down.
+                let read_to = last.addr.saturating_add(u64::from(last.len));
+                self.taken.note(
+                    addr,
+                    u32::try_from(read_to.saturating_sub(addr)).unwrap_or(len),
+                );
             } else {
                 self.scratch.clear();
                 let mut ok = true;
@@ -701,6 +725,10 @@ impl XskSocket {
                 }
                 if ok {
                     deliver(&self.scratch);
+                }
+                for i in used..end {
+                    let d = self.rx.peek(i);
+                    self.taken.note(d.addr, d.len);
                 }
             }
             frames += 1;
@@ -819,6 +847,7 @@ impl XskSocket {
     pub fn flush(&mut self) -> io::Result<()> {
         let flushed = self.flush_kicking();
         self.left_queued = self.tx.outstanding() != 0;
+        self.evict_taken();
         flushed
     }
 

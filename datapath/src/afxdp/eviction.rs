@@ -1,0 +1,229 @@
+//! Received frames' cache lines evicted before their UMEM frames go back to the kernel.
+//!
+//! In copy mode the kernel copies each received frame into the UMEM on the CPU that runs the
+//! interface's receive path. On a veth pair that is the sending CPU: its `sendto` runs the
+//! peer's XDP program and the copy. The receiving engine then reads every line of the frame
+//! (the ICRC, the payload's placement), and those lines stay in its CPU's cache. When the UMEM
+//! frame comes round again, the kernel's copy has to take each line back from that cache
+//! before it can write it: on this machine's veth pair that copy cost the sending CPU about a
+//! fifth of a 4 KiB stream (`docs/decisions.md`, "Stop 68"). A receiver that only counted
+//! frames never paid it, which is why raw AF_XDP's counting receiver outran every reading one.
+//!
+//! Evicted once the engine is done with them (`clflushopt`, or `clflush` where the CPU lacks
+//! it), the lines are nobody's when the kernel writes them next. That costs the receiving CPU
+//! an instruction per line, and its data is never wrong either way: eviction writes back what
+//! is dirty and moves nothing else. Zero-copy sockets skip it: there the NIC writes the frames,
+//! with no CPU's copy to slow down.
+
+use std::sync::OnceLock;
+
+const CACHE_LINE: usize = 64;
+
+/// How a socket evicts the lines of the frames it received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LineEviction {
+    /// Not at all (zero-copy, or a CPU without the instructions).
+    Off,
+    #[cfg(target_arch = "x86_64")]
+    Clflush,
+    #[cfg(target_arch = "x86_64")]
+    Clflushopt,
+}
+
+impl LineEviction {
+    /// What a socket bound in copy mode uses on this CPU (asked of the CPU once).
+    pub(crate) fn for_copy_mode() -> LineEviction {
+        static CHOSEN: OnceLock<LineEviction> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                // CPUID leaf 7, EBX bit 23 (std's feature detection does not name it).
+                use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
+                if __get_cpuid_max(0).0 >= 7 && __cpuid_count(7, 0).ebx & (1 << 23) != 0 {
+                    return LineEviction::Clflushopt;
+                }
+                if std::arch::is_x86_feature_detected!("sse2") {
+                    return LineEviction::Clflush;
+                }
+            }
+            LineEviction::Off
+        })
+    }
+
+    /// Evicts every cache line `bytes` touches.
+    pub(crate) fn evict(self, bytes: &[u8]) {
+        for line in lines(bytes.as_ptr() as usize, bytes.len()) {
+            // Never dereferenced: the instructions take the line's address, and every line
+            // here holds at least one byte of `bytes`.
+            let line = line as *const u8;
+            match self {
+                LineEviction::Off => return,
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `line` lies in memory `bytes` borrows, so it is mapped; `clflush`
+                // (SSE2, checked in `for_copy_mode`) changes no memory contents.
+                LineEviction::Clflush => unsafe { std::arch::x86_64::_mm_clflush(line) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as for `clflush`; the CPU has `clflushopt` (checked in
+                // `for_copy_mode`). It reads no register but its operand and writes none.
+                LineEviction::Clflushopt => unsafe {
+                    std::arch::asm!(
+                        "clflushopt [{}]",
+                        in(reg) line,
+                        options(nostack, preserves_flags)
+                    )
+                },
+            }
+        }
+    }
+}
+
+/// The addresses of the cache lines that `len` bytes from address `start` touch.
+fn lines(start: usize, len: usize) -> impl Iterator<Item = usize> {
+    let first = start & !(CACHE_LINE - 1);
+    let count = if len == 0 {
+        0
+    } else {
+        (start + len - first).div_ceil(CACHE_LINE)
+    };
+    (0..count).map(move |i| first + i * CACHE_LINE)
+}
+
+/// The shortest received frame whose lines are evicted: the kernel's copy of a few lines costs
+/// little either way, and evicting them cost `ib_send_bw`'s 64 B message rate 2 %.
+const MIN_EVICTED: u32 = 512;
+
+/// Frames taken whose eviction may wait no longer (see [`TakenFrames::backlogged`]): a
+/// receive's worth.
+const BACKLOG: usize = 64;
+
+/// The UMEM ranges of frames a socket took since it last evicted their lines.
+///
+/// Not evicted as each frame is taken: a ping-pong's answer would then leave only after the
+/// eviction, which cost each round trip about 0.3 µs on the veth pair. The socket evicts after
+/// its flush's kick (the answer is gone, the peer is answering), or before a receive once
+/// [`BACKLOG`] frames wait (a receiver that sends little). The frames went back to the fill
+/// ring already; the kernel fills the oldest there first, so it reaches these only after the
+/// rest of the ring (and were it sooner, evicting the lines it wrote would move no data).
+#[derive(Debug)]
+pub(crate) struct TakenFrames {
+    way: LineEviction,
+    ranges: Vec<(u64, u32)>,
+}
+
+impl TakenFrames {
+    pub(crate) fn new(way: LineEviction) -> Self {
+        TakenFrames {
+            way,
+            ranges: Vec::new(),
+        }
+    }
+
+    /// A frame taken at UMEM address `addr`, `len` bytes long (kept if worth evicting).
+    pub(crate) fn note(&mut self, addr: u64, len: u32) {
+        if self.way != LineEviction::Off && len >= MIN_EVICTED {
+            self.ranges.push((addr, len));
+        }
+    }
+
+    /// Enough frames wait that the next receive evicts them first.
+    pub(crate) fn backlogged(&self) -> bool {
+        self.ranges.len() >= BACKLOG
+    }
+
+    /// Evicts the lines of every frame noted, found through `umem` (the bytes at an address,
+    /// if it lies inside the UMEM), and forgets them.
+    pub(crate) fn evict<'a>(&mut self, umem: impl Fn(u64, u32) -> Option<&'a [u8]>) {
+        for &(addr, len) in &self.ranges {
+            if let Some(bytes) = umem(addr, len) {
+                self.way.evict(bytes);
+            }
+        }
+        self.ranges.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_covers_every_line_it_touches_and_no_other() {
+        let of = |start, len| lines(start, len).collect::<Vec<_>>();
+        assert_eq!(of(0, 0), Vec::<usize>::new());
+        assert_eq!(of(0, 1), [0]);
+        assert_eq!(of(0, 64), [0]);
+        assert_eq!(of(0, 65), [0, 64]);
+        assert_eq!(of(63, 2), [0, 64]);
+        assert_eq!(of(64, 64), [64]);
+        assert_eq!(of(100, 4096).len(), 65);
+        assert_eq!(
+            of(4096, 4096),
+            (0..64).map(|i| 4096 + 64 * i).collect::<Vec<_>>()
+        );
+    }
+
+    /// Eviction leaves the bytes as they were, whatever their alignment and length.
+    #[test]
+    fn evicted_bytes_keep_their_values() {
+        let mut area = vec![0u8; 4 * 4096];
+        for (i, b) in area.iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        let copy = area.clone();
+        let way = LineEviction::for_copy_mode();
+        for (at, len) in [(0, 1), (63, 2), (1, 4095), (100, 9000), (4096 * 3, 4096)] {
+            way.evict(&area[at..at + len]);
+        }
+        area[5] ^= 0xff;
+        way.evict(&area[..64]);
+        area[5] ^= 0xff;
+        assert_eq!(area, copy);
+        #[cfg(target_arch = "x86_64")]
+        assert_ne!(way, LineEviction::Off, "every x86-64 CPU has clflush");
+    }
+
+    /// Frames worth evicting are kept until evicted, then forgotten; a backlog is a
+    /// receive's worth; a socket that does not evict keeps nothing.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn taken_frames_wait_for_their_eviction() {
+        let area = vec![0u8; 128 * 4096];
+        let asked = std::cell::RefCell::new(Vec::new());
+        let umem = |addr: u64, len: u32| {
+            asked.borrow_mut().push((addr, len));
+            area.get(addr as usize..addr as usize + len as usize)
+        };
+        let mut taken = TakenFrames::new(LineEviction::for_copy_mode());
+        taken.note(0, MIN_EVICTED - 1);
+        taken.note(4096, MIN_EVICTED);
+        taken.note(8192 + 256, 4096 - 256);
+        // Outside the UMEM: asked for, skipped.
+        taken.note(1 << 40, 4096);
+        assert!(!taken.backlogged());
+        taken.evict(umem);
+        assert_eq!(
+            asked.take(),
+            [
+                (4096, MIN_EVICTED),
+                (8192 + 256, 4096 - 256),
+                (1 << 40, 4096)
+            ]
+        );
+        taken.evict(umem);
+        assert!(asked.take().is_empty(), "forgotten once evicted");
+
+        for i in 0..BACKLOG as u64 {
+            assert!(!taken.backlogged());
+            taken.note(i * 4096, 4096);
+        }
+        assert!(taken.backlogged());
+        taken.evict(umem);
+        assert_eq!(asked.take().len(), BACKLOG);
+        assert!(!taken.backlogged());
+
+        let mut off = TakenFrames::new(LineEviction::Off);
+        off.note(0, 4096);
+        off.evict(umem);
+        assert!(asked.take().is_empty());
+    }
+}
