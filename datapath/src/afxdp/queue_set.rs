@@ -30,6 +30,7 @@ pub const RECEIVE_ONLY: XskConfig = XskConfig {
     receive_only: true,
     single_buffer: false,
     fits_one_frame: false,
+    leave_received_lines: false,
 };
 
 const _: () = assert!(

@@ -149,6 +149,10 @@ pub struct XskConfig {
     /// the driver's zero-copy takes one buffer per frame and so refuses multi-buffer, zero-copy
     /// then binds without it rather than falling back to copy mode.
     pub fits_one_frame: bool,
+    /// Leaves the cache lines of received frames where they are (no eviction, see
+    /// `eviction`): for a receiver that never reads its frames (the benchmark's counting
+    /// one), which eviction could only slow.
+    pub leave_received_lines: bool,
 }
 
 /// Headroom the kernel leaves in front of a received frame in a UMEM frame
@@ -188,6 +192,7 @@ impl Default for XskConfig {
             receive_only: false,
             single_buffer: false,
             fits_one_frame: false,
+            leave_received_lines: false,
         }
     }
 }
@@ -635,7 +640,7 @@ impl XskSocket {
         }
         let opts: XdpOptions = getsockopt(s, libc::XDP_OPTIONS, "query options")?;
         sock.zero_copy = opts.0 & libc::XDP_OPTIONS_ZEROCOPY != 0;
-        if !sock.zero_copy {
+        if !sock.zero_copy && !config.leave_received_lines {
             sock.taken = TakenFrames::new(LineEviction::for_copy_mode());
         }
         Ok(sock)
