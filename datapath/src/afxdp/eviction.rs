@@ -1,4 +1,4 @@
-//! Received frames' cache lines evicted before their UMEM frames go back to the kernel.
+//! Received frames' cache lines evicted before the kernel copies into their UMEM frames again.
 //!
 //! In copy mode the kernel copies each received frame into the UMEM on the CPU that runs the
 //! interface's receive path. On a veth pair that is the sending CPU: its `sendto` runs the
@@ -22,7 +22,8 @@ const CACHE_LINE: usize = 64;
 /// How a socket evicts the lines of the frames it received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LineEviction {
-    /// Not at all (zero-copy, or a CPU without the instructions).
+    /// Not at all (zero-copy, a receiver that never reads its frames, or a CPU without the
+    /// instructions).
     Off,
     #[cfg(target_arch = "x86_64")]
     Clflush,
@@ -34,33 +35,47 @@ impl LineEviction {
     /// What a socket bound in copy mode uses on this CPU (asked of the CPU once).
     pub(crate) fn for_copy_mode() -> LineEviction {
         static CHOSEN: OnceLock<LineEviction> = OnceLock::new();
-        *CHOSEN.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                // CPUID leaf 7, EBX bit 23 (std's feature detection does not name it).
-                use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
-                if __get_cpuid_max(0).0 >= 7 && __cpuid_count(7, 0).ebx & (1 << 23) != 0 {
-                    return LineEviction::Clflushopt;
-                }
-                if std::arch::is_x86_feature_detected!("sse2") {
-                    return LineEviction::Clflush;
-                }
-            }
-            LineEviction::Off
-        })
+        *CHOSEN.get_or_init(Self::of_this_cpu)
     }
 
-    /// Evicts every cache line `bytes` touches.
-    pub(crate) fn evict(self, bytes: &[u8]) {
-        for line in lines(bytes.as_ptr() as usize, bytes.len()) {
-            // Never dereferenced: the instructions take the line's address, and every line
-            // here holds at least one byte of `bytes`.
+    #[cfg(target_arch = "x86_64")]
+    fn of_this_cpu() -> LineEviction {
+        use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
+        // CPUID leaf 7, EBX bit 23 (std's feature detection does not name it). `clflush`
+        // (leaf 1, EDX bit 19) every x86-64 CPU has.
+        // SAFETY: CPUID exists on every x86-64 CPU, and leaf 7 is asked only of a CPU that
+        // has it. (Newer toolchains declare these functions safe.)
+        #[allow(unused_unsafe)]
+        let clflushopt =
+            unsafe { __get_cpuid_max(0).0 >= 7 && __cpuid_count(7, 0).ebx & (1 << 23) != 0 };
+        if clflushopt {
+            LineEviction::Clflushopt
+        } else {
+            LineEviction::Clflush
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn of_this_cpu() -> LineEviction {
+        LineEviction::Off
+    }
+
+    /// Evicts every cache line that `len` bytes from `start` touch.
+    ///
+    /// # Safety
+    ///
+    /// The bytes must lie in memory mapped in this process (the instructions fault on an
+    /// unmapped address). They need not be this thread's to read: the kernel may be writing
+    /// them, and eviction changes no data.
+    pub(crate) unsafe fn evict(self, start: *const u8, len: usize) {
+        for line in lines(start as usize, len) {
+            // An address, never dereferenced here.
             let line = line as *const u8;
             match self {
                 LineEviction::Off => return,
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `line` lies in memory `bytes` borrows, so it is mapped; `clflush`
-                // (SSE2, checked in `for_copy_mode`) changes no memory contents.
+                // SAFETY: `line` holds one of the bytes the caller vouches are mapped;
+                // `clflush` changes no memory contents.
                 LineEviction::Clflush => unsafe { std::arch::x86_64::_mm_clflush(line) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as for `clflush`; the CPU has `clflushopt` (checked in
@@ -103,7 +118,8 @@ const BACKLOG: usize = 64;
 /// its flush's kick (the answer is gone, the peer is answering), or before a receive once
 /// [`BACKLOG`] frames wait (a receiver that sends little). The frames went back to the fill
 /// ring already; the kernel fills the oldest there first, so it reaches these only after the
-/// rest of the ring (and were it sooner, evicting the lines it wrote would move no data).
+/// rest of the ring (and were it sooner, evicting lines it was writing would cost it time but
+/// change no data).
 #[derive(Debug)]
 pub(crate) struct TakenFrames {
     way: LineEviction,
@@ -118,9 +134,10 @@ impl TakenFrames {
         }
     }
 
-    /// A frame taken at UMEM address `addr`, `len` bytes long (kept if worth evicting).
-    pub(crate) fn note(&mut self, addr: u64, len: u32) {
-        if self.way != LineEviction::Off && len >= MIN_EVICTED {
+    /// A frame of `frame_len` bytes taken from `len` bytes of the UMEM at `addr` (kept if
+    /// worth evicting).
+    pub(crate) fn note(&mut self, frame_len: u32, addr: u64, len: u32) {
+        if self.way != LineEviction::Off && frame_len >= MIN_EVICTED {
             self.ranges.push((addr, len));
         }
     }
@@ -130,12 +147,14 @@ impl TakenFrames {
         self.ranges.len() >= BACKLOG
     }
 
-    /// Evicts the lines of every frame noted, found through `umem` (the bytes at an address,
-    /// if it lies inside the UMEM), and forgets them.
-    pub(crate) fn evict<'a>(&mut self, umem: impl Fn(u64, u32) -> Option<&'a [u8]>) {
+    /// Evicts the lines of every frame noted and forgets them; `umem` gives the address of
+    /// a range's first byte if the whole range lies inside the UMEM.
+    pub(crate) fn evict(&mut self, umem: impl Fn(u64, u32) -> Option<*const u8>) {
         for &(addr, len) in &self.ranges {
-            if let Some(bytes) = umem(addr, len) {
-                self.way.evict(bytes);
+            if let Some(start) = umem(addr, len) {
+                // SAFETY: `umem` vouches that the range lies inside the UMEM, which stays
+                // mapped while its socket lives.
+                unsafe { self.way.evict(start, len as usize) };
             }
         }
         self.ranges.clear();
@@ -162,24 +181,18 @@ mod tests {
         );
     }
 
-    /// Eviction leaves the bytes as they were, whatever their alignment and length.
+    /// Copy-mode sockets evict on x86-64, whose CPUs all have `clflush`; evicting ranges of
+    /// any alignment and length inside mapped memory does not fault.
     #[test]
-    fn evicted_bytes_keep_their_values() {
-        let mut area = vec![0u8; 4 * 4096];
-        for (i, b) in area.iter_mut().enumerate() {
-            *b = (i * 7 + 3) as u8;
-        }
-        let copy = area.clone();
+    fn copy_mode_sockets_evict_on_x86_64() {
         let way = LineEviction::for_copy_mode();
-        for (at, len) in [(0, 1), (63, 2), (1, 4095), (100, 9000), (4096 * 3, 4096)] {
-            way.evict(&area[at..at + len]);
-        }
-        area[5] ^= 0xff;
-        way.evict(&area[..64]);
-        area[5] ^= 0xff;
-        assert_eq!(area, copy);
         #[cfg(target_arch = "x86_64")]
-        assert_ne!(way, LineEviction::Off, "every x86-64 CPU has clflush");
+        assert_ne!(way, LineEviction::Off);
+        let area = vec![1u8; 4 * 4096];
+        for (at, len) in [(0, 1), (63, 2), (1, 4095), (100, 9000), (4096 * 3, 4096)] {
+            // SAFETY: inside `area`.
+            unsafe { way.evict(area[at..].as_ptr(), len) };
+        }
     }
 
     /// Frames worth evicting are kept until evicted, then forgotten; a backlog is a
@@ -192,29 +205,27 @@ mod tests {
         let umem = |addr: u64, len: u32| {
             asked.borrow_mut().push((addr, len));
             area.get(addr as usize..addr as usize + len as usize)
+                .map(<[u8]>::as_ptr)
         };
         let mut taken = TakenFrames::new(LineEviction::for_copy_mode());
-        taken.note(0, MIN_EVICTED - 1);
-        taken.note(4096, MIN_EVICTED);
-        taken.note(8192 + 256, 4096 - 256);
+        taken.note(MIN_EVICTED - 1, 0, MIN_EVICTED - 1);
+        taken.note(MIN_EVICTED, 4096, MIN_EVICTED);
+        // A frame's short last piece goes with its frame's length.
+        taken.note(4096 + 74, 8192 + 256, 74);
         // Outside the UMEM: asked for, skipped.
-        taken.note(1 << 40, 4096);
+        taken.note(4096, 1 << 40, 4096);
         assert!(!taken.backlogged());
         taken.evict(umem);
         assert_eq!(
             asked.take(),
-            [
-                (4096, MIN_EVICTED),
-                (8192 + 256, 4096 - 256),
-                (1 << 40, 4096)
-            ]
+            [(4096, MIN_EVICTED), (8192 + 256, 74), (1 << 40, 4096)]
         );
         taken.evict(umem);
         assert!(asked.take().is_empty(), "forgotten once evicted");
 
         for i in 0..BACKLOG as u64 {
             assert!(!taken.backlogged());
-            taken.note(i * 4096, 4096);
+            taken.note(4096, i * 4096, 4096);
         }
         assert!(taken.backlogged());
         taken.evict(umem);
@@ -222,7 +233,7 @@ mod tests {
         assert!(!taken.backlogged());
 
         let mut off = TakenFrames::new(LineEviction::Off);
-        off.note(0, 4096);
+        off.note(4096, 0, 4096);
         off.evict(umem);
         assert!(asked.take().is_empty());
     }

@@ -9,8 +9,8 @@
 //!   when the driver supports it and copy mode otherwise, multi-buffer (`XDP_USE_SG`) whenever
 //!   the kernel has it (6.6 and later; [`kernel_supports_multi_buffer`]);
 //! - [`QueueSet`]: an engine's sockets on every receive queue of an interface with several;
-//! - `eviction`: a copy-mode socket evicts the cache lines of each frame it received before
-//!   the frame goes back to the kernel, whose next copy into it then finds them free.
+//! - `eviction`: a copy-mode socket evicts the cache lines of the frames it received, so that
+//!   the kernel's next copy into those UMEM frames (on another CPU) finds them free.
 
 mod channels;
 mod eviction;

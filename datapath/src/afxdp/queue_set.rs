@@ -133,8 +133,14 @@ impl Port for QueueSet {
         self.main.send_with(build)
     }
 
+    /// Also evicts what the receive-only sockets took (see `eviction`): they are never
+    /// flushed themselves.
     fn flush(&mut self) -> io::Result<()> {
-        self.main.flush()
+        let flushed = self.main.flush();
+        for other in &mut self.others {
+            other.evict_taken();
+        }
+        flushed
     }
 
     fn tx_pending(&self) -> bool {

@@ -311,6 +311,17 @@ impl Umem {
         })
     }
 
+    /// The address of UMEM address `addr`, if `len` bytes from there lie inside the UMEM. For
+    /// frames that may be the kernel's again (see `eviction`): no slice may cover those.
+    fn start_of(&self, addr: u64, len: u32) -> Option<*const u8> {
+        let end = addr.checked_add(u64::from(len))?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // In bounds (checked above), so inside the mapping.
+        Some(self.area.as_ptr().wrapping_add(addr as usize).cast_const())
+    }
+
     fn slice_mut(&mut self, addr: u64, len: u32) -> Option<&mut [u8]> {
         let end = addr.checked_add(u64::from(len))?;
         if end > self.len as u64 {
@@ -348,6 +359,15 @@ fn join_in_place(
     let area = umem.slice_mut(end, span)?;
     area.copy_within(headroom.., 0);
     Some((first.addr, first.len.checked_add(second.len)?))
+}
+
+/// The UMEM the receiver read of a frame delivered from `addr` (its one descriptor, or the
+/// first of two joined in place) whose last descriptor is `last`: of a joined frame, up to the
+/// end of the second fragment's old place, which was read when it was moved down.
+fn read_span(addr: u64, last: &libc::xdp_desc) -> (u64, u32) {
+    let read_to = last.addr.saturating_add(u64::from(last.len));
+    let len = u32::try_from(read_to.saturating_sub(addr)).unwrap_or(0);
+    (addr, len)
 }
 
 impl Drop for Umem {
@@ -665,9 +685,9 @@ impl XskSocket {
     }
 
     /// Evicts the lines of the frames taken since the last eviction (see `TakenFrames`).
-    fn evict_taken(&mut self) {
+    pub(crate) fn evict_taken(&mut self) {
         let umem = &self.umem;
-        self.taken.evict(|addr, len| umem.slice(addr, len));
+        self.taken.evict(|addr, len| umem.start_of(addr, len));
     }
 
     /// Receives up to `max` frames, calling `deliver` with each whole frame (descriptors of a
@@ -711,13 +731,8 @@ impl XskSocket {
                 if let Some(bytes) = self.umem.slice(addr, len) {
                     deliver(bytes);
                 }
-                // Of a joined frame, up to the end of the second fragment's old place, which
-                // was read when it was moved down.
-                let read_to = last.addr.saturating_add(u64::from(last.len));
-                self.taken.note(
-                    addr,
-                    u32::try_from(read_to.saturating_sub(addr)).unwrap_or(len),
-                );
+                let (at, read) = read_span(addr, &last);
+                self.taken.note(len, at, read);
             } else {
                 self.scratch.clear();
                 let mut ok = true;
@@ -731,9 +746,10 @@ impl XskSocket {
                 if ok {
                     deliver(&self.scratch);
                 }
+                let frame_len = u32::try_from(self.scratch.len()).unwrap_or(u32::MAX);
                 for i in used..end {
                     let d = self.rx.peek(i);
-                    self.taken.note(d.addr, d.len);
+                    self.taken.note(frame_len, d.addr, d.len);
                 }
             }
             frames += 1;
@@ -1127,6 +1143,17 @@ mod tests {
         let (addr, len) = join_in_place(&mut umem, &first, &second).expect("adjacent: joined");
         assert_eq!((addr, len), (first.addr, 4170));
         assert_eq!(umem.slice(addr, len).expect("in the UMEM"), &frame[..]);
+        // What the receiver read, for eviction: the whole frame where it now lies, and the
+        // second fragment's old place, which the join read.
+        let (at, read) = read_span(addr, &second);
+        let read = at..at + u64::from(read);
+        assert!(read.contains(&first.addr) && read.contains(&(addr + u64::from(len) - 1)));
+        assert!(read.contains(&second.addr) && read.end == second.addr + u64::from(second.len));
+        assert_eq!(
+            read_span(first.addr, &first),
+            (first.addr, first.len),
+            "one descriptor"
+        );
 
         // Not adjacent (where the receive area wraps around): left to the caller's copy, and
         // nothing is moved.
