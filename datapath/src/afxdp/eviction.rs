@@ -9,13 +9,13 @@
 //! fifth of a 4 KiB stream (`docs/decisions.md`, "Stop 68"). A receiver that only counted
 //! frames never paid it, which is why raw AF_XDP's counting receiver outran every reading one.
 //!
-//! Evicted once the engine is done with them (`clflushopt`, or `clflush` where the CPU lacks
-//! it), the lines are nobody's when the kernel writes them next. That costs the receiving CPU
-//! an instruction per line, and its data is never wrong either way: eviction writes back what
-//! is dirty and moves nothing else. Zero-copy sockets skip it: there the NIC writes the frames,
-//! with no CPU's copy to slow down.
-
-use std::sync::OnceLock;
+//! Evicted once the engine is done with them (`clflush`), the lines are nobody's when the
+//! kernel writes them next. That costs the receiving CPU an instruction per line, and its data
+//! is never wrong either way: eviction writes back what is dirty and changes nothing. Not
+//! `clflushopt`, which orders less and so pipelines better: the receiving CPU has time to
+//! spare here, `clflush` carried the whole gain in the measurements, and valgrind (which the
+//! tests run the provider under) stops at `clflushopt` as an illegal instruction. Zero-copy
+//! sockets skip it: there the NIC writes the frames, with no CPU's copy to slow down.
 
 const CACHE_LINE: usize = 64;
 
@@ -23,69 +23,38 @@ const CACHE_LINE: usize = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LineEviction {
     /// Not at all (zero-copy, a receiver that never reads its frames, or a CPU without the
-    /// instructions).
+    /// instruction).
     Off,
+    /// `clflush`, which every x86-64 CPU has.
     #[cfg(target_arch = "x86_64")]
     Clflush,
-    #[cfg(target_arch = "x86_64")]
-    Clflushopt,
 }
 
 impl LineEviction {
-    /// What a socket bound in copy mode uses on this CPU (asked of the CPU once).
+    /// What a socket bound in copy mode uses on this CPU.
     pub(crate) fn for_copy_mode() -> LineEviction {
-        static CHOSEN: OnceLock<LineEviction> = OnceLock::new();
-        *CHOSEN.get_or_init(Self::of_this_cpu)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn of_this_cpu() -> LineEviction {
-        use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
-        // CPUID leaf 7, EBX bit 23 (std's feature detection does not name it). `clflush`
-        // (leaf 1, EDX bit 19) every x86-64 CPU has.
-        // SAFETY: CPUID exists on every x86-64 CPU, and leaf 7 is asked only of a CPU that
-        // has it. (Newer toolchains declare these functions safe.)
-        #[allow(unused_unsafe)]
-        let clflushopt =
-            unsafe { __get_cpuid_max(0).0 >= 7 && __cpuid_count(7, 0).ebx & (1 << 23) != 0 };
-        if clflushopt {
-            LineEviction::Clflushopt
-        } else {
-            LineEviction::Clflush
-        }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    fn of_this_cpu() -> LineEviction {
-        LineEviction::Off
+        #[cfg(target_arch = "x86_64")]
+        return LineEviction::Clflush;
+        #[cfg(not(target_arch = "x86_64"))]
+        return LineEviction::Off;
     }
 
     /// Evicts every cache line that `len` bytes from `start` touch.
     ///
     /// # Safety
     ///
-    /// The bytes must lie in memory mapped in this process (the instructions fault on an
+    /// The bytes must lie in memory mapped in this process (the instruction faults on an
     /// unmapped address). They need not be this thread's to read: the kernel may be writing
     /// them, and eviction changes no data.
     pub(crate) unsafe fn evict(self, start: *const u8, len: usize) {
         for line in lines(start as usize, len) {
-            // An address, never dereferenced here.
-            let line = line as *const u8;
             match self {
                 LineEviction::Off => return,
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `line` holds one of the bytes the caller vouches are mapped;
-                // `clflush` changes no memory contents.
-                LineEviction::Clflush => unsafe { std::arch::x86_64::_mm_clflush(line) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as for `clflush`; the CPU has `clflushopt` (checked in
-                // `for_copy_mode`). It reads no register but its operand and writes none.
-                LineEviction::Clflushopt => unsafe {
-                    std::arch::asm!(
-                        "clflushopt [{}]",
-                        in(reg) line,
-                        options(nostack, preserves_flags)
-                    )
+                // SAFETY: the line holds one of the bytes the caller vouches are mapped (an
+                // address, never dereferenced here); `clflush` changes no memory contents.
+                LineEviction::Clflush => unsafe {
+                    std::arch::x86_64::_mm_clflush(line as *const u8)
                 },
             }
         }
