@@ -300,19 +300,15 @@ impl Umem {
 
     /// The bytes at UMEM address `addr`, `len` long, if they lie inside the UMEM.
     fn slice(&self, addr: u64, len: u32) -> Option<&[u8]> {
-        let end = addr.checked_add(u64::from(len))?;
-        if end > self.len as u64 {
-            return None;
-        }
-        // SAFETY: in bounds (checked above); the kernel finished writing this frame before it
+        let start = self.start_of(addr, len)?;
+        // SAFETY: in bounds (`start_of`); the kernel finished writing this frame before it
         // published the descriptor, and we do not hand the frame back until the slice is gone.
-        Some(unsafe {
-            std::slice::from_raw_parts(self.area.as_ptr().add(addr as usize), len as usize)
-        })
+        Some(unsafe { std::slice::from_raw_parts(start, len as usize) })
     }
 
-    /// The address of UMEM address `addr`, if `len` bytes from there lie inside the UMEM. For
-    /// frames that may be the kernel's again (see `eviction`): no slice may cover those.
+    /// The address of UMEM address `addr`, if `len` bytes from there lie inside the UMEM. On
+    /// its own for frames that may be the kernel's again (see `eviction`): no slice may cover
+    /// those.
     fn start_of(&self, addr: u64, len: u32) -> Option<*const u8> {
         let end = addr.checked_add(u64::from(len))?;
         if end > self.len as u64 {
@@ -323,14 +319,10 @@ impl Umem {
     }
 
     fn slice_mut(&mut self, addr: u64, len: u32) -> Option<&mut [u8]> {
-        let end = addr.checked_add(u64::from(len))?;
-        if end > self.len as u64 {
-            return None;
-        }
-        // SAFETY: in bounds; the frame is ours (on the free list), the kernel does not touch it.
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(self.area.as_ptr().add(addr as usize), len as usize)
-        })
+        let start = self.start_of(addr, len)?.cast_mut();
+        // SAFETY: in bounds (`start_of`), in the writable mapping; the frame is ours (on the
+        // free list), the kernel does not touch it.
+        Some(unsafe { std::slice::from_raw_parts_mut(start, len as usize) })
     }
 }
 
