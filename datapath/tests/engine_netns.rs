@@ -2868,6 +2868,7 @@ fn a_peer_whose_mac_changes_is_found_again() {
         if me.index == 1 {
             // The target: changes its MAC when the first half is in, then checks all of it.
             me.from_peer.recv_timeout(WAIT).expect("first half written");
+            const NEW_MAC: [u8; 6] = [0x02, 0, 0, 0x7a, 0x7a, 0x01];
             ip(&[
                 "link",
                 "set",
@@ -2876,6 +2877,18 @@ fn a_peer_whose_mac_changes_is_found_again() {
                 "address",
                 "02:00:00:7a:7a:01",
             ]);
+            // veth delivers frames whatever their destination MAC, so until this engine has
+            // read its new MAC it would still take the writer's frames for the old one, and
+            // the writer would lose nothing (seen on a loaded CI machine).
+            let deadline = Instant::now() + WAIT;
+            while engine.mac() != NEW_MAC {
+                assert!(
+                    Instant::now() < deadline,
+                    "the engine did not follow its interface's new MAC: {:02x?}",
+                    engine.mac()
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
             me.to_peer.send(peer).expect("tell the writer");
             me.from_peer
                 .recv_timeout(WAIT)
@@ -2885,6 +2898,7 @@ fn a_peer_whose_mac_changes_is_found_again() {
                 "the WRITEs' data differs"
             );
             let stats = engine.stats_line();
+            eprintln!("target: {stats}");
             assert!(
                 !stats.contains(" rx_other_host=0 "),
                 "no frame came to the old MAC, so the test tested nothing: {stats}"
@@ -2900,10 +2914,11 @@ fn a_peer_whose_mac_changes_is_found_again() {
             .expect("the target's MAC changed");
         post_writes(engine, &qp, &buf, &peer, COUNT..2 * COUNT, MSG);
         expect_completions(engine, qp.send_cq, COUNT, "WRITEs after the MAC change");
+        // The target checks its side whatever this side finds, so that both are shown.
+        me.to_peer.send(peer).expect("tell the target");
         let stats = engine.stats_line();
         eprintln!("writer: {stats}");
         assert!(!stats.contains(" timeouts=0 "), "nothing was lost: {stats}");
-        me.to_peer.send(peer).expect("tell the target");
     });
 }
 

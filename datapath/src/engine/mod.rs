@@ -993,6 +993,13 @@ impl Engine {
         Ok(())
     }
 
+    /// The interface's MAC as the engine last read it: the source of its frames, and the
+    /// destination it takes frames for. The progress thread follows a change of it, about a
+    /// millisecond after the kernel's notification (later on a loaded machine).
+    pub fn mac(&self) -> [u8; 6] {
+        self.lock().neighbours.mac()
+    }
+
     /// The GID table (index = GID index; IPv4 addresses stand for IPv4-mapped GIDs).
     pub fn gids(&self) -> Vec<Option<IpAddress>> {
         self.lock().dev.gids().to_vec()
