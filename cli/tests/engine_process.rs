@@ -86,6 +86,7 @@ impl Drop for EngineProcess {
 
 /// Sends `n` UDP datagrams to port 4791 of side 0 from side 1 (kernel sockets).
 fn send_roce_port_datagrams(pair: &NetnsPair, n: usize) {
+    let seen_before = counters(pair).roce_seen();
     let dst = (pair.ipv4(0), 4791);
     let src = pair.ipv4(1);
     pair.run_in(1, move || {
@@ -94,7 +95,12 @@ fn send_roce_port_datagrams(pair: &NetnsPair, n: usize) {
             s.send_to(b"not really RoCE", dst).expect("send_to");
         }
     });
-    std::thread::sleep(Duration::from_millis(100));
+    // Until the steering program has run on all of them (it counts each RoCEv2-port frame
+    // once, whatever it does with it): a loaded machine may leave them in softirq for long.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters(pair).roce_seen() < seen_before + n as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn counters(pair: &NetnsPair) -> xdp::XdpCounters {

@@ -601,7 +601,7 @@ pub fn run_bounded_dumping_state(
 }
 
 /// How long a timed-out program gets to write its state report before it is killed.
-const DUMP_GRACE: Duration = Duration::from_secs(2);
+const DUMP_GRACE: Duration = Duration::from_secs(5);
 
 fn run_bounded_with(
     mut cmd: Command,

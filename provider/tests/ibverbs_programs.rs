@@ -1045,7 +1045,8 @@ fn a_stalled_program_reports_its_state_on_the_dump_signal() {
     let rig = Rig::new("xpd", 1500);
     let mut cmd = rig.exec(0, &["ibv_rc_pingpong", "-g", "1"]);
     cmd.env("XROCE_DUMP_SIGNAL", "USR1");
-    let err = run_bounded_dumping_state(cmd, Duration::from_secs(4), libc::SIGUSR1)
+    // Generous: the server must have its QP, CQ and receives before the signal comes.
+    let err = run_bounded_dumping_state(cmd, Duration::from_secs(10), libc::SIGUSR1)
         .expect_err("the server waits for a client forever");
     let text = err.to_string();
     for want in [
@@ -1069,10 +1070,12 @@ fn async_events_reach_ibv_asyncwatch() {
     }
     let rig = Rig::new("xpe", 1500);
     // ibv_asyncwatch never exits by itself; `timeout` ends it and its output is kept.
-    let watch_cmd = rig.exec(0, &["timeout", "6", "ibv_asyncwatch", "-d", DEV]);
-    let watch = std::thread::spawn(move || run_bounded(watch_cmd, Duration::from_secs(30)));
-    // Give it time to open the device and block in ibv_get_async_event.
-    std::thread::sleep(Duration::from_millis(1500));
+    let watch_cmd = rig.exec(0, &["timeout", "12", "ibv_asyncwatch", "-d", DEV]);
+    let watch = std::thread::spawn(move || run_bounded(watch_cmd, Duration::from_secs(40)));
+    // Give it time to open the device and block in ibv_get_async_event. The waits are
+    // generous because the port's thread reads the link's state when a change wakes it: a
+    // thread kept off its core past both the down and the up would see no change at all.
+    std::thread::sleep(Duration::from_secs(3));
     let iface = rig.pair.iface(0).to_string();
     for step in [
         format!("ip link set {iface} down"),
@@ -1083,7 +1086,7 @@ fn async_events_reach_ibv_asyncwatch() {
     ] {
         let out = rig.pair.exec(0, &step).expect("run ip");
         assert!(out.status.success(), "{step}: {out:?}");
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_secs(1));
     }
     let out = watch.join().expect("watch thread").expect("ibv_asyncwatch");
     let text = String::from_utf8_lossy(&out.stdout);

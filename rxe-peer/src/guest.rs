@@ -142,6 +142,28 @@ impl Guest {
         run_on(&self.ns, self.ip, command, timeout)
     }
 
+    /// Waits, for at most 30 s, until a program in the guest listens on TCP `port` (as
+    /// `ibv_rc_pingpong`'s and perftest's servers do once their QP is ready); says why not
+    /// when nothing did (the server gave up, or the guest stopped answering: its network
+    /// stalled in qemu). A fixed sleep instead loses the race to a slow emulated guest.
+    pub fn wait_listening(&self, port: u16) -> std::result::Result<(), String> {
+        // /proc/net/tcp lists listening sockets (state 0A) with the port in hex.
+        let probe = format!(
+            "for i in $(seq 300); do grep -qi ':{port:04X} .* 0A ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1"
+        );
+        match self.run(&probe, Duration::from_secs(40)) {
+            Ok(out) if out.success() => Ok(()),
+            Ok(_) => Err(format!(
+                "nothing listened on {port} in guest {} within 30 s",
+                self.name
+            )),
+            Err(e) => Err(format!(
+                "guest {} did not answer while a program was to listen on {port}: {e}",
+                self.name
+            )),
+        }
+    }
+
     /// Starts `command` in the guest and returns at once; [`Background::wait`] collects it.
     pub fn spawn(&self, command: &str, timeout: Duration) -> Background {
         let (ns, ip, command) = (self.ns.clone(), self.ip, command.to_string());

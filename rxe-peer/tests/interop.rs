@@ -61,27 +61,6 @@ fn text(o: &ProcOutput) -> String {
     )
 }
 
-/// Waits until a program in `guest` listens on [`PORT`]; says why not when nothing did (the
-/// server gave up, or the guest stopped answering: its network stalled in qemu, which the
-/// callers recover from and run again).
-fn wait_listening_in(guest: &Guest) -> Result<(), String> {
-    // /proc/net/tcp lists listening sockets (state 0A) with the port in hex.
-    let probe = format!(
-        "for i in $(seq 300); do grep -qi ':{PORT:04X} .* 0A ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1"
-    );
-    match guest.run(&probe, Duration::from_secs(40)) {
-        Ok(out) if out.success() => Ok(()),
-        Ok(_) => Err(format!(
-            "nothing listened on {PORT} in guest {} within 30 s",
-            guest.name()
-        )),
-        Err(e) => Err(format!(
-            "guest {} did not answer while a program was to listen on {PORT}: {e}",
-            guest.name()
-        )),
-    }
-}
-
 /// rdma_rxe's counters that grew between two readings (those that did not are left out).
 fn grown(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
@@ -137,22 +116,41 @@ impl Run {
         )
     }
 
-    /// The checks every run on a clean path must pass: rdma_rxe saw no out-of-sequence
-    /// request from xroce and NAKed none of its packets as out of sequence, xroce saw nothing
-    /// malformed, no bad ICRC and no sequence NAK, and what each side counts as sent the other
-    /// counts as received.
+    /// The checks every run on a clean path must pass: neither side saw an out-of-sequence
+    /// request that an RNR NAK of its own does not explain, xroce saw nothing malformed and no
+    /// bad ICRC, and what each side counts as sent the other counts as received.
     fn assert_clean(&self) {
         let what = self.describe();
         let (r, x) = (|k| get(&self.rxe, k), |k| get(&self.xroce, k));
         assert!(x("tx_frames") > 0, "no xroce counters: {what}");
-        assert_eq!(r("out_of_seq_request"), 0, "{what}");
-        assert_eq!(r("rcvd_seq_err"), 0, "{what}");
         assert_eq!(
             x("bad_icrc") + x("bad_checksum") + x("malformed"),
             0,
             "{what}"
         );
-        assert_eq!(x("seq_naks_received") + x("seq_naks_sent"), 0, "{what}");
+        // Frames out of order or lost would draw sequence NAKs. So does the protocol at work:
+        // a SEND that outruns its server's re-posted receives (an ACK says a SEND arrived, not
+        // that it was taken) is answered with an RNR NAK, and the packets behind it with one
+        // sequence NAK (CI once saw 11 RNR NAKs and 10 sequence NAKs from rdma_rxe). So each
+        // responder's sequence NAKs must follow its own RNR NAKs, as the provider's UDP GSO
+        // test also asks. rdma_rxe counts a sequence NAK it sends as `out_of_seq_request`
+        // (once per out-of-sequence run), and an RNR NAK as `send_rnr_err`.
+        assert!(
+            r("out_of_seq_request") <= r("send_rnr_err"),
+            "rxe's sequence NAKs not explained by its RNR NAKs: {what}"
+        );
+        assert!(
+            x("seq_naks_received") <= r("send_rnr_err"),
+            "sequence NAKs xroce received not explained by rxe's RNR NAKs: {what}"
+        );
+        assert!(
+            x("seq_naks_sent") <= x("rnr_naks_sent"),
+            "xroce's sequence NAKs not explained by its RNR NAKs: {what}"
+        );
+        assert!(
+            r("rcvd_seq_err") <= x("rnr_naks_sent"),
+            "sequence NAKs rxe received not explained by xroce's RNR NAKs: {what}"
+        );
         // Neither side refused a request of the other's (invalid request, access or
         // operational error NAKs): rxe's responder counts none in its counters, so xroce's
         // completer counts the NAKs it got, and xroce's responder those it sent.
@@ -427,7 +425,7 @@ impl Rig {
             )
         } else {
             let server = self.guest.spawn(program, PROGRAM_TIMEOUT);
-            if let Err(why) = wait_listening_in(&self.guest) {
+            if let Err(why) = self.guest.wait_listening(PORT) {
                 // The server is left to its bound; a run again kills what is left of it.
                 return Err(format!(
                     "{program} with xroce as client: {why}{}",
@@ -866,7 +864,9 @@ fn a_dead_peer_ends_in_retry_exceeded() {
     let server = rig
         .guest
         .spawn("ibv_rc_pingpong -g 1 -s 1024 -n 100000000", PROGRAM_TIMEOUT);
-    wait_listening_in(&rig.guest).unwrap_or_else(|why| panic!("{why}"));
+    rig.guest
+        .wait_listening(PORT)
+        .unwrap_or_else(|why| panic!("{why}"));
     let (timeout, retry_cnt) = (14u32, 3u32);
     let cmd = rig.on_xroce(&format!(
         "{} 1 {} {timeout} {retry_cnt}",
@@ -1040,7 +1040,8 @@ fn rc_pingpong_with_rxe_both_ways(xg: &Guest, rxe: &Guest, pingpong: &str, env: 
         // The client's last line, or what went wrong.
         let attempt = || -> Result<String, String> {
             let s = server.spawn(&on(server, pingpong.to_string()), PROGRAM_TIMEOUT);
-            wait_listening_in(server)
+            server
+                .wait_listening(PORT)
                 .map_err(|why| format!("xroce on {uname} as {role}: {why}"))?;
             let c = client.run(
                 &on(client, format!("{pingpong} {}", server.ipv4())),

@@ -17,7 +17,10 @@ use xroce_rxe_peer::{
 fn ping_pong(guests: &[Guest], iterations: u32) -> (Output, Output) {
     let command = format!("ibv_rc_pingpong -d rxe0 -g 1 -n {iterations}");
     let server = guests[0].spawn(&command, Duration::from_secs(120));
-    std::thread::sleep(Duration::from_secs(1));
+    // ibv_rc_pingpong's default port.
+    if let Err(why) = guests[0].wait_listening(18515) {
+        panic!("{why}; server: {:?}", server.wait());
+    }
     let client = guests[1]
         .run(
             &format!("{command} {}", guests[0].ipv4()),

@@ -273,6 +273,11 @@ impl Neighbours {
         self.iface.mac
     }
 
+    /// The interface is up and has its carrier, as the engine last read it.
+    pub fn link_up(&self) -> bool {
+        self.iface.up
+    }
+
     pub fn gid_table(&mut self) -> Result<Vec<IpAddr>, AddressingError> {
         Ok(self.netlink.gid_table(&self.iface)?)
     }

@@ -422,8 +422,10 @@ pub(crate) fn apply_changes(
             }
         }
     }
-    if link_changed && st.io.link_down && !st.io.failed {
-        // Perhaps up again: kick the frames held meanwhile.
+    if link_changed && st.io.link_down && !st.io.failed && st.neighbours.link_up() {
+        // Up again: kick the frames held meanwhile. Not on any link change: the notification
+        // of the very change that took the link down may come after the refused kick, and a
+        // kick then would only be refused again (and counted as a second outage).
         st.io.link_down = false;
         send(shared, st, shared.now());
     }

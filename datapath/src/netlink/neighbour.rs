@@ -145,7 +145,7 @@ impl Netlink {
     /// IPv6 detail: the kernel sends a solicitation without a packet to take the source address
     /// from only when the interface has a usable (non-tentative) link-local address.
     pub fn solicit(&mut self, ifindex: u32, ip: IpAddr) -> Result<(), NetlinkError> {
-        match self.touch_neighbour(ifindex, ip) {
+        match self.use_neighbour(ifindex, ip, NLM_F_CREATE) {
             Err(e) if matches!(e.errno(), Some(libc::EPERM | libc::EACCES)) => {
                 log::debug!("RTM_NEWNEIGH not permitted ({e}); soliciting {ip} with a datagram");
                 solicit_by_datagram(ifindex, ip)
@@ -154,18 +154,30 @@ impl Netlink {
         }
     }
 
-    /// [`Self::solicit`] without the datagram fallback: `RTM_NEWNEIGH` with `NTF_USE` only,
-    /// the kernel's refusal (`EPERM` without `CAP_NET_ADMIN`) returned as it is.
-    pub fn touch_neighbour(&mut self, ifindex: u32, ip: IpAddr) -> Result<(), NetlinkError> {
+    /// Tells the kernel that its entry for `ip` is in use, as sending a packet through it
+    /// would (`NTF_USE`): a STALE entry is probed again, a FAILED one resolved again. Unlike
+    /// [`Self::solicit`] it creates no entry: one that is gone is `Ok(false)`. An entry the
+    /// kernel flushed (its interface's MAC changed, say) must not come back by itself, since
+    /// creating it broadcasts a request that tells the neighbour this side's MAC at that moment,
+    /// while the engine sends only when it has a packet. The kernel's refusal (`EPERM` without
+    /// `CAP_NET_ADMIN`) is returned as it is: there is no datagram fallback.
+    pub fn touch_neighbour(&mut self, ifindex: u32, ip: IpAddr) -> Result<bool, NetlinkError> {
+        match self.use_neighbour(ifindex, ip, 0) {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `RTM_NEWNEIGH` with `NTF_USE` and the netlink `flags` (`NLM_F_CREATE` or none).
+    fn use_neighbour(&mut self, ifindex: u32, ip: IpAddr, flags: u16) -> Result<(), NetlinkError> {
         let mut m = request_for(ifindex, ip);
         m.header.flags = NeighbourFlags::Use;
         m.header.state = NeighbourState::None;
         match self.request(
             "RTM_NEWNEIGH (NTF_USE)",
             RouteNetlinkMessage::NewNeighbour(m),
-            Kind::Single {
-                flags: NLM_F_CREATE,
-            },
+            Kind::Single { flags },
         ) {
             Ok(_) => Ok(()),
             Err(e) if e.errno() == Some(libc::ENODEV) => {

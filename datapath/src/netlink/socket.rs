@@ -395,7 +395,9 @@ mod tests {
             matches!(r, Err(NetlinkError::Timeout { op: "test", .. })),
             "{r:?}"
         );
-        assert!(took >= timeout && took < Duration::from_secs(1), "{took:?}");
+        // Bounded: it returned (no upper bound on the time is asserted, as a loaded machine
+        // may keep this thread off its core for any time).
+        assert!(took >= timeout, "gave up early: {took:?}");
         let e = NetlinkError::Timeout {
             op: "RTM_GETLINK",
             timeout,
