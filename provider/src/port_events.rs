@@ -54,6 +54,7 @@ impl PortWatch {
         fatal_posted: Arc<AtomicBool>,
     ) -> Option<PortWatch> {
         let mut watcher = AddressWatcher::new().ok()?;
+        watcher.note_links_seen_down();
         let (ifindex, mut last) = read_state(&netdev)?;
         // SAFETY: a fresh eventfd, owned at once.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -93,6 +94,8 @@ impl PortWatch {
                     Change::Resync => true,
                     _ => false,
                 });
+                // Read with the changes: the state read below may already be up again.
+                let went_down = watcher.take_links_seen_down().contains(&ifindex);
                 if !relevant {
                     continue;
                 }
@@ -109,7 +112,14 @@ impl PortWatch {
                     }
                     Err(false) => continue,
                 };
-                if now.up != last.up {
+                let mut was_up = last.up;
+                if went_down && was_up {
+                    // Down and up again before this thread read the state: both events, as
+                    // rdma_rxe posts one per netdev event.
+                    with_routes(|_| post_async(&async_tx, 1, IBV_EVENT_PORT_ERR));
+                    was_up = false;
+                }
+                if now.up != was_up {
                     let ty = if now.up {
                         IBV_EVENT_PORT_ACTIVE
                     } else {

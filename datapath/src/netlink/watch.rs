@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use netlink_packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::link::LinkFlags;
 use netlink_packet_route::neighbour::NeighbourMessage;
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::Socket;
@@ -59,6 +60,9 @@ pub enum Change {
 pub struct AddressWatcher {
     sock: Socket,
     buf: Vec<u8>,
+    /// Interfaces a link notification showed not up since the last
+    /// [`Self::take_links_seen_down`], when asked for ([`Self::note_links_seen_down`]).
+    seen_down: Option<Vec<u32>>,
 }
 
 impl std::fmt::Debug for AddressWatcher {
@@ -100,6 +104,7 @@ impl AddressWatcher {
         Ok(AddressWatcher {
             sock,
             buf: Vec::new(),
+            seen_down: None,
         })
     }
 
@@ -115,7 +120,7 @@ impl AddressWatcher {
         let mut out = Vec::new();
         for _ in 0..DRAIN_MAX {
             match recv_datagram(&self.sock, &mut self.buf) {
-                Ok(()) => parse_datagram(&self.buf, &mut out),
+                Ok(()) => parse_datagram(&self.buf, &mut out, self.seen_down.as_mut()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
@@ -135,6 +140,24 @@ impl AddressWatcher {
     }
 }
 
+impl AddressWatcher {
+    /// From now on, [`Self::drain`] also notes the interfaces that a link notification showed
+    /// not up (down, or without carrier): a link that went down and came back before the
+    /// caller read its state has still been down, which rdma_rxe reports as two port events.
+    /// (Off by default: a watcher that never takes the list would keep every index it saw.)
+    pub fn note_links_seen_down(&mut self) {
+        self.seen_down.get_or_insert_with(Vec::new);
+    }
+
+    /// The interfaces noted since the last call (see [`Self::note_links_seen_down`]).
+    pub fn take_links_seen_down(&mut self) -> Vec<u32> {
+        self.seen_down
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+}
+
 impl AsRawFd for AddressWatcher {
     fn as_raw_fd(&self) -> RawFd {
         self.sock.as_raw_fd()
@@ -147,7 +170,7 @@ impl AsFd for AddressWatcher {
     }
 }
 
-fn parse_datagram(buf: &[u8], out: &mut Vec<Change>) {
+fn parse_datagram(buf: &[u8], out: &mut Vec<Change>, mut seen_down: Option<&mut Vec<u32>>) {
     let mut off = 0;
     while off < buf.len() {
         let rest = &buf[off..];
@@ -161,6 +184,16 @@ fn parse_datagram(buf: &[u8], out: &mut Vec<Change>) {
         match NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes) {
             Ok(m) => {
                 if let NetlinkPayload::InnerMessage(inner) = m.payload {
+                    if let (Some(noted), RouteNetlinkMessage::NewLink(l)) =
+                        (seen_down.as_deref_mut(), &inner)
+                    {
+                        let flags = l.header.flags;
+                        let up =
+                            flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running);
+                        if !up && !noted.contains(&l.header.index) {
+                            noted.push(l.header.index);
+                        }
+                    }
                     if let Some(c) = change_from(inner) {
                         push(out, c);
                     }
@@ -247,10 +280,45 @@ mod tests {
         );
     }
 
+    /// One datagram of `RTM_NEWLINK` notifications for interface 3 with `flags` each.
+    fn link_datagram(flags: &[LinkFlags]) -> Vec<u8> {
+        let mut d = Vec::new();
+        for &f in flags {
+            let mut l = netlink_packet_route::link::LinkMessage::default();
+            l.header.index = 3;
+            l.header.flags = f;
+            let mut m = NetlinkMessage::from(RouteNetlinkMessage::NewLink(l));
+            m.finalize();
+            let mut b = vec![0u8; m.buffer_len()];
+            m.serialize(&mut b);
+            d.extend_from_slice(&b);
+        }
+        d
+    }
+
+    /// A link that went down and up again between two reads is one `Link` change, but is
+    /// noted as seen down, when that is asked for; one that only came up is not.
+    #[test]
+    fn a_link_seen_down_is_noted_even_when_it_is_up_again() {
+        let up = LinkFlags::Up | LinkFlags::Running;
+        let no_carrier = LinkFlags::Up;
+        for (flags, noted) in [
+            (vec![up], vec![]),
+            (vec![LinkFlags::empty(), up], vec![3]),
+            (vec![no_carrier, up, no_carrier], vec![3]),
+        ] {
+            let mut out = Vec::new();
+            let mut seen = Vec::new();
+            parse_datagram(&link_datagram(&flags), &mut out, Some(&mut seen));
+            assert_eq!(out, vec![Change::Link(3)], "{flags:?}");
+            assert_eq!(seen, noted, "{flags:?}");
+        }
+    }
+
     #[test]
     fn garbage_datagrams_ask_for_a_resync_and_never_panic() {
         let mut out = Vec::new();
-        parse_datagram(&[1, 2, 3], &mut out);
+        parse_datagram(&[1, 2, 3], &mut out, None);
         assert_eq!(out, vec![Change::Resync]);
         let mut out = Vec::new();
         // A header claiming 20 bytes of type RTM_NEWADDR with a truncated body.
@@ -261,7 +329,7 @@ mod tests {
         d.extend_from_slice(&0u32.to_ne_bytes());
         d.extend_from_slice(&0u32.to_ne_bytes());
         d.extend_from_slice(&[0; 4]);
-        parse_datagram(&d, &mut out);
+        parse_datagram(&d, &mut out, None);
         assert_eq!(out, vec![Change::Resync]);
     }
 }
