@@ -54,8 +54,12 @@ impl PortWatch {
         fatal_posted: Arc<AtomicBool>,
     ) -> Option<PortWatch> {
         let mut watcher = AddressWatcher::new().ok()?;
-        watcher.note_links_seen_down();
+        watcher.note_link_states();
         let (ifindex, mut last) = read_state(&netdev)?;
+        // The link's state as the last notification gave it, and whether the notifications
+        // since the last state read went down from up (kept over a read that failed).
+        let mut notified_up = last.up;
+        let mut went_down = false;
         // SAFETY: a fresh eventfd, owned at once.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if efd < 0 {
@@ -94,8 +98,15 @@ impl PortWatch {
                     Change::Resync => true,
                     _ => false,
                 });
-                // Read with the changes: the state read below may already be up again.
-                let went_down = watcher.take_links_seen_down().contains(&ifindex);
+                // The notifications' own states, read with them: the state read below may
+                // already be up again. A down is an edge from up in that stream, so the
+                // intermediate states of one `ip link set up` (up, then running) are not one.
+                for (i, up) in watcher.take_link_states() {
+                    if i == ifindex {
+                        went_down |= notified_up && !up;
+                        notified_up = up;
+                    }
+                }
                 if !relevant {
                     continue;
                 }
@@ -113,7 +124,7 @@ impl PortWatch {
                     Err(false) => continue,
                 };
                 let mut was_up = last.up;
-                if went_down && was_up {
+                if std::mem::take(&mut went_down) && was_up {
                     // Down and up again before this thread read the state: both events, as
                     // rdma_rxe posts one per netdev event.
                     with_routes(|_| post_async(&async_tx, 1, IBV_EVENT_PORT_ERR));

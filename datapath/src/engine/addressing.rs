@@ -112,6 +112,8 @@ pub struct Neighbours {
     keep_alive_at: u64,
     /// The thread that touches the kernel's entries (none when it could not start).
     keep_alive: Option<super::keep_alive::KeepAlive>,
+    /// The last read of the interface after a link change failed: its state is unknown.
+    link_unread: bool,
 }
 
 /// How often the kernel's entries of the next hops in use are touched (see
@@ -247,6 +249,7 @@ impl Neighbours {
             netlink,
             changes: 0,
             keep_alive_at: 0,
+            link_unread: false,
         })
     }
 
@@ -273,9 +276,11 @@ impl Neighbours {
         self.iface.mac
     }
 
-    /// The interface is up and has its carrier, as the engine last read it.
-    pub fn link_up(&self) -> bool {
-        self.iface.up
+    /// Whether the kernel may take frames again: the interface was administratively up when
+    /// the engine last read it (AF_XDP refuses frames with ENETDOWN only when it is not), or
+    /// the last read failed.
+    pub fn link_may_take_frames(&self) -> bool {
+        self.iface.admin_up || self.link_unread
     }
 
     pub fn gid_table(&mut self) -> Result<Vec<IpAddr>, AddressingError> {
@@ -321,7 +326,8 @@ impl Neighbours {
 
     /// Once per [`KEEP_ALIVE_PERIOD_NS`] (at `now`), tells the kernel that the next hops packets
     /// went to since the last time are in use, as its own transmit path does for every packet
-    /// (`neigh_event_send`, here through [`Netlink::solicit`]'s `NTF_USE`).
+    /// (`neigh_event_send`, here through [`Netlink::touch_neighbour`]'s `NTF_USE`, which creates
+    /// no entry: one the kernel deleted is left to the next packet's lookup).
     ///
     /// Why: the engine's frames bypass the kernel, so without this its entries would never
     /// leave STALE and never be probed again. A peer whose MAC changed without a gratuitous ARP
@@ -587,8 +593,12 @@ impl Neighbours {
             Ok(iface) => iface,
             Err(NetlinkError::NoSuchInterfaceIndex(_)) => return Applied::InterfaceGone,
             // Unreadable for now: the next change reads it again.
-            Err(_) => return Applied::Done,
+            Err(_) => {
+                self.link_unread = true;
+                return Applied::Done;
+            }
         };
+        self.link_unread = false;
         if iface.mtu != self.iface.mtu {
             dev.set_port_mtu(crate::afxdp::port_path_mtu(iface.mtu, self.multi_buffer));
         }

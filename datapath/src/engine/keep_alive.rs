@@ -32,8 +32,9 @@ impl KeepAlive {
                 while let Ok(hops) = next.recv() {
                     for hop in hops {
                         match netlink.touch_neighbour(ifindex, hop) {
-                            // Gone: flushed by the kernel, so the engine's cache has dropped
-                            // it too, and its next packet resolves it again.
+                            // Touched, or gone: deleted by the kernel, so the engine's cache
+                            // drops it too once it reads the RTM_DELNEIGH, and its next packet
+                            // resolves it again.
                             Ok(_) => {}
                             Err(e) if matches!(e.errno(), Some(libc::EPERM | libc::EACCES)) => {
                                 log::debug!("neighbour keep-alive not permitted ({e}); stopped");

@@ -422,10 +422,11 @@ pub(crate) fn apply_changes(
             }
         }
     }
-    if link_changed && st.io.link_down && !st.io.failed && st.neighbours.link_up() {
-        // Up again: kick the frames held meanwhile. Not on any link change: the notification
-        // of the very change that took the link down may come after the refused kick, and a
-        // kick then would only be refused again (and counted as a second outage).
+    if link_changed && st.io.link_down && !st.io.failed && st.neighbours.link_may_take_frames() {
+        // Up again (or unknown): kick the frames held meanwhile. Not on a change that leaves
+        // it down: the notification of the very change that took the link down may come
+        // after the refused kick, and a kick then would only be refused again (and counted
+        // as a second outage).
         st.io.link_down = false;
         send(shared, st, shared.now());
     }

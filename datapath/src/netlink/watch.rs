@@ -60,9 +60,9 @@ pub enum Change {
 pub struct AddressWatcher {
     sock: Socket,
     buf: Vec<u8>,
-    /// Interfaces a link notification showed not up since the last
-    /// [`Self::take_links_seen_down`], when asked for ([`Self::note_links_seen_down`]).
-    seen_down: Option<Vec<u32>>,
+    /// Each link notification's interface and whether it showed the link up, since the last
+    /// [`Self::take_link_states`], when asked for ([`Self::note_link_states`]).
+    link_states: Option<Vec<(u32, bool)>>,
 }
 
 impl std::fmt::Debug for AddressWatcher {
@@ -104,7 +104,7 @@ impl AddressWatcher {
         Ok(AddressWatcher {
             sock,
             buf: Vec::new(),
-            seen_down: None,
+            link_states: None,
         })
     }
 
@@ -120,7 +120,7 @@ impl AddressWatcher {
         let mut out = Vec::new();
         for _ in 0..DRAIN_MAX {
             match recv_datagram(&self.sock, &mut self.buf) {
-                Ok(()) => parse_datagram(&self.buf, &mut out, self.seen_down.as_mut()),
+                Ok(()) => parse_datagram(&self.buf, &mut out, self.link_states.as_mut()),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
@@ -141,17 +141,18 @@ impl AddressWatcher {
 }
 
 impl AddressWatcher {
-    /// From now on, [`Self::drain`] also notes the interfaces that a link notification showed
-    /// not up (down, or without carrier): a link that went down and came back before the
-    /// caller read its state has still been down, which rdma_rxe reports as two port events.
-    /// (Off by default: a watcher that never takes the list would keep every index it saw.)
-    pub fn note_links_seen_down(&mut self) {
-        self.seen_down.get_or_insert_with(Vec::new);
+    /// From now on, [`Self::drain`] also keeps each link notification's state (up: `IFF_UP`
+    /// and `IFF_RUNNING`), in order: a link that went down and came back before the caller
+    /// read its state has still been down, which rdma_rxe reports as two port events. (Off by
+    /// default: a watcher that never takes the list would keep every notification.)
+    pub fn note_link_states(&mut self) {
+        self.link_states.get_or_insert_with(Vec::new);
     }
 
-    /// The interfaces noted since the last call (see [`Self::note_links_seen_down`]).
-    pub fn take_links_seen_down(&mut self) -> Vec<u32> {
-        self.seen_down
+    /// The `(ifindex, up)` of each link notification since the last call, oldest first (see
+    /// [`Self::note_link_states`]).
+    pub fn take_link_states(&mut self) -> Vec<(u32, bool)> {
+        self.link_states
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
@@ -170,7 +171,11 @@ impl AsFd for AddressWatcher {
     }
 }
 
-fn parse_datagram(buf: &[u8], out: &mut Vec<Change>, mut seen_down: Option<&mut Vec<u32>>) {
+fn parse_datagram(
+    buf: &[u8],
+    out: &mut Vec<Change>,
+    mut link_states: Option<&mut Vec<(u32, bool)>>,
+) {
     let mut off = 0;
     while off < buf.len() {
         let rest = &buf[off..];
@@ -184,15 +189,13 @@ fn parse_datagram(buf: &[u8], out: &mut Vec<Change>, mut seen_down: Option<&mut 
         match NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes) {
             Ok(m) => {
                 if let NetlinkPayload::InnerMessage(inner) = m.payload {
-                    if let (Some(noted), RouteNetlinkMessage::NewLink(l)) =
-                        (seen_down.as_deref_mut(), &inner)
+                    if let (Some(states), RouteNetlinkMessage::NewLink(l)) =
+                        (link_states.as_deref_mut(), &inner)
                     {
                         let flags = l.header.flags;
                         let up =
                             flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running);
-                        if !up && !noted.contains(&l.header.index) {
-                            noted.push(l.header.index);
-                        }
+                        states.push((l.header.index, up));
                     }
                     if let Some(c) = change_from(inner) {
                         push(out, c);
@@ -296,22 +299,25 @@ mod tests {
         d
     }
 
-    /// A link that went down and up again between two reads is one `Link` change, but is
-    /// noted as seen down, when that is asked for; one that only came up is not.
+    /// A link that went down and up again between two reads is one `Link` change, but each
+    /// notification's state is kept, in order, when that is asked for.
     #[test]
-    fn a_link_seen_down_is_noted_even_when_it_is_up_again() {
+    fn each_link_notifications_state_is_kept_in_order() {
         let up = LinkFlags::Up | LinkFlags::Running;
         let no_carrier = LinkFlags::Up;
-        for (flags, noted) in [
-            (vec![up], vec![]),
-            (vec![LinkFlags::empty(), up], vec![3]),
-            (vec![no_carrier, up, no_carrier], vec![3]),
+        for (flags, states) in [
+            (vec![up], vec![(3, true)]),
+            (vec![LinkFlags::empty(), up], vec![(3, false), (3, true)]),
+            (
+                vec![no_carrier, up, no_carrier],
+                vec![(3, false), (3, true), (3, false)],
+            ),
         ] {
             let mut out = Vec::new();
             let mut seen = Vec::new();
             parse_datagram(&link_datagram(&flags), &mut out, Some(&mut seen));
             assert_eq!(out, vec![Change::Link(3)], "{flags:?}");
-            assert_eq!(seen, noted, "{flags:?}");
+            assert_eq!(seen, states, "{flags:?}");
         }
     }
 
