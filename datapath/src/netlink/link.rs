@@ -177,12 +177,17 @@ pub(crate) fn interface_from(
         name,
         mac,
         mtu,
-        up: flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running),
+        up: is_up(flags),
         admin_up: flags.contains(LinkFlags::Up),
         rx_queues,
     })
 }
 
+/// Up as rdma_rxe means it for its port: administratively (`IFF_UP`) and operationally
+/// (`IFF_RUNNING`: carrier present).
+pub(crate) fn is_up(flags: LinkFlags) -> bool {
+    flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running)
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,6 @@ use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use netlink_packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload};
-use netlink_packet_route::link::LinkFlags;
 use netlink_packet_route::neighbour::NeighbourMessage;
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::Socket;
@@ -138,9 +137,7 @@ impl AddressWatcher {
         }
         out
     }
-}
 
-impl AddressWatcher {
     /// From now on, [`Self::drain`] also keeps each link notification's state (up: `IFF_UP`
     /// and `IFF_RUNNING`), in order: a link that went down and came back before the caller
     /// read its state has still been down, which rdma_rxe reports as two port events. (Off by
@@ -192,10 +189,7 @@ fn parse_datagram(
                     if let (Some(states), RouteNetlinkMessage::NewLink(l)) =
                         (link_states.as_deref_mut(), &inner)
                     {
-                        let flags = l.header.flags;
-                        let up =
-                            flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running);
-                        states.push((l.header.index, up));
+                        states.push((l.header.index, super::link::is_up(l.header.flags)));
                     }
                     if let Some(c) = change_from(inner) {
                         push(out, c);
@@ -259,6 +253,7 @@ fn push(out: &mut Vec<Change>, c: Change) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use netlink_packet_route::link::LinkFlags;
 
     #[test]
     fn changes_are_folded() {
