@@ -1,9 +1,10 @@
 //! Every operation once over a clean simulated link: the data lands, the completions say so.
 
+use xroce_core::transport::memory::MemoryRegion;
 use xroce_core::transport::{
     Access, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
 };
-use xroce_tests::sim::{connect, ConnectOptions, LinkConfig, Sim};
+use xroce_tests::sim::{connect, ConnectOptions, LinkConfig, Node, Sim};
 
 const RW: Access = Access(
     Access::LOCAL_WRITE.0
@@ -296,4 +297,74 @@ fn qp_numbers_start_at_the_configured_first_qpn() {
     assert_eq!(numbers(1, 1), [FIRST_QPN]);
     assert_eq!(numbers(0xff_ffff, 1), [FIRST_QPN]);
     assert_eq!(numbers(0xff_fffe, 2), [0xff_fffe, FIRST_QPN]);
+}
+
+/// Posts a SEND of `len` bytes from `buf` and returns whether the send queue was busy.
+fn post_was_busy(node: &mut Node, qpn: u32, buf: &MemoryRegion, len: u32) -> bool {
+    let sge = Sge {
+        addr: buf.va,
+        length: len,
+        lkey: buf.lkey,
+    };
+    let wr = SendWr::new(0, SendOp::Send, vec![sge]);
+    node.dev
+        .post_send_was_busy(qpn, wr, &node.mem)
+        .expect("post_send")
+}
+
+/// Builds `n` packets of `node` and drops them (no ACK ever comes back).
+fn send_packets(node: &mut Node, n: usize) {
+    let mut frame = vec![0u8; 9000];
+    for _ in 0..n {
+        assert!(node.dev.poll_transmit(0, &node.mem, &mut frame).is_some());
+    }
+}
+
+/// Whether a WR finds its send queue busy decides whether the engine sends it at once or lets
+/// it wait for the next round, with the rest of a stream. Busy: a message waiting to go or
+/// partly sent, or two sent and unacknowledged. Not busy: an empty queue, or one message sent
+/// whole and awaiting its ACK (a ping-pong's previous turn, whose ACK comes behind the peer's
+/// answer: the answer to that must not wait for a round).
+#[test]
+fn a_send_queue_is_busy_unless_empty_or_holding_one_message_sent_whole() {
+    let mut sim = Sim::new(3, 2, LinkConfig::default());
+    let o = ConnectOptions::default();
+    let qpns: Vec<u32> = (0..3).map(|_| connect(&mut sim, 0, 1, &o).0.qpn).collect();
+    let node = &mut sim.nodes[0];
+    let buf = node.alloc(8192, RW);
+
+    // One message sent whole, then the answer to the peer's answer.
+    assert!(!post_was_busy(node, qpns[0], &buf, 64), "empty");
+    send_packets(node, 1);
+    assert!(
+        !post_was_busy(node, qpns[0], &buf, 64),
+        "one message sent whole, awaiting its ACK"
+    );
+
+    // A message not yet sent, then two sent and unacknowledged.
+    assert!(!post_was_busy(node, qpns[1], &buf, 64));
+    assert!(
+        post_was_busy(node, qpns[1], &buf, 64),
+        "a message waits to go"
+    );
+    send_packets(node, 3);
+    assert!(
+        post_was_busy(node, qpns[1], &buf, 64),
+        "two messages sent: a stream"
+    );
+
+    // A message of four packets (path MTU 1024), one of them sent.
+    send_packets(node, 1);
+    assert!(!post_was_busy(node, qpns[2], &buf, 4096));
+    send_packets(node, 1);
+    assert!(
+        post_was_busy(node, qpns[2], &buf, 64),
+        "a message partly sent"
+    );
+    let mut frame = vec![0u8; 9000];
+    let mut left = 0;
+    while node.dev.poll_transmit(0, &node.mem, &mut frame).is_some() {
+        left += 1;
+    }
+    assert_eq!(left, 4, "the rest of the long message and the short one");
 }

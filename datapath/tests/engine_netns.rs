@@ -1103,6 +1103,13 @@ fn ping_pong_batching_run(mode: SendCompletions) -> Result<(), String> {
         } else if mode == SendCompletions::LastOnly {
             expect_completions(engine, qp.send_cq, 1, "the last answer, acknowledged");
         }
+        // Every verb above has returned, so none counts as inside (the progress thread keeps
+        // off the engine while one is: for good, were the count wrong).
+        let report = engine.state_report();
+        assert!(
+            report.contains("application threads in verbs 0,"),
+            "side {side}: {report}"
+        );
         let c = engine.counters();
         let frames = c.tx_frames.load(std::sync::atomic::Ordering::Relaxed) as usize;
         let batches = c.tx_batches.load(std::sync::atomic::Ordering::Relaxed) as usize;

@@ -813,8 +813,12 @@ impl Device {
     }
 
     /// [`post_send`](Self::post_send), telling also whether the send queue was busy before this
-    /// WR: it held WQEs not yet completed (sent and unacknowledged, or waiting to go). One
-    /// lookup of the QP serves the check, the post and the ready list: this runs for every WR.
+    /// WR: it held WQEs waiting to go or partly sent, or more than one message sent and
+    /// unacknowledged (a stream), so that this WR may wait to go out with the rest. One
+    /// message sent whole and waiting for its ACK is not busy: that is a request/response
+    /// application's previous turn, whose ACK comes behind the peer's answer, and the answer
+    /// to that answer should not wait. One lookup of the QP serves the check, the post and
+    /// the ready list: this runs for every WR.
     pub fn post_send_was_busy(
         &mut self,
         qpn: u32,
@@ -825,7 +829,9 @@ impl Device {
             .qps
             .get_mut(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
-        let was_busy = !qp.sq.is_empty();
+        // A message sent whole and waiting for its ACK leaves nothing to batch with: a
+        // ping-pong's previous turn, whose ACK comes behind the peer's answer.
+        let was_busy = !qp.sq.is_empty() && !qp.awaits_ack_of_its_only_message();
         let cap = qp.attr.cap;
         if matches!(qp.attr.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::Invalid("QP is not ready to send (needs RTS)"));

@@ -458,10 +458,23 @@ impl Shared {
     /// Marks the calling application thread as inside a verb that moves frames itself, until
     /// the returned guard is dropped.
     pub(crate) fn enter_verbs(&self) -> InVerbs<'_> {
+        self.enter(true)
+    }
+
+    /// [`Self::enter_verbs`] for a verb that moves no frames (posting a receive): the
+    /// progress thread keeps off the lock meanwhile, but leaving it is no sign of an
+    /// application that drives progress, so it does not stamp `app_active_at` (which spares
+    /// a clock read on a ping-pong's turn).
+    pub(crate) fn enter_quiet_verb(&self) -> InVerbs<'_> {
+        self.enter(false)
+    }
+
+    fn enter(&self, stamps: bool) -> InVerbs<'_> {
         self.app_in_verbs.fetch_add(1, Ordering::SeqCst);
         InVerbs {
             shared: self,
             left_at: None,
+            stamps,
         }
     }
 
@@ -496,6 +509,8 @@ pub(crate) struct InVerbs<'a> {
     shared: &'a Shared,
     /// Engine time the verb is done at, when the verb read the clock on its way out anyway.
     left_at: Option<u64>,
+    /// Leaving stamps `app_active_at` (see [`Shared::enter_quiet_verb`]).
+    stamps: bool,
 }
 
 impl InVerbs<'_> {
@@ -509,8 +524,10 @@ impl InVerbs<'_> {
 
 impl Drop for InVerbs<'_> {
     fn drop(&mut self) {
-        let now = self.left_at.unwrap_or_else(|| self.shared.now());
-        self.shared.app_active_at.store(now, Ordering::Relaxed);
+        if self.stamps {
+            let now = self.left_at.unwrap_or_else(|| self.shared.now());
+            self.shared.app_active_at.store(now, Ordering::Relaxed);
+        }
         self.shared.app_in_verbs.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -963,7 +980,7 @@ impl Engine {
     /// has no timers) an application waiting on its completion channel would not hear of it
     /// until something else woke the thread.
     pub fn with_device_quiet<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
-        let _in_verbs = self.shared.enter_verbs();
+        let _in_verbs = self.shared.enter_quiet_verb();
         let mut guard = self.lock();
         let r = f(&mut guard.dev);
         progress::dispatch_events(&self.shared, &mut guard.dev);
@@ -1166,7 +1183,8 @@ impl Engine {
         Ok(())
     }
 
-    /// After a WR was queued on a QP whose send queue was idle (`busy` false), its packets go
+    /// After a WR was queued on a QP whose send queue was idle (`busy` false: empty, or
+    /// holding only its previous message, sent and awaiting its ACK), its packets go
     /// out at once from this thread: no hand-off, no wake-up on the latency path. On a QP that
     /// is already streaming they wait for the next progress round (the application's next
     /// `poll_cq`, or the progress thread), which sends everything queued together: one system
