@@ -1105,14 +1105,22 @@ fn rc_pingpong_with_rxe_both_ways(xg: &Guest, rxe: &Guest, pingpong: &str, env: 
                 // in 15 runs of the zero-copy test in CI and never reproduced alone (docs/
                 // decisions.md, stop 69). Shown in full with xroce's state report and both
                 // guests' kernel logs, and run once more: a second failure fails the test.
+                // The kernel's log, and where frames may have been dropped: the link's and
+                // IP's counters, the neighbours, the NIC's own counters and rdma_rxe's.
                 let log = |g: &Guest| {
-                    g.run("dmesg | tail -n 20", PROGRAM_TIMEOUT)
-                        .map(|o| o.text())
-                        .unwrap_or_else(|e| format!("(no kernel log: {e})"))
+                    g.run(
+                        "dmesg | tail -n 20; ip -s -s link show eth0; ip neigh; \
+                         grep -E '^(Ip|Udp):' /proc/net/snmp; ethtool -S eth0 2>/dev/null; \
+                         grep -H . /sys/class/infiniband/*/ports/1/hw_counters/* 2>/dev/null",
+                        PROGRAM_TIMEOUT,
+                    )
+                    .map(|o| o.text())
+                    .unwrap_or_else(|e| format!("(no kernel log: {e})"))
                 };
                 eprintln!(
                     "FAILED ONCE, not a stall in qemu; running once more:\n{failure}\n\
-                     --- xroce guest's kernel log:\n{}\n--- rxe guest's kernel log:\n{}",
+                     --- xroce guest's kernel log and counters:\n{}\n\
+                     --- rxe guest's kernel log and counters:\n{}",
                     log(xg),
                     log(rxe)
                 );
