@@ -1102,12 +1102,12 @@ fn rc_pingpong_with_rxe_both_ways(xg: &Guest, rxe: &Guest, pingpong: &str, env: 
                 .collect();
             if stalled.is_empty() {
                 // Not a stall in qemu: an intermittent hang of both programs, seen about once
-                // in 15 runs of the zero-copy test in CI and never reproduced alone (docs/
-                // decisions.md, stop 69). Shown in full with xroce's state report and both
-                // guests' kernel logs, and run once more: a second failure fails the test.
-                // The kernel's log, and where frames may have been dropped: the link's and
-                // IP's counters, the neighbours, the NIC's own counters and rdma_rxe's.
-                let log = |g: &Guest| {
+                // in 15 runs of the zero-copy test in CI; in stop 70's runs the xroce guest's
+                // zero-copy frames never reached QEMU's tap (docs/decisions.md). Shown in full
+                // with xroce's state report and each guest's kernel log and counters (where
+                // frames may have been dropped: link, IP and UDP, neighbours, NIC, rdma_rxe),
+                // and run once more: a second failure fails the test.
+                let diagnostics = |g: &Guest| {
                     g.run(
                         "dmesg | tail -n 20; ip -s -s link show eth0; ip neigh; \
                          grep -E '^(Ip|Udp):' /proc/net/snmp; ethtool -S eth0 2>/dev/null; \
@@ -1115,14 +1115,14 @@ fn rc_pingpong_with_rxe_both_ways(xg: &Guest, rxe: &Guest, pingpong: &str, env: 
                         PROGRAM_TIMEOUT,
                     )
                     .map(|o| o.text())
-                    .unwrap_or_else(|e| format!("(no kernel log: {e})"))
+                    .unwrap_or_else(|e| format!("(no diagnostics: {e})"))
                 };
                 eprintln!(
                     "FAILED ONCE, not a stall in qemu; running once more:\n{failure}\n\
                      --- xroce guest's kernel log and counters:\n{}\n\
                      --- rxe guest's kernel log and counters:\n{}",
-                    log(xg),
-                    log(rxe)
+                    diagnostics(xg),
+                    diagnostics(rxe)
                 );
                 for g in [xg, rxe] {
                     let _ = g.kill_programs(&[program]);

@@ -829,8 +829,6 @@ impl Device {
             .qps
             .get_mut(&qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
-        // A message sent whole and waiting for its ACK leaves nothing to batch with: a
-        // ping-pong's previous turn, whose ACK comes behind the peer's answer.
         let was_busy = !qp.sq.is_empty() && !qp.awaits_ack_of_its_only_message();
         let cap = qp.attr.cap;
         if matches!(qp.attr.state, QpState::Reset | QpState::Init | QpState::Rtr) {

@@ -188,6 +188,7 @@ pub(crate) fn interface_from(
 pub(crate) fn is_up(flags: LinkFlags) -> bool {
     flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running)
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
