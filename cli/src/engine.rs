@@ -8,11 +8,8 @@ use xroce_datapath::afxdp::BindMode;
 use xroce_datapath::engine::{Backend, Engine, EngineConfig, EngineError, Transmit};
 
 pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>) -> ExitCode {
-    let bind_mode = match mode {
-        "copy" => BindMode::Copy,
-        "zero-copy" => BindMode::ZeroCopy,
-        _ => BindMode::Auto,
-    };
+    // clap allows only the three names, which all parse.
+    let bind_mode = mode.parse().unwrap_or(BindMode::Auto);
     // Block the stop signals before any thread exists, so every thread inherits the mask and
     // the main thread can take them with sigwait.
     let signals = stop_signals();
@@ -45,15 +42,24 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
     // Written, not printed: a reader that went away (`| grep -m1 ready`) must not turn the
     // engine's end into a panic.
     let mut stdout = std::io::stdout();
+    // Auto mode in copy mode on a driver whose zero-copy loses frames says why.
+    let avoided = match (engine.backend(), bind_mode) {
+        (Backend::AfXdp, BindMode::Auto) if !engine.is_zero_copy() => {
+            xroce_datapath::afxdp::auto_mode_avoids_zero_copy(iface)
+                .map(|why| format!(", not zero-copy: {why}"))
+        }
+        _ => None,
+    };
     let _ = writeln!(
         stdout,
-        "xroce engine ready on {iface} queue {queue}{} ({}{}); GIDs {}",
+        "xroce engine ready on {iface} queue {queue}{} ({}{}{}); GIDs {}",
         receiving_also(engine.queues(), queue),
         match engine.backend() {
             Backend::Dpdk => "DPDK net_af_packet",
             Backend::AfXdp if engine.is_zero_copy() => "AF_XDP zero-copy",
             Backend::AfXdp => "AF_XDP copy",
         },
+        avoided.unwrap_or_default(),
         if engine.sends_through_udp_gso() {
             ", runs of IPv4 frames through UDP GSO where the link takes them"
         } else {

@@ -82,7 +82,10 @@ enum Command {
         /// The queue to send on (it receives on every receive queue).
         #[arg(long, default_value_t = 0)]
         queue: u32,
-        /// AF_XDP bind mode: zero-copy when the driver supports it (auto), or force one.
+        /// AF_XDP bind mode: auto binds zero-copy where the driver supports it (not on
+        /// virtio-net built as a module, whose zero-copy sends frames behind a header read
+        /// from the wrong memory), copy mode elsewhere; or force one. Programs under `xroce
+        /// exec` take it from XROCE_BIND_MODE.
         #[arg(long, default_value = "auto", value_parser = ["auto", "copy", "zero-copy"])]
         mode: String,
         /// Write every frame the engine sends and receives to this pcap file (created or

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError, Weak};
 
 use libc::c_int;
+use xroce_datapath::afxdp::BindMode;
 use xroce_datapath::engine::{Backend, Engine, EngineConfig, EngineError, EventSink, Transmit};
 
 use crate::device::ContextState;
@@ -287,6 +288,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
     engine_for_with(ctx, |mut config| {
         config.backend = Backend::from_env()?;
         config.transmit = Transmit::from_env().map_err(EngineError::UnknownTransmit)?;
+        config.bind_mode = BindMode::from_env().map_err(EngineError::UnknownBindMode)?;
         Engine::start(config)
     })
 }

@@ -40,6 +40,8 @@ struct Rig {
     /// `XROCE_TRANSMIT` for programs on each side ("": the default, auto, which on the rig's
     /// veth pair batches runs of frames through a UDP socket).
     transmits: [&'static str; 2],
+    /// `XROCE_BIND_MODE` for programs on each side ("": the default, auto).
+    bind_modes: [&'static str; 2],
     /// Released last, after the namespaces are gone (fields drop in order).
     _serial: std::sync::MutexGuard<'static, ()>,
 }
@@ -89,6 +91,7 @@ impl Rig {
             provider: built("libxroce_provider.so"),
             backends: ["", ""],
             transmits: ["", ""],
+            bind_modes: ["", ""],
             _serial: serial,
         };
         for side in 0..2 {
@@ -143,6 +146,7 @@ impl Rig {
             provider: built("libxroce_provider.so"),
             backends: ["", ""],
             transmits: ["", ""],
+            bind_modes: ["", ""],
             _serial: serial,
         };
         let mut printed: [String; 2] = Default::default();
@@ -190,6 +194,9 @@ impl Rig {
         }
         if !self.transmits[side].is_empty() {
             cmd.env("XROCE_TRANSMIT", self.transmits[side]);
+        }
+        if !self.bind_modes[side].is_empty() {
+            cmd.env("XROCE_BIND_MODE", self.bind_modes[side]);
         }
         cmd
     }
@@ -1058,6 +1065,62 @@ fn a_stalled_program_reports_its_state_on_the_dump_signal() {
         "cq 1 0/511",
     ] {
         assert!(text.contains(want), "the report lacks {want:?}:\n{text}");
+    }
+}
+
+/// `XROCE_BIND_MODE` picks how a program's engines bind their AF_XDP sockets: `copy` works
+/// anywhere; `zero-copy` on a veth, whose driver has none, fails with the kernel's refusal
+/// and how to do without it; a name it does not know fails naming the ones it does.
+#[test]
+fn a_bind_mode_named_in_the_environment_is_used_or_refused_with_why() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut rig = Rig::new("xpm", 1500);
+    for (mode, want) in [
+        (
+            "zero-copy",
+            "does not support zero-copy AF_XDP (auto mode, the default, binds in copy mode",
+        ),
+        ("native", "unknown bind mode \"native\" in XROCE_BIND_MODE"),
+    ] {
+        let mut cmd = rig.exec(1, &["ibv_rc_pingpong", "-g", "1", "-n", "10", "127.0.0.1"]);
+        cmd.env("XROCE_BIND_MODE", mode);
+        let out = run_bounded(cmd, PROGRAM_TIMEOUT).expect("run ibv_rc_pingpong");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && text.contains("xroce: cannot start device")
+                && text.contains(want),
+            "XROCE_BIND_MODE={mode}: {}\n{text}",
+            out.status
+        );
+    }
+    rig.bind_modes = ["copy", "copy"];
+    let stats = [0, 1].map(|side| {
+        std::env::temp_dir().join(format!(
+            "xroce-bind-mode-{}-{side}.stats",
+            std::process::id()
+        ))
+    });
+    for path in &stats {
+        let _ = std::fs::remove_file(path);
+    }
+    let (s, c) = rig.server_client_counted(
+        &["ibv_rc_pingpong", "-g", "1", "-n", "100"],
+        Some(&stats[1]),
+        Some(&stats[0]),
+    );
+    for text in [&s, &c] {
+        assert!(text.contains("100 iters in"), "{text}");
+    }
+    for path in &stats {
+        let line = std::fs::read_to_string(path).unwrap_or_default();
+        let _ = std::fs::remove_file(path);
+        assert!(
+            line.contains(" zero_copy=0 ") && line.contains(" rx_frames="),
+            "an engine in copy mode: {line}"
+        );
     }
 }
 

@@ -234,6 +234,22 @@ impl Guest {
         Ok(())
     }
 
+    /// `len` bytes of the guest's physical memory from `addr`, as its devices read them (qemu's
+    /// `xp`): for seeing what a device was handed.
+    pub fn read_physical(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
+        let reply = self.monitor()?.execute(&format!(
+            r#"{{"execute":"human-monitor-command","arguments":{{"command-line":"xp /{len}bx {addr:#x}"}}}}"#
+        ))?;
+        let bytes = xp_bytes(&hmp_text(&reply));
+        if bytes.len() != len {
+            return Err(PeerError::Agent(format!(
+                "qemu's xp of {len} bytes at {addr:#x} gave {} of them: {reply}",
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
     /// Stops the guest's vCPU through qemu's monitor, as if its kernel had hung: it answers
     /// nothing until [`Guest::restart`]ed (a harness's test of its own recovery).
     pub fn pause(&self) -> Result<()> {
@@ -448,12 +464,10 @@ impl Guest {
             Some(pid) => format!("qemu (pid {pid}) has ended"),
             None => "qemu not tracked".to_string(),
         };
-        let console = self.console_log();
-        let lines: Vec<&str> = console.lines().collect();
-        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
         format!(
-            "\n--- guest {}: {qemu}; console's last lines:\n{tail}",
-            self.name
+            "\n--- guest {}: {qemu}; {}",
+            self.name,
+            console_excerpt(&self.console_log())
         )
     }
 
@@ -496,6 +510,12 @@ impl Guest {
     /// Whether this guest's qemu still runs (an exited, unreaped qemu does not).
     pub fn qemu_alive(&self) -> bool {
         self.pid().is_some_and(|pid| is_our_qemu(pid, &self.name))
+    }
+
+    /// Whether the guest's kernel panicked: its qemu has ended (the guest boots with
+    /// `panic=-1` and `-no-reboot`) and its console says so.
+    pub fn kernel_panicked(&self) -> bool {
+        !self.qemu_alive() && self.console_log().contains("Kernel panic")
     }
 
     /// Detaches from qemu: it keeps running after this `Guest` is dropped.
@@ -921,9 +941,71 @@ pub(crate) fn kill_all<'a>(guests: impl IntoIterator<Item = (u32, &'a str)>) {
     }
 }
 
+/// The bytes in qemu's `xp /Nbx` output: lines of `address: 0xNN 0xNN ...`.
+fn xp_bytes(text: &str) -> Vec<u8> {
+    text.lines()
+        .filter_map(|line| line.split_once(": "))
+        .flat_map(|(_, bytes)| bytes.split_whitespace())
+        .filter_map(|b| u8::from_str_radix(b.strip_prefix("0x")?, 16).ok())
+        .collect()
+}
+
+/// Lines that begin a kernel's report of its own failure (an oops, a BUG, a warning with a
+/// stack): what a failed run needs most, and the first thing a console's tail cuts off.
+const KERNEL_REPORT_STARTS: [&str; 6] = [
+    "BUG:",
+    "Oops:",
+    "general protection fault",
+    "kernel BUG at",
+    "WARNING:",
+    "Unable to handle",
+];
+
+/// The part of a guest's console a failure report shows: its last 40 lines, and before them,
+/// when the kernel reported a failure of its own, up to 40 lines from that report's first
+/// line (its cause: the faulting function, the slab or the list that was corrupt).
+fn console_excerpt(console: &str) -> String {
+    const SHOWN: usize = 40;
+    let lines: Vec<&str> = console.lines().collect();
+    let tail_from = lines.len().saturating_sub(SHOWN);
+    let tail = lines[tail_from..].join("\n");
+    let report_from = lines.iter().position(|line| {
+        KERNEL_REPORT_STARTS
+            .iter()
+            .any(|start| line.contains(start))
+    });
+    match report_from {
+        Some(first) if first < tail_from => {
+            let head_to = (first + SHOWN).min(tail_from);
+            let skipped = tail_from - head_to;
+            let gap = if skipped > 0 {
+                format!("[… {skipped} lines …]\n")
+            } else {
+                String::new()
+            };
+            format!(
+                "the kernel's report, from its first line:\n{}\n{gap}{tail}",
+                lines[first..head_to].join("\n")
+            )
+        }
+        _ => format!("console's last lines:\n{tail}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{hmp_text, name_option_is, ring_address};
+    use super::{console_excerpt, hmp_text, name_option_is, ring_address, xp_bytes};
+
+    #[test]
+    fn physical_memory_is_read_from_qemus_xp() {
+        let text = "000000003ee10690: 0xcc 0xcc 0x00 0x01 0xff 0x10 0x20 0x30\n\
+                    000000003ee10698: 0x0a 0x0b 0x0c 0x0d\n";
+        assert_eq!(
+            xp_bytes(text),
+            [0xcc, 0xcc, 0, 1, 0xff, 0x10, 0x20, 0x30, 0x0a, 0x0b, 0x0c, 0x0d]
+        );
+        assert!(xp_bytes("Cannot access memory\n").is_empty());
+    }
 
     #[test]
     fn a_rings_address_is_read_from_the_queue_status() {
@@ -953,5 +1035,30 @@ mod tests {
         assert!(name_option_is(b"xrbench0,debug-threads=on", "xrbench0"));
         assert!(!name_option_is(b"xrbench01,debug-threads=on", "xrbench0"));
         assert!(!name_option_is(b"xrbench", "xrbench0"));
+    }
+
+    #[test]
+    fn a_consoles_excerpt_keeps_the_start_of_the_kernels_report() {
+        let mut console: Vec<String> = (0..30).map(|i| format!("boot {i}")).collect();
+        console
+            .push("[   58.0] general protection fault, probably for non-canonical address".into());
+        console.push("[   58.0] RIP: 0010:kmalloc_reserve+0x64/0x100".into());
+        console.extend((0..100).map(|i| format!("trace {i}")));
+        let excerpt = console_excerpt(&console.join("\n"));
+        assert!(excerpt.starts_with("the kernel's report, from its first line:\n[   58.0] general"));
+        assert!(excerpt.contains("RIP: 0010:kmalloc_reserve"));
+        assert!(excerpt.contains("[… 22 lines …]"), "{excerpt}");
+        assert!(excerpt.ends_with("trace 99"));
+        assert!(!excerpt.contains("boot 29"));
+
+        // A report inside the last 40 lines, or none, leaves only the tail.
+        let short = "boot\nBUG: soft lockup\nend";
+        assert_eq!(
+            console_excerpt(short),
+            format!("console's last lines:\n{short}")
+        );
+        let quiet: Vec<String> = (0..50).map(|i| format!("line {i}")).collect();
+        let excerpt = console_excerpt(&quiet.join("\n"));
+        assert!(excerpt.starts_with("console's last lines:\nline 10\n"));
     }
 }

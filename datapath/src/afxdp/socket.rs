@@ -130,6 +130,36 @@ pub enum BindMode {
     ZeroCopy,
 }
 
+/// The environment variable with which a program's engines bind their sockets in another
+/// mode than `auto`: `copy` or `zero-copy` (as `xroce engine --mode`).
+pub const BIND_MODE_ENV: &str = "XROCE_BIND_MODE";
+
+impl BindMode {
+    /// What `XROCE_BIND_MODE` names (unset or empty: auto).
+    pub fn from_env() -> Result<BindMode, String> {
+        match std::env::var(BIND_MODE_ENV) {
+            Ok(v) => v.parse(),
+            Err(_) => Ok(BindMode::Auto),
+        }
+    }
+}
+
+impl std::str::FromStr for BindMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<BindMode, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(BindMode::Auto),
+            "copy" => Ok(BindMode::Copy),
+            "zero-copy" | "zero_copy" | "zerocopy" => Ok(BindMode::ZeroCopy),
+            other => Err(format!(
+                "unknown bind mode {other:?} in {BIND_MODE_ENV}: use auto (the default: \
+                 zero-copy where the driver has it, copy mode elsewhere), copy or zero-copy"
+            )),
+        }
+    }
+}
+
 /// Socket geometry and options.
 #[derive(Debug, Clone, Copy)]
 pub struct XskConfig {
@@ -238,7 +268,11 @@ pub enum XskError {
         queue: u32,
         tx_queues: u32,
     },
-    #[error("the driver of {} does not support zero-copy AF_XDP", iface_label(*ifindex))]
+    #[error(
+        "the driver of {} does not support zero-copy AF_XDP (auto mode, the default, binds in \
+         copy mode there)",
+        iface_label(*ifindex)
+    )]
     ZeroCopyUnsupported { ifindex: u32 },
     #[error(
         "cannot bind the AF_XDP socket to queue {queue} of {}: {source}",
@@ -1003,6 +1037,22 @@ fn split_umem(frames: u32, receive_only: bool) -> (u32, Vec<u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bind_mode_is_read_by_its_name() {
+        assert_eq!("".parse(), Ok(BindMode::Auto));
+        assert_eq!("auto".parse(), Ok(BindMode::Auto));
+        assert_eq!(" Copy ".parse(), Ok(BindMode::Copy));
+        assert_eq!("zero-copy".parse(), Ok(BindMode::ZeroCopy));
+        assert_eq!("zero_copy".parse(), Ok(BindMode::ZeroCopy));
+        let err = "native".parse::<BindMode>().expect_err("not a bind mode");
+        assert!(
+            err.contains("\"native\"")
+                && err.contains(BIND_MODE_ENV)
+                && err.contains("copy or zero-copy"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn transmit_slots_are_whole_aligned_frame_pairs_inside_the_umem() {

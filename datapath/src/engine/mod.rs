@@ -48,6 +48,8 @@ pub struct EngineConfig {
     pub iface: String,
     /// The receive queue to bind (the XDP program redirects per queue).
     pub queue: u32,
+    /// Auto binds zero-copy where the driver has it, unless its zero-copy is known to lose
+    /// frames (see [`crate::afxdp::auto_mode_avoids_zero_copy`]); copy mode elsewhere.
     pub bind_mode: BindMode,
     /// How long the progress thread keeps busy-polling after the last bit of work before it
     /// sleeps in `poll()`.
@@ -223,6 +225,9 @@ pub enum EngineError {
     /// `XROCE_TRANSMIT` named no transmit path (the message says what it takes).
     #[error("{0}")]
     UnknownTransmit(String),
+    /// `XROCE_BIND_MODE` named no bind mode (the message says what it takes).
+    #[error("{0}")]
+    UnknownBindMode(String),
     #[error(
         "cannot open the UDP socket that sends batches of IPv4 frames on {iface} \
          ({TRANSMIT_ENV}=udp-gso; auto or af-xdp send through AF_XDP without it): {source}"
@@ -1833,6 +1838,18 @@ fn open_sockets(
     netdev_mtu: u32,
 ) -> Result<(XskSocket, Vec<XskSocket>), EngineError> {
     let fits_one_frame = crate::afxdp::fits_one_frame(netdev_mtu);
+    let avoided = crate::afxdp::auto_mode_avoids_zero_copy(&config.iface);
+    let mode = match (config.bind_mode, avoided) {
+        (BindMode::Auto, Some(_)) => BindMode::Copy,
+        (BindMode::ZeroCopy, Some(flaw)) => {
+            crate::stderr_line!(
+                "xroce: {}: binding zero-copy, as asked, although {flaw}",
+                config.iface
+            );
+            BindMode::ZeroCopy
+        }
+        (mode, _) => mode,
+    };
     let busy = |queue| EngineError::QueueInUse {
         iface: config.iface.clone(),
         queue,
@@ -1859,7 +1876,7 @@ fn open_sockets(
         if queue == config.queue {
             let xsk = XskConfig {
                 queue,
-                mode: config.bind_mode,
+                mode,
                 single_buffer: config.single_buffer,
                 fits_one_frame,
                 ..XskConfig::default()
@@ -1874,7 +1891,7 @@ fn open_sockets(
         } else if queue < in_use {
             let xsk = XskConfig {
                 queue,
-                mode: config.bind_mode,
+                mode,
                 single_buffer: config.single_buffer,
                 fits_one_frame,
                 ..RECEIVE_ONLY
