@@ -1068,9 +1068,10 @@ fn a_stalled_program_reports_its_state_on_the_dump_signal() {
     }
 }
 
-/// `XROCE_BIND_MODE` picks how a program's engines bind their AF_XDP sockets: `copy` works
-/// anywhere; `zero-copy` on a veth, whose driver has none, fails with the kernel's refusal
-/// and how to do without it; a name it does not know fails naming the ones it does.
+/// `XROCE_BIND_MODE` picks how a program's engines bind their AF_XDP sockets: `zero-copy` on a
+/// veth, whose driver has none, fails with the kernel's refusal and how to do without it; a
+/// name it does not know fails naming the ones it does; `copy` runs (on a veth auto mode binds
+/// copy mode too: the interop tests run zero-copy where the driver has it).
 #[test]
 fn a_bind_mode_named_in_the_environment_is_used_or_refused_with_why() {
     if !root_or_skip() {

@@ -950,15 +950,18 @@ fn xp_bytes(text: &str) -> Vec<u8> {
         .collect()
 }
 
-/// Lines that begin a kernel's report of its own failure (an oops, a BUG, a warning with a
-/// stack): what a failed run needs most, and the first thing a console's tail cuts off.
-const KERNEL_REPORT_STARTS: [&str; 6] = [
-    "BUG:",
-    "Oops:",
-    "general protection fault",
-    "kernel BUG at",
-    "WARNING:",
-    "Unable to handle",
+/// How the kernel's report of its own failure (an oops, a BUG, a warning with a stack, a
+/// panic with no oops before it, as sysrq's) begins, right after a console line's timestamp
+/// (`[   58.096429] `): what a failed run needs most, and the first thing a console's tail cuts
+/// off (a panic's stack and registers alone fill 40 lines).
+const KERNEL_REPORT_STARTS: [&str; 7] = [
+    "] Kernel panic - not syncing",
+    "] BUG:",
+    "] Oops:",
+    "] general protection fault",
+    "] kernel BUG at",
+    "] WARNING:",
+    "] Unable to handle",
 ];
 
 /// The part of a guest's console a failure report shows: its last 40 lines, and before them,
@@ -1040,6 +1043,7 @@ mod tests {
     #[test]
     fn a_consoles_excerpt_keeps_the_start_of_the_kernels_report() {
         let mut console: Vec<String> = (0..30).map(|i| format!("boot {i}")).collect();
+        console.push("[   57.9] DEBUG: a program's line, not the kernel's report".into());
         console
             .push("[   58.0] general protection fault, probably for non-canonical address".into());
         console.push("[   58.0] RIP: 0010:kmalloc_reserve+0x64/0x100".into());
@@ -1052,10 +1056,21 @@ mod tests {
         assert!(!excerpt.contains("boot 29"));
 
         // A report inside the last 40 lines, or none, leaves only the tail.
-        let short = "boot\nBUG: soft lockup\nend";
+        let short = "boot\n[    9.1] BUG: soft lockup\nend";
         assert_eq!(
             console_excerpt(short),
             format!("console's last lines:\n{short}")
+        );
+        // A panic with no oops before it (sysrq's) starts its own report.
+        let mut panic: Vec<String> = vec!["[    4.2] sysrq: Trigger a crash".into()];
+        panic.push("[    4.2] Kernel panic - not syncing: sysrq triggered crash".into());
+        panic.extend((0..45).map(|i| format!("[    4.2] stack {i}")));
+        let excerpt = console_excerpt(&panic.join("\n"));
+        assert!(
+            excerpt.starts_with(
+                "the kernel's report, from its first line:\n[    4.2] Kernel panic - not syncing"
+            ),
+            "{excerpt}"
         );
         let quiet: Vec<String> = (0..50).map(|i| format!("line {i}")).collect();
         let excerpt = console_excerpt(&quiet.join("\n"));

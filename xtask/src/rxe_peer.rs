@@ -67,7 +67,9 @@ pub enum RxePeerCommand {
         /// Give the guests NICs that AF_XDP zero-copy can use: virtio-net with
         /// VIRTIO_F_ACCESS_PLATFORM (the guest maps every buffer through its DMA API), which
         /// its zero-copy needs from Linux 6.13 on (`--kernel debian-13-backports`). Every
-        /// frame's mapping costs more, rdma_rxe's too.
+        /// frame's mapping costs more, rdma_rxe's too. xroce binds zero-copy there only when
+        /// asked (`XROCE_BIND_MODE=zero-copy`): Debian's virtio_net is a module, whose
+        /// zero-copy sends frames behind a header read from the wrong memory.
         #[arg(long)]
         zero_copy_nic: bool,
     },

@@ -8,10 +8,10 @@
 //! lies in module memory, which the mapping translates as if it were the kernel image's: the
 //! device reads the header from an unrelated guest-physical page. Whether a frame goes out
 //! depends on what that page holds at the time. Seen here with Debian 13's backports kernel
-//! 7.3.4 under QEMU: in about one boot in eight, the page was freed initrd memory, which the
-//! kernel fills with `0xcc`; QEMU handed each frame to its tap behind twelve `0xcc` bytes, and
-//! the tap refused every one (`EINVAL`) without counting it, while the guest counted them
-//! sent (`docs/decisions.md`, stop 71).
+//! 7.3.4 under QEMU: in about one boot in nine the page held `0xcc` bytes, the pattern Linux
+//! writes over memory it frees after boot; QEMU handed each frame to its tap behind twelve of
+//! them, and the tap refused every one (`EINVAL`) without counting it, while the guest counted
+//! them sent (`docs/decisions.md`, stop 71).
 
 use std::path::Path;
 

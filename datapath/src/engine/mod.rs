@@ -1838,16 +1838,9 @@ fn open_sockets(
     netdev_mtu: u32,
 ) -> Result<(XskSocket, Vec<XskSocket>), EngineError> {
     let fits_one_frame = crate::afxdp::fits_one_frame(netdev_mtu);
-    let avoided = crate::afxdp::auto_mode_avoids_zero_copy(&config.iface);
-    let mode = match (config.bind_mode, avoided) {
+    let known_flaw = crate::afxdp::auto_mode_avoids_zero_copy(&config.iface);
+    let mode = match (config.bind_mode, known_flaw) {
         (BindMode::Auto, Some(_)) => BindMode::Copy,
-        (BindMode::ZeroCopy, Some(flaw)) => {
-            crate::stderr_line!(
-                "xroce: {}: binding zero-copy, as asked, although {flaw}",
-                config.iface
-            );
-            BindMode::ZeroCopy
-        }
         (mode, _) => mode,
     };
     let busy = |queue| EngineError::QueueInUse {
@@ -1887,6 +1880,12 @@ fn open_sockets(
                     e => e.into(),
                 },
             )?;
+            if let (true, Some(flaw)) = (sock.is_zero_copy(), known_flaw) {
+                crate::stderr_line!(
+                    "xroce: {}: bound zero-copy, as asked, although {flaw}",
+                    config.iface
+                );
+            }
             main = Some(sock);
         } else if queue < in_use {
             let xsk = XskConfig {
