@@ -43,13 +43,9 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
     // engine's end into a panic.
     let mut stdout = std::io::stdout();
     // Auto mode in copy mode on a driver whose zero-copy loses frames says why.
-    let avoided = match (engine.backend(), bind_mode) {
-        (Backend::AfXdp, BindMode::Auto) if !engine.is_zero_copy() => {
-            xroce_datapath::afxdp::auto_mode_avoids_zero_copy(iface)
-                .map(|why| format!(", not zero-copy: {why}"))
-        }
-        _ => None,
-    };
+    let avoided = engine
+        .zero_copy_avoided()
+        .map(|why| format!(", not zero-copy: {why}"));
     let _ = writeln!(
         stdout,
         "xroce engine ready on {iface} queue {queue}{} ({}{}{}); GIDs {}",

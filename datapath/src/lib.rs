@@ -27,6 +27,15 @@ pub mod test_support;
 pub mod udp_gso;
 pub mod xdp;
 
+/// The setting environment variable `name` holds, parsed (unset, or not Unicode: the
+/// default).
+pub fn setting_from_env<T: std::str::FromStr + Default>(name: &str) -> Result<T, T::Err> {
+    match std::env::var(name) {
+        Ok(v) => v.parse(),
+        Err(_) => Ok(T::default()),
+    }
+}
+
 /// `eprintln!` for code that runs inside applications (the engine, the provider): a standard
 /// error that cannot be written (a pipe whose reader has gone, in a program that ignores
 /// SIGPIPE) is ignored, where `eprintln!` would panic, and a panic inside a verb aborts the

@@ -78,10 +78,7 @@ pub enum Transmit {
 impl Transmit {
     /// What `XROCE_TRANSMIT` names (unset or empty: auto).
     pub fn from_env() -> Result<Transmit, String> {
-        match std::env::var(TRANSMIT_ENV) {
-            Ok(v) => v.parse(),
-            Err(_) => Ok(Transmit::Auto),
-        }
+        crate::setting_from_env(TRANSMIT_ENV)
     }
 }
 

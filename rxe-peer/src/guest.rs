@@ -237,10 +237,8 @@ impl Guest {
     /// `len` bytes of the guest's physical memory from `addr`, as its devices read them (qemu's
     /// `xp`): for seeing what a device was handed.
     pub fn read_physical(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
-        let reply = self.monitor()?.execute(&format!(
-            r#"{{"execute":"human-monitor-command","arguments":{{"command-line":"xp /{len}bx {addr:#x}"}}}}"#
-        ))?;
-        let bytes = xp_bytes(&hmp_text(&reply));
+        let reply = self.monitor()?.human(&format!("xp /{len}bx {addr:#x}"))?;
+        let bytes = xp_bytes(&reply);
         if bytes.len() != len {
             return Err(PeerError::Agent(format!(
                 "qemu's xp of {len} bytes at {addr:#x} gave {} of them: {reply}",
@@ -284,16 +282,10 @@ impl Guest {
             if failed {
                 return format!("({command}: not asked, an earlier monitor command failed)");
             }
-            qmp.execute(&format!(
-                r#"{{"execute":"human-monitor-command","arguments":{{"command-line":"{command}"}}}}"#
-            ))
-            .map_or_else(
-                |e| {
-                    failed = true;
-                    e.to_string()
-                },
-                |reply| hmp_text(&reply),
-            )
+            qmp.human(command).unwrap_or_else(|e| {
+                failed = true;
+                e.to_string()
+            })
         };
         let status = hmp("info status");
         let registers = hmp("info registers");
@@ -807,6 +799,14 @@ impl Qmp {
         qmp.reply("")?; // the greeting
         qmp.execute(r#"{"execute":"qmp_capabilities"}"#)?;
         Ok(qmp)
+    }
+
+    /// Runs one human monitor command (`info status`, `xp ...`) and returns its text.
+    fn human(&mut self, command: &str) -> Result<String> {
+        self.execute(&format!(
+            r#"{{"execute":"human-monitor-command","arguments":{{"command-line":"{command}"}}}}"#
+        ))
+        .map(|reply| hmp_text(&reply))
     }
 
     /// Sends one command and returns its reply's line.

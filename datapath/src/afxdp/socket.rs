@@ -137,10 +137,7 @@ pub const BIND_MODE_ENV: &str = "XROCE_BIND_MODE";
 impl BindMode {
     /// What `XROCE_BIND_MODE` names (unset or empty: auto).
     pub fn from_env() -> Result<BindMode, String> {
-        match std::env::var(BIND_MODE_ENV) {
-            Ok(v) => v.parse(),
-            Err(_) => Ok(BindMode::Auto),
-        }
+        crate::setting_from_env(BIND_MODE_ENV)
     }
 }
 

@@ -110,10 +110,7 @@ pub const BACKEND_ENV: &str = "XROCE_BACKEND";
 impl Backend {
     /// The backend `XROCE_BACKEND` names (unset or empty: AF_XDP).
     pub fn from_env() -> Result<Backend, EngineError> {
-        match std::env::var(BACKEND_ENV) {
-            Ok(v) => v.parse(),
-            Err(_) => Ok(Backend::AfXdp),
-        }
+        crate::setting_from_env(BACKEND_ENV)
     }
 
     /// Whether this build has the backend (DPDK only with the cargo feature `dpdk`).
@@ -546,6 +543,8 @@ pub struct Engine {
     /// Every queue it receives on, the one it sends on first.
     queues: Vec<u32>,
     zero_copy: bool,
+    /// Why auto mode bound copy mode (see [`Engine::zero_copy_avoided`]).
+    zero_copy_avoided: Option<&'static str>,
     /// Every socket carries frames longer than one UMEM frame (see [`Engine::is_multi_buffer`]).
     multi_buffer: bool,
     /// IPv4 frames in runs may leave through a UDP socket (see
@@ -578,6 +577,7 @@ impl Engine {
             queues,
             queue_claims,
             zero_copy,
+            zero_copy_avoided,
             multi_buffer,
             udp_gso,
         } = {
@@ -718,6 +718,7 @@ impl Engine {
             ifindex,
             queues,
             zero_copy,
+            zero_copy_avoided,
             multi_buffer,
             udp_gso,
             frames_fd: (!doorbell).then_some(wait_fd),
@@ -756,6 +757,13 @@ impl Engine {
 
     pub fn is_zero_copy(&self) -> bool {
         self.zero_copy
+    }
+
+    /// Why the engine's sockets are in copy mode although auto mode would bind zero-copy on
+    /// the driver, when its zero-copy is known to lose frames (see
+    /// [`crate::afxdp::auto_mode_avoids_zero_copy`]).
+    pub fn zero_copy_avoided(&self) -> Option<&'static str> {
+        self.zero_copy_avoided
     }
 
     /// Whether the port carries frames longer than one UMEM frame (every socket bound with
@@ -1627,6 +1635,8 @@ struct OpenedPort {
     queues: Vec<u32>,
     queue_claims: Vec<queue_claim::QueueClaim>,
     zero_copy: bool,
+    /// Why auto mode bound copy mode although the driver may have zero-copy.
+    zero_copy_avoided: Option<&'static str>,
     /// Whether the port carries frames larger than one UMEM frame (DPDK's does); the
     /// configuration asked for it, but zero-copy may have done without (see
     /// [`XskSocket::open`]).
@@ -1665,7 +1675,8 @@ fn open_af_xdp(
     }
     let rx_queues = crate::afxdp::receive_queues_in_use(&config.iface)
         .unwrap_or_else(|| neighbours.rx_queues());
-    let (socket, others) = open_sockets(ifindex, config, rx_queues, neighbours.mtu())?;
+    let known_flaw = crate::afxdp::auto_mode_avoids_zero_copy(&config.iface);
+    let (socket, others) = open_sockets(ifindex, config, known_flaw, rx_queues, neighbours.mtu())?;
     let zero_copy = socket.is_zero_copy();
     // Each socket chose its own way; frames too large for one that went without multi-buffer
     // would be lost on its queue, so the port carries them only if every socket does.
@@ -1720,6 +1731,7 @@ fn open_af_xdp(
         queues: bound.iter().map(|&(q, _)| q).collect(),
         queue_claims,
         zero_copy,
+        zero_copy_avoided: known_flaw.filter(|_| config.bind_mode == BindMode::Auto),
         multi_buffer,
         udp_gso,
     })
@@ -1814,6 +1826,7 @@ fn open_dpdk(config: &EngineConfig) -> Result<OpenedPort, EngineError> {
             .into_iter()
             .collect(),
         zero_copy: false,
+        zero_copy_avoided: None,
         multi_buffer,
         udp_gso: None,
     })
@@ -1831,14 +1844,16 @@ fn open_dpdk(_config: &EngineConfig) -> Result<OpenedPort, EngineError> {
 /// (ethtool's channels), or those the driver allocated when it does not report channels: then
 /// the first queue that cannot be bound ends the list. A queue another process holds fails the
 /// start, naming the holder; so does any other failure to bind the engine's own queue.
+/// `known_flaw` (the driver's zero-copy loses frames) turns auto mode into copy mode, and is
+/// said on stderr when a forced zero-copy bind succeeds.
 fn open_sockets(
     ifindex: u32,
     config: &EngineConfig,
+    known_flaw: Option<&'static str>,
     rx_queues: u32,
     netdev_mtu: u32,
 ) -> Result<(XskSocket, Vec<XskSocket>), EngineError> {
     let fits_one_frame = crate::afxdp::fits_one_frame(netdev_mtu);
-    let known_flaw = crate::afxdp::auto_mode_avoids_zero_copy(&config.iface);
     let mode = match (config.bind_mode, known_flaw) {
         (BindMode::Auto, Some(_)) => BindMode::Copy,
         (mode, _) => mode,
