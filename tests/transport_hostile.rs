@@ -1,0 +1,520 @@
+//! A peer that sends anything. Anyone on the link can send RoCEv2 frames to a device, with
+//! correct checksums and ICRC, from a connected peer's address and aimed at live QPs: random
+//! opcodes, PSNs near and far from the expected ones, extension headers pointing inside,
+//! across and outside registered memory with right and wrong keys, lengths that disagree,
+//! unknown opcodes, bad pad counts and garbage after the BTH. Mixed with legitimate traffic
+//! both ways, none of it may panic either device (the engine runs inside the application's
+//! process), write memory that has no remote write access and is no receive or READ target,
+//! or leave the device unable to serve a new connection.
+
+use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use xroce_core::icrc;
+use xroce_core::transport::verbs::{SendFlags, UdDest};
+use xroce_core::transport::{Access, Counters, MemoryRegion, QpType, RecvWr, SendOp, SendWr, Sge};
+use xroce_core::wire::opcode::{HeaderKind, OPCODE_TABLE};
+use xroce_core::wire::{
+    emit_frame, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr,
+    FethRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Opcode, RdethRepr, RethRepr,
+    TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
+};
+use xroce_tests::sim::{connect, ud_pair, ConnectOptions, LinkConfig, QpEnd, Sim};
+
+/// The victim's node and its legitimate peer's.
+const VICTIM: usize = 0;
+const PEER: usize = 1;
+/// Forged frames per episode, episodes per seed, and seeds.
+const FORGED: usize = 120;
+const EPISODES: usize = 16;
+const SEEDS: u64 = 48;
+/// What every byte of the memory no one may write holds.
+const UNTOUCHED: u8 = 0x5a;
+
+/// The victim's memory and keys an attacker aims at.
+struct Targets {
+    /// Remote write, read and atomic access: the legitimate peer's target too.
+    open: MemoryRegion,
+    /// Remote read only.
+    read_only: MemoryRegion,
+    /// Local access only, never named by a posted work request.
+    local_only: MemoryRegion,
+    /// Receives and READ sinks of the victim's own requests.
+    sink: MemoryRegion,
+}
+
+impl Targets {
+    fn regions(&self) -> [&MemoryRegion; 4] {
+        [&self.open, &self.read_only, &self.local_only, &self.sink]
+    }
+}
+
+fn chance(rng: &mut ChaCha8Rng, percent: u32) -> bool {
+    rng.next_u32() % 100 < percent
+}
+
+fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    rng.next_u64() % n.max(1)
+}
+
+fn ipv4(a: IpAddress) -> xroce_core::wire::Ipv4Address {
+    match a {
+        IpAddress::V4(v) => v,
+        IpAddress::V6(_) => panic!("the simulator's nodes have IPv4 addresses"),
+    }
+}
+
+/// An address an attacker would try: inside a region, just around its ends, or anywhere.
+fn aim(rng: &mut ChaCha8Rng, t: &Targets) -> (u64, u32) {
+    let regions = t.regions();
+    let r = regions[below(rng, 4) as usize];
+    let va = match below(rng, 6) {
+        0 => r.va,
+        1 => r.va + below(rng, r.len),
+        2 => r.va + r.len - below(rng, 16).min(r.len),
+        3 => r.va.wrapping_sub(below(rng, 64) + 1),
+        4 => r.va + r.len + below(rng, 64),
+        _ => rng.next_u64(),
+    };
+    let key = match below(rng, 5) {
+        0..=2 => r.rkey,
+        3 => regions[below(rng, 4) as usize].lkey,
+        _ => rng.next_u32(),
+    };
+    (va, key)
+}
+
+fn length(rng: &mut ChaCha8Rng) -> u32 {
+    match below(rng, 5) {
+        0 => 0,
+        1 => below(rng, 64) as u32,
+        2 => below(rng, 4096) as u32,
+        3 => u32::MAX - below(rng, 8) as u32,
+        _ => rng.next_u32(),
+    }
+}
+
+/// The opcode of a forged frame: mostly one of the target QP's transport, sometimes any known
+/// opcode, sometimes a byte no opcode has.
+fn opcode(rng: &mut ChaCha8Rng, ty: QpType) -> u8 {
+    let base = match ty {
+        QpType::Rc => 0x00,
+        QpType::Uc => 0x20,
+        _ => 0x60,
+    };
+    let known: Vec<u8> = (0..=255u8)
+        .filter(|&o| OPCODE_TABLE[usize::from(o)].is_some())
+        .collect();
+    match below(rng, 10) {
+        0..=6 => {
+            let own: Vec<u8> = known.iter().copied().filter(|o| o & 0xe0 == base).collect();
+            own[below(rng, own.len() as u64) as usize]
+        }
+        7 | 8 => known[below(rng, known.len() as u64) as usize],
+        _ => rng.next_u32() as u8,
+    }
+}
+
+/// A frame from the peer's address to one of the victim's QPs (or a QPN near them), ICRC
+/// correct: forged headers, and now and then bytes after the BTH or the pad count garbled.
+fn forge(rng: &mut ChaCha8Rng, sim: &Sim, qps: &[(QpEnd, QpType, u32)], t: &Targets) -> Vec<u8> {
+    let (qp, ty, psn0) = qps[below(rng, qps.len() as u64) as usize];
+    let op = opcode(rng, ty);
+    let dest_qpn = if chance(rng, 90) {
+        qp.qpn
+    } else {
+        qp.qpn.wrapping_add(below(rng, 5) as u32).wrapping_sub(2) & 0xff_ffff
+    };
+    // Requests aim at the PSN the victim's responder expects next, responses at what its
+    // requester has sent: where the attack gets furthest.
+    let live = sim.nodes[VICTIM].dev.query_qp(qp.qpn).ok();
+    let is_response = (op & 0x1f) >= 0x0d && (op & 0x1f) <= 0x12;
+    let expected = live.map_or(psn0, |a| if is_response { a.sq_psn } else { a.rq_psn });
+    let psn = match below(rng, 10) {
+        0..=4 => expected,
+        5 | 6 => expected.wrapping_sub(below(rng, 8) as u32 + 1) & 0xff_ffff,
+        7 | 8 => psn0.wrapping_add(below(rng, 96) as u32).wrapping_sub(16) & 0xff_ffff,
+        _ => rng.next_u32() & 0xff_ffff,
+    };
+    let bth = BthRepr {
+        solicited: chance(rng, 20),
+        mig_req: chance(rng, 50),
+        ack_req: chance(rng, 50),
+        ..BthRepr::new(Opcode(op), dest_qpn, psn)
+    };
+    let mut tr = TransportRepr::new(bth);
+    let info = Opcode(op).info();
+    let has = |k| info.is_some_and(|i| i.headers.contains(k));
+    if has(HeaderKind::Rdeth) {
+        tr.rdeth = Some(RdethRepr {
+            ee_context: rng.next_u32() & 0xff_ffff,
+        });
+    }
+    if has(HeaderKind::Deth) {
+        tr.deth = Some(DethRepr {
+            qkey: if chance(rng, 70) {
+                0x1111_1111
+            } else {
+                rng.next_u32()
+            },
+            src_qpn: rng.next_u32() & 0xff_ffff,
+        });
+    }
+    if has(HeaderKind::Feth) {
+        tr.feth = Some(FethRepr {
+            selectivity: 0,
+            placement: 0,
+        });
+    }
+    if has(HeaderKind::Reth) {
+        let (va, rkey) = aim(rng, t);
+        tr.reth = Some(RethRepr {
+            va,
+            rkey,
+            dma_len: length(rng),
+        });
+    }
+    if has(HeaderKind::AtomicEth) {
+        let (va, rkey) = aim(rng, t);
+        tr.atomic_eth = Some(AtomicEthRepr {
+            va: if chance(rng, 70) { va & !7 } else { va },
+            rkey,
+            swap_add: rng.next_u64(),
+            compare: rng.next_u64(),
+        });
+    }
+    if has(HeaderKind::Aeth) {
+        tr.aeth = Some(AethRepr {
+            syndrome: AethSyndrome::from(rng.next_u32() as u8),
+            msn: rng.next_u32() & 0xff_ffff,
+        });
+    }
+    if has(HeaderKind::AtomicAckEth) {
+        tr.atomic_ack_eth = Some(AtomicAckEthRepr {
+            orig: rng.next_u64(),
+        });
+    }
+    if has(HeaderKind::ImmDt) {
+        tr.immediate = Some(rng.next_u32());
+    }
+    if has(HeaderKind::Ieth) {
+        tr.invalidate_rkey = Some(aim(rng, t).1);
+    }
+    let carries = info.is_none_or(|i| i.has_payload());
+    let payload: Vec<u8> = if carries {
+        let n = match below(rng, 4) {
+            0 => 0,
+            1 => below(rng, 64),
+            2 => 1024 - below(rng, 4),
+            _ => below(rng, 1100),
+        };
+        (0..n).map(|_| rng.next_u32() as u8).collect()
+    } else {
+        Vec::new()
+    };
+    let headers = FrameHeaders {
+        eth: None,
+        ip: IpRepr::V4(Ipv4Repr {
+            src: ipv4(sim.nodes[PEER].ip),
+            dst: ipv4(sim.nodes[VICTIM].ip),
+            tos: 0,
+            ident: rng.next_u32() as u16,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        }),
+        udp: UdpRepr {
+            src_port: 0xc000 | rng.next_u32() as u16,
+            dst_port: ROCEV2_UDP_PORT,
+            payload_len: 0,
+        },
+        transport: tr,
+    };
+    let mut buf = vec![0u8; 2048];
+    let n = match emit_frame(&mut buf, &headers, &payload) {
+        Ok(n) => n,
+        // An opcode no table entry has: write a SEND's frame and put the byte in its place.
+        Err(_) => {
+            let mut h = headers;
+            h.transport = TransportRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, dest_qpn, psn));
+            let n = emit_frame(&mut buf, &h, &payload).expect("a SEND frame");
+            buf[28] = op;
+            n
+        }
+    };
+    let mut frame = buf[..n].to_vec();
+    // IPv4 (20) + UDP (8) + BTH (12), then extension headers and payload, then the ICRC (4).
+    if chance(rng, 10) && frame.len() > 44 {
+        let at = 40 + below(rng, (frame.len() - 44) as u64) as usize;
+        frame[at] = rng.next_u32() as u8;
+    }
+    if chance(rng, 5) {
+        frame[29] = (frame[29] & !0x30) | ((rng.next_u32() as u8 & 3) << 4);
+    }
+    icrc::fill(&mut frame).expect("the ICRC of a frame just built");
+    frame
+}
+
+fn post_recv(sim: &mut Sim, node: usize, qpn: u32, mr: &MemoryRegion, at: u64, len: u32) {
+    let wr = RecvWr {
+        wr_id: at,
+        sg_list: std::iter::once(Sge {
+            addr: mr.va + at,
+            length: len,
+            lkey: mr.lkey,
+        })
+        .collect(),
+    };
+    // A QP an attack moved to ERROR refuses nothing: its receives are flushed.
+    let _ = sim.nodes[node].post_recv(qpn, wr);
+}
+
+/// Legitimate work in both directions on the connections under attack.
+fn legit_work(
+    rng: &mut ChaCha8Rng,
+    sim: &mut Sim,
+    qps: &[(QpEnd, QpType, u32)],
+    peers: &[QpEnd],
+    t: &Targets,
+    peer_mr: &MemoryRegion,
+    ud_ah: xroce_core::transport::AhId,
+) {
+    let i = below(rng, qps.len() as u64) as usize;
+    let (victim, ty, _) = qps[i];
+    let peer = peers[i];
+    let len = below(rng, 2048) as u32;
+    let sge = |mr: &MemoryRegion, len: u32| Sge {
+        addr: mr.va,
+        length: len,
+        lkey: mr.lkey,
+    };
+    let (node, qpn, wr) = if chance(rng, 50) {
+        // The victim asks: a SEND, or on RC a READ into its sink or a WRITE to the peer.
+        let op = match (ty, below(rng, 3)) {
+            (QpType::Rc, 1) => SendOp::RdmaRead {
+                remote_addr: peer_mr.va,
+                rkey: peer_mr.rkey,
+            },
+            (QpType::Rc | QpType::Uc, 2) => SendOp::RdmaWrite {
+                remote_addr: peer_mr.va,
+                rkey: peer_mr.rkey,
+            },
+            _ => SendOp::Send,
+        };
+        let mut wr = SendWr::new(0, op, vec![sge(&t.sink, len.min(1024))]);
+        if ty == QpType::Ud {
+            wr.ud = Some(UdDest {
+                ah: ud_ah,
+                remote_qpn: peer.qpn,
+                remote_qkey: 0x1111_1111,
+            });
+        }
+        (VICTIM, victim.qpn, wr)
+    } else {
+        // The peer asks: a SEND, or a WRITE into the open region.
+        let op = if ty != QpType::Ud && chance(rng, 50) {
+            SendOp::RdmaWrite {
+                remote_addr: t.open.va,
+                rkey: t.open.rkey,
+            }
+        } else {
+            SendOp::Send
+        };
+        let mut wr = SendWr::new(0, op, vec![sge(peer_mr, len.min(1024))]);
+        wr.flags = SendFlags::SIGNALED;
+        if ty == QpType::Ud {
+            return; // the peer's UD QP has no address handle for the victim here
+        }
+        (PEER, peer.qpn, wr)
+    };
+    // Refused (a QP in ERROR, a full queue) is fine: the attack may have caused it.
+    let _ = sim.nodes[node].post_send(qpn, wr);
+}
+
+/// Runs one seed; returns the victim's counters.
+fn run_seed(seed: u64) -> Counters {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut sim = Sim::new(seed, 2, LinkConfig::default());
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let t = Targets {
+        open: sim.nodes[VICTIM].alloc(8192, all),
+        read_only: sim.nodes[VICTIM].alloc(4096, Access::REMOTE_READ),
+        local_only: sim.nodes[VICTIM].alloc(4096, Access::LOCAL_WRITE),
+        sink: sim.nodes[VICTIM].alloc(64 * 1024, Access::LOCAL_WRITE),
+    };
+    for mr in [&t.read_only, &t.local_only] {
+        sim.nodes[VICTIM].bytes_mut(mr).fill(UNTOUCHED);
+    }
+    let peer_mr = sim.nodes[PEER].alloc(64 * 1024, all);
+    // Finite retries (7 is infinite, as in rdma_rxe): a connection the attack broke at one end
+    // gives up at the other, and the run below ends.
+    let rc = ConnectOptions {
+        retry_cnt: 6,
+        rnr_retry: 6,
+        ..ConnectOptions::default()
+    };
+    // Short episodes on fresh connections: an attack soon moves a QP to ERROR, where it
+    // drops everything, so each episode starts from QPs the attack has not reached yet.
+    for _ in 0..EPISODES {
+        let (rc_a, rc_b) = connect(&mut sim, VICTIM, PEER, &rc);
+        // A connection that grants the peer no remote access at all.
+        let closed = ConnectOptions {
+            access: Access::LOCAL_WRITE,
+            psn: (0x7f_fff0, 0xff_fff8), // PSNs about to wrap
+            ..rc
+        };
+        let (rc2_a, rc2_b) = connect(&mut sim, VICTIM, PEER, &closed);
+        let uc = ConnectOptions {
+            ty: QpType::Uc,
+            ..rc
+        };
+        let (uc_a, uc_b) = connect(&mut sim, VICTIM, PEER, &uc);
+        let (ud_a, ud_b, ud_ah) = ud_pair(&mut sim, VICTIM, PEER);
+        // (victim QP, its type, the PSN its peer starts from)
+        let qps = [
+            (rc_a, QpType::Rc, rc.psn.1),
+            (rc2_a, QpType::Rc, closed.psn.1),
+            (uc_a, QpType::Uc, uc.psn.1),
+            (ud_a, QpType::Ud, 0x20),
+        ];
+        let peers = [rc_b, rc2_b, uc_b, ud_b];
+        for (i, (qp, _, _)) in qps.iter().enumerate() {
+            for k in 0..16 {
+                post_recv(
+                    &mut sim,
+                    VICTIM,
+                    qp.qpn,
+                    &t.sink,
+                    (i as u64 * 16 + k) * 1024 % 60_000,
+                    1024 + 40,
+                );
+                post_recv(&mut sim, PEER, peers[i].qpn, &peer_mr, k * 2048, 2048);
+            }
+        }
+
+        for _ in 0..FORGED {
+            let frame = forge(&mut rng, &sim, &qps, &t);
+            let now = sim.now;
+            let node = &mut sim.nodes[VICTIM];
+            node.dev.handle_packet(now, &frame, &mut node.mem);
+            if chance(&mut rng, 10) {
+                legit_work(&mut rng, &mut sim, &qps, &peers, &t, &peer_mr, ud_ah);
+            }
+            if chance(&mut rng, 30) {
+                for _ in 0..4 {
+                    sim.step();
+                }
+            }
+            if chance(&mut rng, 5) {
+                for (i, (qp, _, _)) in qps.iter().enumerate() {
+                    for (node, end) in [(VICTIM, *qp), (PEER, peers[i])] {
+                        let taken = sim.nodes[node].poll(end.recv_cq).len();
+                        sim.nodes[node].poll(end.send_cq);
+                        for k in 0..taken as u64 {
+                            let mr = if node == VICTIM { t.sink } else { peer_mr };
+                            post_recv(&mut sim, node, end.qpn, &mr, (k % 16) * 2048, 1024 + 40);
+                        }
+                    }
+                }
+            }
+        }
+        // Every retry and timer runs out: nothing keeps the two devices busy for good.
+        assert!(
+            sim.run_idle(10_000_000_000),
+            "seed {seed}: still sending after 10 s of simulated time"
+        );
+    }
+    for mr in [&t.read_only, &t.local_only] {
+        let bytes = sim.nodes[VICTIM].bytes(mr);
+        let changed = bytes.iter().filter(|&&b| b != UNTOUCHED).count();
+        assert_eq!(
+            changed, 0,
+            "seed {seed}: {changed} bytes of a region with access {:?} were written",
+            mr.access
+        );
+    }
+
+    // The device still serves: a new connection moves a SEND and a WRITE.
+    let (a, b) = connect(&mut sim, VICTIM, PEER, &rc);
+    post_recv(&mut sim, PEER, b.qpn, &peer_mr, 0, 64);
+    sim.nodes[VICTIM].bytes_mut(&t.sink)[..64].fill(0xa7);
+    let send = SendWr::new(
+        1,
+        SendOp::Send,
+        vec![Sge {
+            addr: t.sink.va,
+            length: 64,
+            lkey: t.sink.lkey,
+        }],
+    );
+    sim.nodes[VICTIM]
+        .post_send(a.qpn, send)
+        .expect("post_send on a new QP");
+    let write = SendWr::new(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: peer_mr.va + 4096,
+            rkey: peer_mr.rkey,
+        },
+        vec![Sge {
+            addr: t.sink.va,
+            length: 64,
+            lkey: t.sink.lkey,
+        }],
+    );
+    sim.nodes[VICTIM]
+        .post_send(a.qpn, write)
+        .expect("post_send on a new QP");
+    let mut done = Vec::new();
+    sim.run_until(100_000_000, |s| {
+        done.extend(s.nodes[VICTIM].poll(a.send_cq));
+        done.len() == 2
+    });
+    assert_eq!(
+        done.len(),
+        2,
+        "seed {seed}: a new connection's work did not complete"
+    );
+    assert!(
+        done.iter()
+            .all(|wc| wc.status == xroce_core::transport::WcStatus::Success),
+        "seed {seed}: {done:?}"
+    );
+    let got = sim.nodes[PEER].poll(b.recv_cq);
+    assert_eq!(got.len(), 1, "seed {seed}: the new connection's SEND");
+    assert_eq!(sim.nodes[PEER].bytes(&peer_mr)[..64], [0xa7; 64]);
+    assert_eq!(sim.nodes[PEER].bytes(&peer_mr)[4096..4160], [0xa7; 64]);
+    sim.nodes[VICTIM].dev.counters()
+}
+
+#[test]
+fn forged_frames_from_a_peer_break_nothing() {
+    let mut seen = std::collections::BTreeMap::new();
+    for seed in 0..SEEDS {
+        for (name, n) in run_seed(seed).fields() {
+            *seen.entry(name).or_insert(0) += n;
+        }
+    }
+    // The forged frames reached the QPs' every way of answering a bad request, not only the
+    // parser's refusals: else this test would prove little.
+    for name in [
+        "duplicates",
+        "seq_naks_sent",
+        "error_naks_sent",
+        "ghost_responses",
+        "qkey_violations",
+        "uc_messages_dropped",
+        "wrong_transport",
+        "unknown_qp",
+        "malformed",
+    ] {
+        assert!(
+            seen[name] > 0,
+            "no forged frame counted as {name}: {seen:?}"
+        );
+    }
+    if std::env::var_os("HOSTILE_DEBUG").is_some() {
+        eprintln!("{seen:?}");
+    }
+}
