@@ -11,19 +11,24 @@ use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use xroce_core::icrc;
 use xroce_core::transport::verbs::{SendFlags, UdDest};
-use xroce_core::transport::{Access, Counters, MemoryRegion, QpType, RecvWr, SendOp, SendWr, Sge};
+use xroce_core::transport::{
+    Access, Counters, MemoryRegion, QpType, RecvWr, SendOp, SendWr, Sge, SrqId,
+};
 use xroce_core::wire::opcode::{HeaderKind, OPCODE_TABLE};
 use xroce_core::wire::{
     emit_frame, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr,
-    FethRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Opcode, RdethRepr, RethRepr,
+    FethRepr, FrameHeaders, IpAddress, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, RdethRepr, RethRepr,
     TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
 };
-use xroce_tests::sim::{connect, ud_pair, ConnectOptions, LinkConfig, QpEnd, Sim};
+use xroce_tests::sim::{
+    bring_up, connect, create_qp, create_qp_with, node_ipv6, ud_pair, ConnectOptions, LinkConfig,
+    QpEnd, Sim,
+};
 
 /// The victim's node and its legitimate peer's.
 const VICTIM: usize = 0;
 const PEER: usize = 1;
-/// Forged frames per episode, episodes per seed, and seeds.
+/// Forged frames per episode, episodes per seed, and seeds (`XROCE_SIM_SEEDS` overrides).
 const FORGED: usize = 120;
 const EPISODES: usize = 16;
 const SEEDS: u64 = 48;
@@ -56,10 +61,29 @@ fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
     rng.next_u64() % n.max(1)
 }
 
-fn ipv4(a: IpAddress) -> xroce_core::wire::Ipv4Address {
-    match a {
-        IpAddress::V4(v) => v,
-        IpAddress::V6(_) => panic!("the simulator's nodes have IPv4 addresses"),
+/// The IP header of a frame from `src` to `dst` (both IPv4 or both IPv6).
+fn ip_header(rng: &mut ChaCha8Rng, src: IpAddress, dst: IpAddress) -> IpRepr {
+    match (src, dst) {
+        (IpAddress::V4(src), IpAddress::V4(dst)) => IpRepr::V4(Ipv4Repr {
+            src,
+            dst,
+            tos: 0,
+            ident: rng.next_u32() as u16,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        }),
+        (IpAddress::V6(src), IpAddress::V6(dst)) => IpRepr::V6(Ipv6Repr {
+            src,
+            dst,
+            traffic_class: 0,
+            flow_label: rng.next_u32() & 0xf_ffff,
+            next_header: 17,
+            hop_limit: 64,
+            payload_len: 0,
+        }),
+        _ => panic!("the nodes' addresses are of one family"),
     }
 }
 
@@ -213,16 +237,7 @@ fn forge(rng: &mut ChaCha8Rng, sim: &Sim, qps: &[(QpEnd, QpType, u32)], t: &Targ
     };
     let headers = FrameHeaders {
         eth: None,
-        ip: IpRepr::V4(Ipv4Repr {
-            src: ipv4(sim.nodes[PEER].ip),
-            dst: ipv4(sim.nodes[VICTIM].ip),
-            tos: 0,
-            ident: rng.next_u32() as u16,
-            dont_frag: true,
-            ttl: 64,
-            protocol: 17,
-            payload_len: 0,
-        }),
+        ip: ip_header(rng, sim.nodes[PEER].ip, sim.nodes[VICTIM].ip),
         udp: UdpRepr {
             src_port: 0xc000 | rng.next_u32() as u16,
             dst_port: ROCEV2_UDP_PORT,
@@ -230,6 +245,8 @@ fn forge(rng: &mut ChaCha8Rng, sim: &Sim, qps: &[(QpEnd, QpType, u32)], t: &Targ
         },
         transport: tr,
     };
+    // Where the BTH starts: after the IP and UDP headers.
+    let bth_at = headers.ip.header_len() + 8;
     let mut buf = vec![0u8; 2048];
     let n = match emit_frame(&mut buf, &headers, &payload) {
         Ok(n) => n,
@@ -238,25 +255,28 @@ fn forge(rng: &mut ChaCha8Rng, sim: &Sim, qps: &[(QpEnd, QpType, u32)], t: &Targ
             let mut h = headers;
             h.transport = TransportRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, dest_qpn, psn));
             let n = emit_frame(&mut buf, &h, &payload).expect("a SEND frame");
-            buf[28] = op;
+            buf[bth_at] = op;
             n
         }
     };
     let mut frame = buf[..n].to_vec();
-    // IPv4 (20) + UDP (8) + BTH (12), then extension headers and payload, then the ICRC (4).
-    if chance(rng, 10) && frame.len() > 44 {
-        let at = 40 + below(rng, (frame.len() - 44) as u64) as usize;
+    // The BTH (12 bytes), then extension headers and payload, then the ICRC (4).
+    let ext_at = bth_at + 12;
+    if chance(rng, 10) && frame.len() > ext_at + 4 {
+        let at = ext_at + below(rng, (frame.len() - ext_at - 4) as u64) as usize;
         frame[at] = rng.next_u32() as u8;
     }
     if chance(rng, 5) {
-        frame[29] = (frame[29] & !0x30) | ((rng.next_u32() as u8 & 3) << 4);
+        let flags = bth_at + 1;
+        frame[flags] = (frame[flags] & !0x30) | ((rng.next_u32() as u8 & 3) << 4);
     }
     icrc::fill(&mut frame).expect("the ICRC of a frame just built");
     frame
 }
 
-fn post_recv(sim: &mut Sim, node: usize, qpn: u32, mr: &MemoryRegion, at: u64, len: u32) {
-    let wr = RecvWr {
+/// A receive of `len` bytes at offset `at` of `mr`.
+fn recv_wr(mr: &MemoryRegion, at: u64, len: u32) -> RecvWr {
+    RecvWr {
         wr_id: at,
         sg_list: std::iter::once(Sge {
             addr: mr.va + at,
@@ -264,9 +284,20 @@ fn post_recv(sim: &mut Sim, node: usize, qpn: u32, mr: &MemoryRegion, at: u64, l
             lkey: mr.lkey,
         })
         .collect(),
-    };
-    // A QP an attack moved to ERROR refuses nothing: its receives are flushed.
-    let _ = sim.nodes[node].post_recv(qpn, wr);
+    }
+}
+
+fn post_recv(sim: &mut Sim, node: usize, qpn: u32, mr: &MemoryRegion, at: u64, len: u32) {
+    // A QP the attack moved to ERROR takes it and flushes it.
+    let _ = sim.nodes[node].post_recv(qpn, recv_wr(mr, at, len));
+}
+
+fn post_srq_recv(sim: &mut Sim, srq: SrqId, mr: &MemoryRegion, at: u64, len: u32) {
+    let wr = recv_wr(mr, at, len);
+    sim.nodes[VICTIM]
+        .dev
+        .post_srq_recv(srq, wr)
+        .expect("post_srq_recv");
 }
 
 /// Legitimate work in both directions on the connections under attack.
@@ -334,7 +365,16 @@ fn legit_work(
 /// Runs one seed; returns the victim's counters.
 fn run_seed(seed: u64) -> Counters {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut sim = Sim::new(seed, 2, LinkConfig::default());
+    // Odd seeds run over IPv6.
+    let mut sim = if seed % 2 == 1 {
+        Sim::with_addresses(
+            seed,
+            vec![node_ipv6(0), node_ipv6(1)],
+            LinkConfig::default(),
+        )
+    } else {
+        Sim::new(seed, 2, LinkConfig::default())
+    };
     let all =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let t = Targets {
@@ -354,6 +394,11 @@ fn run_seed(seed: u64) -> Counters {
         rnr_retry: 6,
         ..ConnectOptions::default()
     };
+    let pd = sim.nodes[VICTIM].pd;
+    let srq = sim.nodes[VICTIM]
+        .dev
+        .create_srq(pd, 1024, 4)
+        .expect("create_srq");
     // Short episodes on fresh connections: an attack soon moves a QP to ERROR, where it
     // drops everything, so each episode starts from QPs the attack has not reached yet.
     for _ in 0..EPISODES {
@@ -371,24 +416,31 @@ fn run_seed(seed: u64) -> Counters {
         };
         let (uc_a, uc_b) = connect(&mut sim, VICTIM, PEER, &uc);
         let (ud_a, ud_b, ud_ah) = ud_pair(&mut sim, VICTIM, PEER);
+        // An RC QP whose receives come from a shared receive queue.
+        let srq_a = create_qp_with(&mut sim, VICTIM, &rc, rc.cqe, rc.cqe, Some(srq));
+        let srq_b = create_qp(&mut sim, PEER, &rc);
+        bring_up(&mut sim, srq_a, srq_b, &rc, rc.psn.0, rc.psn.1);
+        bring_up(&mut sim, srq_b, srq_a, &rc, rc.psn.1, rc.psn.0);
         // (victim QP, its type, the PSN its peer starts from)
         let qps = [
             (rc_a, QpType::Rc, rc.psn.1),
             (rc2_a, QpType::Rc, closed.psn.1),
             (uc_a, QpType::Uc, uc.psn.1),
             (ud_a, QpType::Ud, 0x20),
+            (srq_a, QpType::Rc, rc.psn.1),
         ];
-        let peers = [rc_b, rc2_b, uc_b, ud_b];
+        let peers = [rc_b, rc2_b, uc_b, ud_b, srq_b];
+        for k in 0..16 {
+            post_srq_recv(&mut sim, srq, &t.sink, k * 2048, 1024 + 40);
+        }
         for (i, (qp, _, _)) in qps.iter().enumerate() {
+            // The closed connection gets no receives: forged SENDs find none (RNR NAKs).
+            let receives = if qp.qpn == rc2_a.qpn { 0 } else { 16 };
             for k in 0..16 {
-                post_recv(
-                    &mut sim,
-                    VICTIM,
-                    qp.qpn,
-                    &t.sink,
-                    (i as u64 * 16 + k) * 1024 % 60_000,
-                    1024 + 40,
-                );
+                if k < receives {
+                    let at = (i as u64 * 16 + k) * 1024 % 60_000;
+                    post_recv(&mut sim, VICTIM, qp.qpn, &t.sink, at, 1024 + 40);
+                }
                 post_recv(&mut sim, PEER, peers[i].qpn, &peer_mr, k * 2048, 2048);
             }
         }
@@ -411,9 +463,23 @@ fn run_seed(seed: u64) -> Counters {
                     for (node, end) in [(VICTIM, *qp), (PEER, peers[i])] {
                         let taken = sim.nodes[node].poll(end.recv_cq).len();
                         sim.nodes[node].poll(end.send_cq);
-                        for k in 0..taken as u64 {
-                            let mr = if node == VICTIM { t.sink } else { peer_mr };
-                            post_recv(&mut sim, node, end.qpn, &mr, (k % 16) * 2048, 1024 + 40);
+                        // The closed connection's victim stays without receives.
+                        let replenish = if node == VICTIM && end.qpn == rc2_a.qpn {
+                            0
+                        } else {
+                            taken
+                        };
+                        for k in 0..replenish as u64 {
+                            let at = (k % 16) * 2048;
+                            match node {
+                                VICTIM if end.qpn == srq_a.qpn => {
+                                    post_srq_recv(&mut sim, srq, &t.sink, at, 1024 + 40)
+                                }
+                                VICTIM => {
+                                    post_recv(&mut sim, node, end.qpn, &t.sink, at, 1024 + 40)
+                                }
+                                _ => post_recv(&mut sim, node, end.qpn, &peer_mr, at, 1024 + 40),
+                            }
                         }
                     }
                 }
@@ -491,7 +557,16 @@ fn run_seed(seed: u64) -> Counters {
 #[test]
 fn forged_frames_from_a_peer_break_nothing() {
     let mut seen = std::collections::BTreeMap::new();
-    for seed in 0..SEEDS {
+    // As the other simulator tests: `XROCE_SIM_SEEDS` seeds, or only `XROCE_SIM_SEED`.
+    let seeds: Vec<u64> = match std::env::var("XROCE_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("XROCE_SIM_SEED must be a number")],
+        Err(_) => (0..std::env::var("XROCE_SIM_SEEDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(SEEDS))
+            .collect(),
+    };
+    for seed in seeds {
         for (name, n) in run_seed(seed).fields() {
             *seen.entry(name).or_insert(0) += n;
         }
@@ -500,6 +575,7 @@ fn forged_frames_from_a_peer_break_nothing() {
     // parser's refusals: else this test would prove little.
     for name in [
         "duplicates",
+        "rnr_naks_sent",
         "seq_naks_sent",
         "error_naks_sent",
         "ghost_responses",
