@@ -7,6 +7,7 @@ use std::collections::BinaryHeap;
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use xroce_core::transport::qp_state::transition_rule;
 use xroce_core::transport::{
     Access, AddressVector, AhId, AttrMask, CqId, Device, DeviceConfig, MemoryRegion, Nanos,
     PathMtu, PdId, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendWr, SrqId, VecMemory,
@@ -485,6 +486,18 @@ pub fn create_qp_with(
     }
 }
 
+/// The attributes a QP of type `ty` must be given on its way up to `to` (RESET to INIT, INIT
+/// to RTR, RTR to RTS), from the transport's transition table, `STATE` included.
+pub fn required_mask(ty: QpType, to: QpState) -> AttrMask {
+    let from = match to {
+        QpState::Init => QpState::Reset,
+        QpState::Rtr => QpState::Init,
+        QpState::Rts => QpState::Rtr,
+        other => other,
+    };
+    AttrMask::STATE | transition_rule(from, to, ty).map_or(AttrMask::NONE, |r| r.required)
+}
+
 /// Brings a RESET QP through INIT and RTR to RTS, connected to `remote`.
 pub fn bring_up(
     sim: &mut Sim,
@@ -496,7 +509,6 @@ pub fn bring_up(
 ) {
     let remote_ip = sim.nodes[remote.node].ip;
     let dev = &mut sim.nodes[end.node].dev;
-    let m = AttrMask::STATE;
     let mut a = QpAttr {
         state: QpState::Init,
         port_num: 1,
@@ -504,11 +516,8 @@ pub fn bring_up(
         qkey: 0x1111_1111,
         ..QpAttr::default()
     };
-    let init_mask = match o.ty {
-        QpType::Ud => m | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
-        _ => m | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    };
-    dev.modify_qp(end.qpn, &a, init_mask).expect("to INIT");
+    dev.modify_qp(end.qpn, &a, required_mask(o.ty, QpState::Init))
+        .expect("to INIT");
     a.state = QpState::Rtr;
     a.path_mtu = o.path_mtu;
     a.dest_qpn = remote.qpn;
@@ -522,36 +531,16 @@ pub fn bring_up(
         hop_limit: 64,
         flow_label: 0,
     });
-    let rtr_mask = match o.ty {
-        QpType::Rc => {
-            m | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER
-        }
-        QpType::Uc => m | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
-        QpType::Ud => m,
-    };
-    dev.modify_qp(end.qpn, &a, rtr_mask).expect("to RTR");
+    dev.modify_qp(end.qpn, &a, required_mask(o.ty, QpState::Rtr))
+        .expect("to RTR");
     a.state = QpState::Rts;
     a.sq_psn = sq_psn;
     a.timeout = o.timeout;
     a.retry_cnt = o.retry_cnt;
     a.rnr_retry = o.rnr_retry;
     a.max_rd_atomic = o.max_rd_atomic;
-    let rts_mask = match o.ty {
-        QpType::Rc => {
-            m | AttrMask::SQ_PSN
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC
-        }
-        _ => m | AttrMask::SQ_PSN,
-    };
-    dev.modify_qp(end.qpn, &a, rts_mask).expect("to RTS");
+    dev.modify_qp(end.qpn, &a, required_mask(o.ty, QpState::Rts))
+        .expect("to RTS");
 }
 
 /// A connected RC or UC pair between nodes `a` and `b`.
@@ -594,4 +583,17 @@ pub fn address_handle(sim: &mut Sim, a: usize, b: usize, traffic_class: u8) -> A
             },
         )
         .expect("create_ah")
+}
+
+/// The seeds a randomised test runs: only `XROCE_SIM_SEED` when it is set, else the first
+/// `XROCE_SIM_SEEDS` (default `default`). A failing test names its seed.
+pub fn seeds_from_env(default: u64) -> Vec<u64> {
+    match std::env::var("XROCE_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("XROCE_SIM_SEED must be a number")],
+        Err(_) => (0..std::env::var("XROCE_SIM_SEEDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default))
+            .collect(),
+    }
 }

@@ -21,8 +21,8 @@ use xroce_core::wire::{
     TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
 };
 use xroce_tests::sim::{
-    bring_up, connect, create_qp, create_qp_with, node_ipv6, ud_pair, ConnectOptions, LinkConfig,
-    QpEnd, Sim,
+    bring_up, connect, create_qp, create_qp_with, node_ipv6, seeds_from_env, ud_pair,
+    ConnectOptions, LinkConfig, QpEnd, Sim,
 };
 
 /// The victim's node and its legitimate peer's.
@@ -557,15 +557,7 @@ fn run_seed(seed: u64) -> Counters {
 #[test]
 fn forged_frames_from_a_peer_break_nothing() {
     let mut seen = std::collections::BTreeMap::new();
-    // As the other simulator tests: `XROCE_SIM_SEEDS` seeds, or only `XROCE_SIM_SEED`.
-    let seeds: Vec<u64> = match std::env::var("XROCE_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("XROCE_SIM_SEED must be a number")],
-        Err(_) => (0..std::env::var("XROCE_SIM_SEEDS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(SEEDS))
-            .collect(),
-    };
+    let seeds = seeds_from_env(SEEDS);
     for seed in seeds {
         for (name, n) in run_seed(seed).fields() {
             *seen.entry(name).or_insert(0) += n;

@@ -23,7 +23,7 @@ use xroce_core::transport::{
     Access, MemoryRegion, PathMtu, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
     WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
-use xroce_tests::sim::{connect, ConnectOptions, LinkConfig, QpEnd, Sim};
+use xroce_tests::sim::{connect, seeds_from_env, ConnectOptions, LinkConfig, QpEnd, Sim};
 
 const RW: Access = Access(
     Access::LOCAL_WRITE.0
@@ -591,16 +591,7 @@ fn run_seed(seed: u64, totals: &mut Totals) -> Result<Fingerprint, String> {
 
 #[test]
 fn random_workloads_complete_exactly_once_with_intact_memory() {
-    let seeds: Vec<u64> = match std::env::var("XROCE_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("XROCE_SIM_SEED must be a number")],
-        Err(_) => {
-            let n = std::env::var("XROCE_SIM_SEEDS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(100u64);
-            (0..n).collect()
-        }
-    };
+    let seeds = seeds_from_env(100);
     let mut totals = Totals::default();
     let failures: Vec<String> = seeds
         .iter()
