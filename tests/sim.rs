@@ -493,7 +493,7 @@ pub fn required_mask(ty: QpType, to: QpState) -> AttrMask {
         QpState::Init => QpState::Reset,
         QpState::Rtr => QpState::Init,
         QpState::Rts => QpState::Rtr,
-        other => other,
+        other => panic!("{other:?} is not a state on the way up"),
     };
     AttrMask::STATE | transition_rule(from, to, ty).map_or(AttrMask::NONE, |r| r.required)
 }
@@ -586,7 +586,7 @@ pub fn address_handle(sim: &mut Sim, a: usize, b: usize, traffic_class: u8) -> A
 }
 
 /// The seeds a randomised test runs: only `XROCE_SIM_SEED` when it is set, else the first
-/// `XROCE_SIM_SEEDS` (default `default`). A failing test names its seed.
+/// `XROCE_SIM_SEEDS` (default `default`).
 pub fn seeds_from_env(default: u64) -> Vec<u64> {
     match std::env::var("XROCE_SIM_SEED") {
         Ok(s) => vec![s.parse().expect("XROCE_SIM_SEED must be a number")],
@@ -595,5 +595,20 @@ pub fn seeds_from_env(default: u64) -> Vec<u64> {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default))
             .collect(),
+    }
+}
+
+/// Held while a randomised test runs one seed: a panic, wherever it comes from (an assertion
+/// or the code under test), then names the seed that replays it.
+pub struct NameSeedOnPanic(pub u64);
+
+impl Drop for NameSeedOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "failed at seed {0}: rerun it alone with XROCE_SIM_SEED={0}",
+                self.0
+            );
+        }
     }
 }

@@ -42,18 +42,16 @@
 
 use xroce_core::icrc;
 use xroce_core::transport::{
-    Access, AddressVector, AsyncEvent, Counters, CqId, Device, DeviceConfig, Event, PathMtu,
-    QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, VecMemory, WcOpcode,
-    WcStatus,
+    Access, AddressVector, AsyncEvent, AttrMask, Counters, CqId, Device, DeviceConfig, Event,
+    PathMtu, QpAttr, QpCap, QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, VecMemory,
+    WcOpcode, WcStatus,
 };
 use xroce_core::wire::{
     emit_frame, AethSyndrome, HeaderKind, HeaderSet, IpAddress, Ipv4Address, NakCode, Opcode,
     RoceFrame,
 };
 use xroce_tests::fixture_frames;
-use xroce_tests::sim::{
-    bring_up, create_qp, required_mask, ConnectOptions, LinkConfig, QpEnd, Sim,
-};
+use xroce_tests::sim::{bring_up, create_qp, ConnectOptions, LinkConfig, QpEnd, Sim};
 
 /// The requester of every capture (the `ibv_rc_pingpong` and perftest client).
 const CLIENT: [u8; 4] = [10, 77, 0, 12];
@@ -806,6 +804,7 @@ fn responder(
             break q;
         }
     };
+    let m = AttrMask::STATE;
     let mut a = QpAttr {
         state: QpState::Init,
         port_num: 1,
@@ -813,8 +812,12 @@ fn responder(
         access,
         ..QpAttr::default()
     };
-    dev.modify_qp(got, &a, required_mask(QpType::Rc, QpState::Init))
-        .unwrap();
+    dev.modify_qp(
+        got,
+        &a,
+        m | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
     a.state = QpState::Rtr;
     a.path_mtu = PathMtu::Mtu1024;
     a.dest_qpn = dest_qpn;
@@ -828,16 +831,33 @@ fn responder(
         hop_limit: 64,
         flow_label: 0,
     });
-    dev.modify_qp(got, &a, required_mask(QpType::Rc, QpState::Rtr))
-        .unwrap();
+    dev.modify_qp(
+        got,
+        &a,
+        m | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
     a.state = QpState::Rts;
     a.sq_psn = UNUSED_SERVER_PSN;
     a.timeout = 14;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 128;
-    dev.modify_qp(got, &a, required_mask(QpType::Rc, QpState::Rts))
-        .unwrap();
+    dev.modify_qp(
+        got,
+        &a,
+        m | AttrMask::SQ_PSN
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
     Responder {
         dev,
         mem: VecMemory::new(),

@@ -14,7 +14,7 @@ use xroce_core::transport::{
     Access, AddressVector, AhId, AttrMask, CqId, MemoryRegion, MrId, PathMtu, PdId, QpAttr, QpCap,
     QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqId, WcStatus,
 };
-use xroce_tests::sim::{connect, seeds_from_env, ConnectOptions, LinkConfig, Sim};
+use xroce_tests::sim::{connect, seeds_from_env, ConnectOptions, LinkConfig, NameSeedOnPanic, Sim};
 
 /// Calls per seed, and seeds (`XROCE_SIM_SEEDS` overrides, `XROCE_SIM_SEED` picks one).
 const CALLS: usize = 3_000;
@@ -32,6 +32,10 @@ struct Reached {
     packets: u64,
     /// Completions the devices made.
     completions: u64,
+    /// Successful completions the calls polled: work that moved data.
+    succeeded: u64,
+    /// Seeds whose calls put packets on the link.
+    seeds_with_packets: u64,
 }
 
 /// Handles one device's application holds (some destroyed since: the fuzzer keeps using them).
@@ -260,13 +264,13 @@ fn send_op(rng: &mut ChaCha8Rng, peer_mrs: &[MemoryRegion]) -> SendOp {
     }
 }
 
-/// One random call on device `me`; its result is whatever the device says.
 /// What device `me`'s application knows of the other's: its QPs and its regions.
 struct Peer {
     qpns: Vec<u32>,
     mrs: Vec<MemoryRegion>,
 }
 
+/// One random call on device `me`; its result is whatever the device says.
 fn call(
     rng: &mut ChaCha8Rng,
     sim: &mut Sim,
@@ -341,10 +345,12 @@ fn call(
             } else {
                 attr(rng, sim, me)
             };
-            if sim.nodes[me].dev.modify_qp(qpn, &a, mask).is_ok() && a.state == QpState::Rts {
+            let state = |sim: &Sim| sim.nodes[me].dev.query_qp(qpn).map(|q| q.cur_state);
+            let was = state(sim);
+            let _ = sim.nodes[me].dev.modify_qp(qpn, &a, mask);
+            if was.is_ok_and(|s| s != QpState::Rts) && state(sim) == Ok(QpState::Rts) {
                 reached.to_rts += 1;
             }
-            let _ = sim.nodes[me].dev.query_qp(qpn);
         }
         10..=13 => {
             let mut wr = SendWr::new(rng.next_u64(), send_op(rng, &peer.mrs), sges(rng, h));
@@ -355,7 +361,12 @@ fn call(
                 wr.ud = Some(UdDest {
                     ah: pick(rng, &h.ahs, AhId),
                     remote_qpn: count(rng),
-                    remote_qkey: rng.next_u32(),
+                    // The simulator's Q_Key (what `plausible_modify` sets), or any.
+                    remote_qkey: if chance(rng, 70) {
+                        0x1111_1111
+                    } else {
+                        rng.next_u32()
+                    },
                 });
             }
             let node = &mut sim.nodes[me];
@@ -379,6 +390,10 @@ fn call(
             let mut out = Vec::new();
             if let Ok(n) = sim.nodes[me].dev.poll_cq(cq, max, &mut out) {
                 assert!(n <= max && n == out.len(), "poll_cq gave {n} for {max}");
+                reached.succeeded += out
+                    .iter()
+                    .filter(|wc| wc.status == WcStatus::Success)
+                    .count() as u64;
             }
             let _ = sim.nodes[me].dev.req_notify_cq(cq, chance(rng, 50));
         }
@@ -396,7 +411,11 @@ fn call(
         20 => {
             let av = AddressVector {
                 dgid: sim.nodes[1 - me].ip,
-                sgid_index: below(rng, 4) as u8,
+                sgid_index: if chance(rng, 70) {
+                    0
+                } else {
+                    below(rng, 4) as u8
+                },
                 traffic_class: rng.next_u32() as u8,
                 hop_limit: rng.next_u32() as u8,
                 flow_label: rng.next_u32(),
@@ -436,6 +455,7 @@ fn call(
 }
 
 fn run_seed(seed: u64, reached: &mut Reached) {
+    let _named = NameSeedOnPanic(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut sim = Sim::new(seed, 2, LinkConfig::default());
     let mut handles = [Handles::default(), Handles::default()];
@@ -488,6 +508,7 @@ fn run_seed(seed: u64, reached: &mut Reached) {
     // QP the fuzzer connected to nothing may retry for good, so this is bounded, not idle).
     sim.run_idle(1_000_000_000);
     reached.packets += sim.stats.delivered;
+    reached.seeds_with_packets += u64::from(sim.stats.delivered > 0);
     reached.completions += sim
         .nodes
         .iter()
@@ -540,7 +561,7 @@ fn run_seed(seed: u64, reached: &mut Reached) {
 fn random_verb_calls_break_nothing() {
     let seeds = seeds_from_env(SEEDS);
     let mut reached = Reached::default();
-    for seed in seeds {
+    for &seed in &seeds {
         run_seed(seed, &mut reached);
     }
     let Reached {
@@ -548,9 +569,18 @@ fn random_verb_calls_break_nothing() {
         sends,
         packets,
         completions,
+        succeeded,
+        seeds_with_packets,
     } = reached;
     assert!(
-        to_rts > 0 && sends > 0 && packets > 0 && completions > 0,
+        to_rts > 0 && sends > 0 && packets > 0 && completions > 0 && succeeded > 0,
         "the calls never got far: {reached:?}"
+    );
+    // Most seeds connect something that talks; a default run of few seeds with none would
+    // say the calls stopped reaching the link.
+    assert!(
+        seeds.len() < 20 || seeds_with_packets * 4 >= seeds.len() as u64,
+        "packets in only {seeds_with_packets} of {} seeds: {reached:?}",
+        seeds.len()
     );
 }
