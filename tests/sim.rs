@@ -585,6 +585,16 @@ pub fn address_handle(sim: &mut Sim, a: usize, b: usize, traffic_class: u8) -> A
         .expect("create_ah")
 }
 
+/// A number below `n` (0 when `n` is 0), for the randomised tests' generators.
+pub fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    rng.next_u64() % n.max(1)
+}
+
+/// True `percent` times in a hundred.
+pub fn chance(rng: &mut ChaCha8Rng, percent: u32) -> bool {
+    rng.next_u32() % 100 < percent
+}
+
 /// The seeds a randomised test runs: only `XROCE_SIM_SEED` when it is set, else the first
 /// `XROCE_SIM_SEEDS` (default `default`).
 pub fn seeds_from_env(default: u64) -> Vec<u64> {

@@ -5,7 +5,8 @@
 //! unknown opcodes, bad pad counts and garbage after the BTH. Mixed with legitimate traffic
 //! both ways, none of it may panic either device (the engine runs inside the application's
 //! process), write memory that has no remote write access and is no receive or READ target,
-//! or leave the device unable to serve a new connection.
+//! or leave the device unable to serve a new connection. `HOSTILE_DEBUG=1` (with
+//! `--nocapture`) prints what the forged frames did to the victim's counters.
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,8 +22,8 @@ use xroce_core::wire::{
     TransportRepr, UdpRepr, WireError, ROCEV2_UDP_PORT,
 };
 use xroce_tests::sim::{
-    bring_up, connect, create_qp, create_qp_with, node_ipv6, seeds_from_env, ud_pair,
-    ConnectOptions, LinkConfig, NameSeedOnPanic, QpEnd, Sim,
+    below, bring_up, chance, connect, create_qp, create_qp_with, node_ipv6, seeds_from_env,
+    ud_pair, ConnectOptions, LinkConfig, NameSeedOnPanic, QpEnd, Sim,
 };
 
 /// The victim's node and its legitimate peer's.
@@ -51,14 +52,6 @@ impl Targets {
     fn regions(&self) -> [&MemoryRegion; 4] {
         [&self.open, &self.read_only, &self.local_only, &self.sink]
     }
-}
-
-fn chance(rng: &mut ChaCha8Rng, percent: u32) -> bool {
-    rng.next_u32() % 100 < percent
-}
-
-fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
-    rng.next_u64() % n.max(1)
 }
 
 /// The IP header of a frame from `src` to `dst` (both IPv4 or both IPv6).

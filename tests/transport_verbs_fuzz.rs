@@ -14,7 +14,9 @@ use xroce_core::transport::{
     Access, AddressVector, AhId, AttrMask, CqId, MemoryRegion, MrId, PathMtu, PdId, QpAttr, QpCap,
     QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, SrqId, WcStatus,
 };
-use xroce_tests::sim::{connect, seeds_from_env, ConnectOptions, LinkConfig, NameSeedOnPanic, Sim};
+use xroce_tests::sim::{
+    below, chance, connect, seeds_from_env, ConnectOptions, LinkConfig, NameSeedOnPanic, Sim,
+};
 
 /// Calls per seed, and seeds (`XROCE_SIM_SEEDS` overrides, `XROCE_SIM_SEED` picks one).
 const CALLS: usize = 3_000;
@@ -47,14 +49,6 @@ struct Handles {
     srqs: Vec<SrqId>,
     ahs: Vec<AhId>,
     mrs: Vec<(MrId, MemoryRegion)>,
-}
-
-fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
-    rng.next_u64() % n.max(1)
-}
-
-fn chance(rng: &mut ChaCha8Rng, percent: u32) -> bool {
-    rng.next_u32() % 100 < percent
 }
 
 /// One of `items`, or now and then a value no call returned.

@@ -103,19 +103,9 @@ fn send_roce_port_datagrams(pair: &NetnsPair, n: usize) {
     }
 }
 
-/// Whole records in a classic pcap file's bytes (24-byte file header, then records of a
-/// 16-byte header whose third word is the captured length, and the frame).
-fn pcap_records(bytes: &[u8]) -> usize {
-    let (mut at, mut n) = (24, 0);
-    while let Some(h) = bytes.get(at..at + 16) {
-        let caplen = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
-        if bytes.len() < at + 16 + caplen {
-            break;
-        }
-        at += 16 + caplen;
-        n += 1;
-    }
-    n
+/// Whole frames in a capture file (what a truncated file holds so far, while it is written).
+fn captured_frames(path: &std::path::Path) -> usize {
+    xroce_cli::capture::read_file(path).map_or_else(|e| e.packets.len(), |p| p.len())
 }
 
 fn counters(pair: &NetnsPair) -> xdp::XdpCounters {
@@ -154,20 +144,19 @@ fn one_engine_per_queue_and_the_kernel_takes_over_when_it_dies() {
         "{before:?} -> {during:?}"
     );
 
+    // The XDP program counted the five frames; the engine may still be writing them. Once
+    // all five are in the file it has nothing more to write.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while captured_frames(&capture) < 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
     // A second engine on the same queue: a clear error, promptly, naming the process in
     // its way.
     // Started with the same capture file, as a user repeating a command line does: the
     // refusal is about the queue, and the first engine's file is left as it is.
-    // The XDP program counted the five frames; the engine may still be writing them. Once
-    // all five are in the file it has nothing more to write.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pcap_records(&std::fs::read(&capture).unwrap_or_default()) < 5
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let captured = std::fs::read(&capture).expect("the first engine's capture");
-    assert_eq!(pcap_records(&captured), 5, "the first engine's capture");
+    assert_eq!(captured_frames(&capture), 5, "the first engine's capture");
     let stderr = failing_engine_with(&pair, pair.iface(0), &["--pcap", &capture_arg]);
     assert_eq!(
         std::fs::read(&capture).expect("the capture after the refused start"),
