@@ -3748,6 +3748,78 @@ fn has_work_is_true_whenever_a_round_would_do_something() {
     assert!(node.dev.poll_transmit(due, &node.mem, &mut buf).is_some());
 }
 
+/// A QP leaves the transmit list with its last packet, so that the engine can tell the round
+/// is over (`transmit_queued`) without a call that finds nothing. Only when nothing is left:
+/// a message's later packets and a second message keep it listed, an ACK owed lists the
+/// responder, and a UD send still completes as its packet goes.
+#[test]
+fn a_qp_leaves_the_transmit_list_with_its_last_packet_and_not_before() {
+    let (mut sim, a, src) = idle_connected_sender(67);
+    let now = sim.now;
+    let mut buf = vec![0u8; 16384];
+    {
+        let node = &mut sim.nodes[0];
+        // One packet: listed until it is built, not after.
+        node.post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 64)]))
+            .unwrap();
+        assert!(node.dev.transmit_queued());
+        assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_some());
+        assert!(!node.dev.transmit_queued(), "its only packet went");
+        // Two packets of one message (path MTU 1024), then a second message.
+        node.post_send(
+            a.qpn,
+            SendWr::new(2, SendOp::Send, vec![sge(&src, 0, 2000)]),
+        )
+        .unwrap();
+        node.post_send(a.qpn, SendWr::new(3, SendOp::Send, vec![sge(&src, 0, 64)]))
+            .unwrap();
+        for left in ["the message's second packet", "the second message"] {
+            assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_some());
+            assert!(node.dev.transmit_queued(), "{left} is still to go");
+        }
+        assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_some());
+        assert!(!node.dev.transmit_queued());
+        assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_none());
+    }
+    // The responder: listed for the ACK it owes until that is built.
+    let mut sim = Sim::new(69, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, &ConnectOptions::default());
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    let now = sim.now;
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(5, &dst, 0, 64))
+        .unwrap();
+    let node = &mut sim.nodes[0];
+    node.post_send(a.qpn, SendWr::new(6, SendOp::Send, vec![sge(&src, 0, 64)]))
+        .unwrap();
+    let len = node
+        .dev
+        .poll_transmit(now, &node.mem, &mut buf)
+        .expect("the SEND")
+        .len;
+    let peer = &mut sim.nodes[1];
+    peer.dev.handle_packet(now, &buf[..len], &mut peer.mem);
+    assert!(peer.dev.transmit_queued(), "an ACK is owed");
+    assert!(peer.dev.poll_transmit(now, &peer.mem, &mut buf).is_some());
+    assert!(!peer.dev.transmit_queued(), "the ACK went");
+
+    // UD: a send completes as its packet is built, and no call after it is needed for that.
+    let mut sim = Sim::new(68, 2, LinkConfig::default());
+    let (u, v, ah) = ud_pair(&mut sim);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let now = sim.now;
+    let node = &mut sim.nodes[0];
+    node.post_send(u.qpn, ud_send(4, ah, v, QKEY, sge(&src, 0, 64)))
+        .unwrap();
+    assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_some());
+    assert!(!node.dev.transmit_queued());
+    assert_eq!(
+        ids_and_status(&node.poll(u.send_cq)),
+        [(4, WcStatus::Success)]
+    );
+}
+
 /// A QP destroyed while it waits to send leaves nothing behind for the transmit round.
 #[test]
 fn a_destroyed_qp_leaves_the_transmit_round_at_once() {

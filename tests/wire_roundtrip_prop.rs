@@ -6,10 +6,10 @@ use xroce_core::icrc;
 use xroce_core::wire::opcode::{HeaderKind, OPCODE_TABLE};
 use xroce_core::wire::transport::pad_for;
 use xroce_core::wire::{
-    emit_frame, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr,
-    EtherType, EthernetAddress, EthernetRepr, FethRepr, FrameHeaders, IpRepr, Ipv4Address,
-    Ipv4Repr, Ipv6Address, Ipv6Repr, Opcode, RdethRepr, RethRepr, RoceFrame, TransportRepr,
-    UdpRepr, VlanTag, ROCEV2_UDP_PORT,
+    emit_ack_on_path, emit_frame, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr,
+    DethRepr, EtherType, EthernetAddress, EthernetRepr, FethRepr, FrameHeaders, FrameWriter,
+    IpRepr, Ipv4Address, Ipv4Repr, Ipv6Address, Ipv6Repr, Opcode, PathHeaders, RdethRepr, RethRepr,
+    RoceFrame, TransportRepr, UdpRepr, VlanTag, ROCEV2_UDP_PORT,
 };
 
 fn known_opcodes() -> Vec<u8> {
@@ -143,6 +143,33 @@ proptest! {
         let mut again = vec![0u8; 9000];
         let m = emit_frame(&mut again, &f.headers, f.payload).unwrap();
         prop_assert_eq!(&again[..m], &buf[..n]);
+    }
+
+    /// The ACK builder that skips the generic header walk writes the bytes the generic
+    /// writer does, on any path; and it builds nothing but ACKs.
+    #[test]
+    fn acks_built_directly_match_the_generic_writer(
+        bth in arb_bth(Opcode::RC_ACKNOWLEDGE.0), pad in 0u8..4, ip in arb_ip(), sport in any::<u16>(),
+        ident in any::<u16>(), syn in any::<u8>(), msn in 0u32..0x100_0000, other in any::<u8>(),
+    ) {
+        let udp = UdpRepr { src_port: sport, dst_port: ROCEV2_UDP_PORT, payload_len: 0 };
+        let path = PathHeaders::new(&ip, &udp).unwrap();
+        let aeth = AethRepr { syndrome: AethSyndrome::from(syn), msn };
+        let bth = BthRepr { pad_count: pad, ..bth };
+        let mut t = TransportRepr::new(bth);
+        t.aeth = Some(aeth);
+        let mut generic = vec![0xa5u8; 256];
+        let n = FrameWriter::on_path(&mut generic, &path, ident, &t, 0).unwrap().finish().unwrap();
+        let mut direct = vec![0x5au8; 256];
+        let m = emit_ack_on_path(&mut direct, &path, ident, &bth, &aeth).unwrap();
+        prop_assert_eq!(&direct[..m], &generic[..n]);
+        prop_assert!(RoceFrame::parse_ip(&direct[..m]).unwrap().verify().is_ok());
+        // Too small a buffer, or another opcode: refused.
+        prop_assert!(emit_ack_on_path(&mut direct[..m - 1], &path, ident, &bth, &aeth).is_err());
+        if other != Opcode::RC_ACKNOWLEDGE.0 {
+            let wrong = BthRepr { opcode: Opcode(other), ..bth };
+            prop_assert!(emit_ack_on_path(&mut direct, &path, ident, &wrong, &aeth).is_err());
+        }
     }
 
     #[test]

@@ -1118,8 +1118,17 @@ impl Device {
             lower_timer_floor(&mut self.timer_floor, qp);
             if let Some((t, _)) = sent {
                 self.turn_sent += 1;
-                // While the turn goes on, the QP stays first and is asked again next time.
-                if self.turn_sent >= TX_TURN_PACKETS {
+                if qp.has_nothing_to_send() {
+                    // Its last packet for now: it leaves the list at once, as the call that
+                    // found nothing would take it off, so that the caller can tell from
+                    // `transmit_queued` that the round is over without that call (on the
+                    // datapath, a transmit slot taken and given back on each turn's path).
+                    qp.request_turn = true;
+                    qp.queued = false;
+                    self.ready.pop_front();
+                    self.turn_sent = 0;
+                } else if self.turn_sent >= TX_TURN_PACKETS {
+                    // While the turn goes on, the QP stays first and is asked again next time.
                     self.turn_sent = 0;
                     self.ready.pop_front();
                     self.ready.push_back(qpn);

@@ -678,6 +678,20 @@ impl Qp {
         }
     }
 
+    /// Whether the next `next_request` and `next_response` surely both return `None`: no
+    /// response queued, no WQE at or after the one being sent, no go-back-N asked for, and no
+    /// finished WQE at the head for `next_request` to retire. Conservative: `false` only
+    /// says they may have something.
+    pub(crate) fn has_nothing_to_send(&self) -> bool {
+        self.resp.out.is_empty()
+            && self.sq.len() <= self.req.wqe_index
+            && !self.req.need_retry
+            && self
+                .sq
+                .front()
+                .is_none_or(|w| !matches!(w.state, WqeState::Done | WqeState::Error(_)))
+    }
+
     /// One message in the send queue, sent whole and not yet acknowledged: the application
     /// waits for that ACK (or goes on without it).
     pub(crate) fn awaits_ack_of_its_only_message(&self) -> bool {

@@ -16,8 +16,8 @@ use super::qp_state::{QpState, QpType};
 use super::verbs::{RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use super::{psn, sgl, AsyncEvent, Event};
 use crate::wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, IpRepr, NakCode, Opcode, OpcodeInfo, Operation,
-    Position, RoceFrame, TransportRepr,
+    emit_ack_on_path, AethRepr, AethSyndrome, AtomicAckEthRepr, IpRepr, NakCode, Opcode,
+    OpcodeInfo, Operation, Position, RoceFrame, TransportRepr,
 };
 
 /// Bytes at the head of a UD receive buffer that hold the GRH image.
@@ -983,9 +983,22 @@ impl Qp {
         let (t, payload_len, read) = match front {
             Outbound::Ack { psn, syndrome, msn } => {
                 self.resp.out.pop_front();
-                let mut t = TransportRepr::new(self.bth(Opcode::RC_ACKNOWLEDGE, dest, psn));
-                t.aeth = Some(AethRepr { syndrome, msn });
-                (t, 0, None)
+                // As `start_packet` and a `FrameWriter` would build it, but without walking
+                // the opcode's headers: most packets a responder sends are these.
+                let bth = self.bth(Opcode::RC_ACKNOWLEDGE, dest, psn);
+                let path = self.path_headers(sh, &av)?;
+                let ident = sh.next_ip_ident_for(path);
+                let len =
+                    emit_ack_on_path(buf, path, ident, &bth, &AethRepr { syndrome, msn }).ok()?;
+                let (src, dst) = (path.src_addr(), path.dst_addr());
+                sh.counters.tx_responses += 1;
+                return Some(Transmit {
+                    len,
+                    src,
+                    dst,
+                    qpn: self.qpn,
+                    completes_signaled: false,
+                });
             }
             Outbound::AtomicAck { psn, orig, msn } => {
                 self.resp.out.pop_front();

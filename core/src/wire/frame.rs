@@ -1,9 +1,12 @@
 //! Whole RoCEv2 frames: parse an Ethernet frame (or a bare IP packet) down to the payload, and
 //! build one from headers plus payload into a caller-provided buffer, ICRC included.
 
+use super::bth::{self, BthRepr};
 use super::ethernet::{EtherType, EthernetFrame, EthernetRepr};
+use super::ext::AethRepr;
 use super::ip::IpRepr;
 use super::ipv4::{self, Ipv4Packet};
+use super::opcode::Opcode;
 use super::path::PathHeaders;
 use super::transport::{pad_for, TransportPacket, TransportRepr};
 use super::udp::{self, UdpPacket, UdpRepr};
@@ -259,6 +262,45 @@ impl<'b> FrameWriter<'b> {
         icrc::fill(&mut self.buf[self.ip_start..end])?;
         Ok(end)
     }
+}
+
+/// Builds an RC ACKNOWLEDGE packet (BTH and AETH, no payload) on `path` into `buf`, starting
+/// at the IP header; returns its length. The same bytes as [`FrameWriter::on_path`] with a
+/// [`TransportRepr`] holding `bth` (whose opcode must be `RC_ACKNOWLEDGE`; its pad count is
+/// ignored) and `aeth`, without the walk over the opcode's headers: a responder builds one
+/// for nearly every message it takes, on a ping-pong turn's path before the answer's kick.
+pub fn emit_ack_on_path(
+    buf: &mut [u8],
+    path: &PathHeaders,
+    ident: u16,
+    bth: &BthRepr,
+    aeth: &AethRepr,
+) -> Result<usize> {
+    if bth.opcode != Opcode::RC_ACKNOWLEDGE {
+        return Err(WireError::HeaderMismatch {
+            opcode: bth.opcode.0,
+            detail: "not an ACKNOWLEDGE",
+        });
+    }
+    const TRANSPORT_LEN: usize = bth::HEADER_LEN + AethRepr::LEN + ICRC_LEN;
+    let start = path.header_len();
+    let end = start + TRANSPORT_LEN;
+    let Some(packet) = buf.get_mut(..end) else {
+        return Err(WireError::BufferTooSmall {
+            need: end,
+            have: buf.len(),
+        });
+    };
+    path.emit(packet, ident, TRANSPORT_LEN)?;
+    let aeth_at = start + bth::HEADER_LEN;
+    BthRepr {
+        pad_count: 0,
+        ..*bth
+    }
+    .emit(&mut packet[start..aeth_at])?;
+    aeth.emit(&mut packet[aeth_at..aeth_at + AethRepr::LEN])?;
+    icrc::fill(packet)?;
+    Ok(end)
 }
 
 /// Builds a complete frame carrying `payload` into `buf`; returns its length.

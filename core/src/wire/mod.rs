@@ -32,7 +32,7 @@ pub use ext::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, NakCode,
     RdethRepr, RethRepr,
 };
-pub use frame::{emit_frame, FrameHeaders, FrameWriter, RoceFrame};
+pub use frame::{emit_ack_on_path, emit_frame, FrameHeaders, FrameWriter, RoceFrame};
 pub use ip::{IpAddress, IpRepr};
 pub use ipv4::{Ipv4Address, Ipv4Packet, Ipv4Repr};
 pub use ipv6::{Ipv6Address, Ipv6Packet, Ipv6Repr};

@@ -100,6 +100,9 @@ pub struct Neighbours {
     /// Counts the kernel's changes applied to the cache, so that a resolution that raced one
     /// is not stored over it (see [`Self::learn`]).
     changes: u64,
+    /// Counts everything that may change the way to a destination that [`Self::lookup`]
+    /// found (see [`Self::routes_version`]).
+    routes_version: u64,
     /// The engine's sockets carry frames larger than one UMEM frame (see
     /// [`Self::set_multi_buffer`]).
     multi_buffer: bool,
@@ -248,6 +251,7 @@ impl Neighbours {
             cache: HashMap::default(),
             netlink,
             changes: 0,
+            routes_version: 0,
             keep_alive_at: 0,
             link_unread: false,
         })
@@ -306,6 +310,7 @@ impl Neighbours {
         if found.changes_at != self.changes {
             return;
         }
+        self.routes_version += 1;
         self.cache.insert(
             dst,
             Entry::Known {
@@ -344,6 +349,8 @@ impl Neighbours {
             return;
         }
         self.keep_alive_at = now + KEEP_ALIVE_PERIOD_NS;
+        // The hops in use are marked again by the lookups that find them.
+        self.routes_version += 1;
         let hops = take_used_hops(&mut self.cache, KEEP_ALIVE_HOPS_PER_PERIOD);
         if !hops.is_empty() {
             // Touched on the keep-alive thread, not here under the engine lock.
@@ -402,8 +409,18 @@ impl Neighbours {
         }
     }
 
+    /// Changes whenever something may have changed what [`Self::lookup`] answers for a
+    /// destination it knew, what the device's GID table holds, or this interface's MAC: the
+    /// kernel's changes applied, a resolution learned, and each keep-alive period (whose
+    /// hops in use are those looked up since the last). A sender that looked up a way to a
+    /// destination may use it again while this stays the same, without looking it up.
+    pub fn routes_version(&self) -> u64 {
+        self.routes_version
+    }
+
     /// Follows a change the kernel announced.
     pub fn apply(&mut self, dev: &mut Device, change: Change) -> Applied {
+        self.routes_version += 1;
         let owner_changed =
             |i: u32| move |e: &Entry| matches!(e, Entry::Known { owner: Some(o), .. } if *o == i);
         let other_link = match change {

@@ -1228,7 +1228,13 @@ impl Engine {
         // Send at once from this thread: no hand-off, no wake-up on the latency path. The
         // progress thread is woken only for what this round left over (a long message), or
         // for the retransmission timer the send started, when it sleeps past it.
-        if progress::progress_once(&self.shared, st).more {
+        //
+        // Only the transmit half of a round: the frames that came since the application's
+        // last poll wait for its next one (or the progress thread). Taking them here put
+        // their processing, a peer's trailing ACK say, between the post and the kick of the
+        // answer, and cost every ping-pong turn a look at the receive ring on its path.
+        let now = self.shared.now();
+        if progress::send(&self.shared, st, now).more {
             drop(guard);
             self.shared.wake();
         } else {

@@ -125,6 +125,8 @@ pub(crate) struct PortState {
     /// Where every frame sent and received is written, when asked for.
     pub(crate) capture: Option<Capture>,
     pub(crate) steering: SteeringWatch,
+    /// The last destination's route, for the next frame to it.
+    route: RouteMemo,
 }
 
 /// How often at most [`SteeringWatch`] asks the kernel.
@@ -252,6 +254,7 @@ impl PortState {
             no_source_reported: false,
             capture,
             steering,
+            route: RouteMemo::default(),
         }
     }
 
@@ -631,11 +634,18 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     // Frames handed to the port this round (loopback packets are not).
     let mut wired = 0u64;
     let mut built_bytes = 0;
-    let mut routes = RouteMemo::default();
+    let routes = &mut io.route;
+    let routes_version = neighbours.routes_version();
     // The round's first packet to bring a signalled completion, when it has frames before it.
     let mut signaled_seen = false;
     let capture = &mut io.capture;
     while built < TX_BATCH && built_bytes < TX_BATCH_BYTES {
+        if !dev.transmit_queued() {
+            // Nothing left (the transport drops a QP from its list with its last packet): no
+            // transmit slot is taken only to be given back.
+            io.tx_full = false;
+            break;
+        }
         let mut produced = false;
         let mut kick_now = false;
         let room = io.port.send_with(&mut |buf| {
@@ -650,7 +660,7 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
             }
             let frame_len = ETH_HEADER + tx.len;
             built_bytes += frame_len;
-            let route = routes.route(tx.dst, |dst| {
+            let route = routes.route(tx.dst, routes_version, |dst| {
                 if dev.gids().contains(&Some(dst)) {
                     Some(Route::Loopback)
                 } else {
@@ -1372,27 +1382,34 @@ fn ethernet_header(src: [u8; 6], mac: [u8; 6], dst: IpAddress) -> Option<[u8; ET
     Some(header)
 }
 
-/// The route of the last destination of one transmit round. A stream sends a whole round to
-/// one peer, and finding the route (a scan of the GID table, then a hash lookup in the
-/// neighbour cache) was about 100 instructions per frame. Neither table changes during a round
-/// (address and neighbour changes are applied between rounds). A destination without a route
-/// is not remembered: every frame for it is counted where it is dropped.
+/// The route of the last destination a frame went to, kept from round to round while the
+/// tables it came from stay as they were ([`Neighbours::routes_version`]). A stream sends a
+/// whole round to one peer and a ping-pong every turn's, and finding the route (a scan of the
+/// GID table, a hash lookup in the neighbour cache, the Ethernet header) was about 100
+/// instructions per frame, on a ping-pong turn's path before its answer's kick. A
+/// destination without a route is not remembered: every frame for it is counted where it is
+/// dropped.
 #[derive(Default)]
-struct RouteMemo {
+pub(crate) struct RouteMemo {
     last: Option<(IpAddress, Route)>,
+    /// The tables' version the route was found in.
+    version: u64,
 }
 
 impl RouteMemo {
     fn route(
         &mut self,
         dst: IpAddress,
+        version: u64,
         resolve: impl FnOnce(IpAddress) -> Option<Route>,
     ) -> Option<Route> {
         match self.last {
-            Some((known, route)) if known == dst => Some(route),
+            Some((known, route)) if known == dst && self.version == version => Some(route),
             _ => {
+                self.last = None;
                 let route = resolve(dst)?;
                 self.last = Some((dst, route));
+                self.version = version;
                 Some(route)
             }
         }
@@ -1636,33 +1653,42 @@ mod tests {
         assert_eq!(timer_wait(Wait::Events, Some(7)), Some(7));
     }
 
-    /// The memo answers for the destination it saw last, asks again for any other, and does
-    /// not remember a destination that had no route.
+    /// The memo answers for the destination it saw last while the tables' version stays,
+    /// asks again for any other destination or after the version moved, and does not
+    /// remember a destination that had no route.
     #[test]
-    fn a_round_resolves_a_destination_once_until_the_next_one_comes() {
+    fn a_destination_is_resolved_once_until_another_comes_or_the_tables_change() {
         let a = IpAddress::V4(Ipv4Address([10, 0, 0, 1]));
         let b = IpAddress::V4(Ipv4Address([10, 0, 0, 2]));
         let mut memo = RouteMemo::default();
         let mut asked = Vec::new();
-        let mut route = |memo: &mut RouteMemo, dst, answer: Option<Route>| {
-            memo.route(dst, |d| {
+        let mut route = |memo: &mut RouteMemo, dst, version, answer: Option<Route>| {
+            memo.route(dst, version, |d| {
                 asked.push(d);
                 answer
             })
         };
         let mac = Route::Wire([2; ETH_HEADER]);
-        assert_eq!(route(&mut memo, a, Some(mac)), Some(mac));
-        assert_eq!(route(&mut memo, a, None), Some(mac));
+        let other_mac = Route::Wire([3; ETH_HEADER]);
+        assert_eq!(route(&mut memo, a, 0, Some(mac)), Some(mac));
+        assert_eq!(route(&mut memo, a, 0, None), Some(mac));
         assert_eq!(
-            route(&mut memo, b, Some(Route::Loopback)),
+            route(&mut memo, b, 0, Some(Route::Loopback)),
             Some(Route::Loopback)
         );
-        assert_eq!(route(&mut memo, a, Some(mac)), Some(mac));
+        assert_eq!(route(&mut memo, a, 0, Some(mac)), Some(mac));
+        // The tables changed (a neighbour's new MAC, say): asked again, and the new answer
+        // is the one kept.
+        assert_eq!(route(&mut memo, a, 1, Some(other_mac)), Some(other_mac));
+        assert_eq!(route(&mut memo, a, 1, Some(mac)), Some(other_mac));
+        // A route that went away with the change is not kept either.
+        assert_eq!(route(&mut memo, a, 2, None), None);
+        assert_eq!(route(&mut memo, a, 2, Some(mac)), Some(mac));
         // No route: dropped, and asked again for the next frame.
-        assert_eq!(route(&mut memo, b, None), None);
-        assert_eq!(route(&mut memo, b, None), None);
-        assert_eq!(route(&mut memo, b, Some(mac)), Some(mac));
-        assert_eq!(asked, vec![a, b, a, b, b, b]);
+        assert_eq!(route(&mut memo, b, 2, None), None);
+        assert_eq!(route(&mut memo, b, 2, None), None);
+        assert_eq!(route(&mut memo, b, 2, Some(mac)), Some(mac));
+        assert_eq!(asked, vec![a, b, a, a, a, a, b, b, b]);
     }
 
     /// An application that polls: frames that cut naps short are taken by it, and after
