@@ -108,6 +108,10 @@ impl CompletionQueue {
     /// Moves up to `max` completions, oldest first, into `out`; returns how many.
     pub fn poll(&mut self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
         let n = max.min(self.entries.len());
+        if n == 0 {
+            // An application spinning on an empty CQ comes here in every poll: no drain set up.
+            return 0;
+        }
         out.extend(self.entries.drain(..n));
         n
     }
