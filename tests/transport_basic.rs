@@ -368,3 +368,18 @@ fn a_send_queue_is_busy_unless_empty_or_holding_one_message_sent_whole() {
     }
     assert_eq!(left, 4, "the rest of the long message and the short one");
 }
+
+/// What a sender learned from the GID table holds while `gids_version` stays: it moves with
+/// every replacement of the table, the same table too.
+#[test]
+fn the_gid_tables_version_moves_with_each_replacement() {
+    let mut sim = Sim::new(5, 1, LinkConfig::default());
+    let dev = &mut sim.nodes[0].dev;
+    let before = dev.gids_version();
+    let gids = dev.gids().to_vec();
+    dev.set_gids(gids.clone());
+    assert_ne!(dev.gids_version(), before);
+    let once = dev.gids_version();
+    dev.set_gids(gids);
+    assert_ne!(dev.gids_version(), once);
+}

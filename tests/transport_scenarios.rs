@@ -3787,22 +3787,55 @@ fn a_qp_leaves_the_transmit_list_with_its_last_packet_and_not_before() {
     let src = sim.nodes[0].alloc(4096, RW);
     let dst = sim.nodes[1].alloc(4096, RW);
     let now = sim.now;
+    for node in &mut sim.nodes {
+        // Connecting listed both QPs; nothing is left to send.
+        assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_none());
+        assert!(!node.dev.transmit_queued());
+    }
     sim.nodes[1]
         .post_recv(b.qpn, recv_wr(5, &dst, 0, 64))
         .unwrap();
-    let node = &mut sim.nodes[0];
-    node.post_send(a.qpn, SendWr::new(6, SendOp::Send, vec![sge(&src, 0, 64)]))
+    let carry = |sim: &mut Sim, from: usize, buf: &mut [u8]| {
+        let node = &mut sim.nodes[from];
+        let len = node
+            .dev
+            .poll_transmit(now, &node.mem, buf)
+            .expect("a packet")
+            .len;
+        let peer = &mut sim.nodes[1 - from];
+        peer.dev.handle_packet(now, &buf[..len], &mut peer.mem);
+    };
+    sim.nodes[0]
+        .post_send(a.qpn, SendWr::new(6, SendOp::Send, vec![sge(&src, 0, 64)]))
         .unwrap();
-    let len = node
-        .dev
-        .poll_transmit(now, &node.mem, &mut buf)
-        .expect("the SEND")
-        .len;
+    carry(&mut sim, 0, &mut buf);
     let peer = &mut sim.nodes[1];
-    peer.dev.handle_packet(now, &buf[..len], &mut peer.mem);
     assert!(peer.dev.transmit_queued(), "an ACK is owed");
     assert!(peer.dev.poll_transmit(now, &peer.mem, &mut buf).is_some());
     assert!(!peer.dev.transmit_queued(), "the ACK went");
+    // A READ of two packets' worth: the responder stays listed between its responses.
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(
+                7,
+                SendOp::RdmaRead {
+                    remote_addr: dst.va,
+                    rkey: dst.rkey,
+                },
+                vec![sge(&src, 0, 2000)],
+            ),
+        )
+        .unwrap();
+    carry(&mut sim, 0, &mut buf);
+    let peer = &mut sim.nodes[1];
+    assert!(peer.dev.poll_transmit(now, &peer.mem, &mut buf).is_some());
+    assert!(
+        peer.dev.transmit_queued(),
+        "the second response is still to go"
+    );
+    assert!(peer.dev.poll_transmit(now, &peer.mem, &mut buf).is_some());
+    assert!(!peer.dev.transmit_queued(), "both responses went");
 
     // UD: a send completes as its packet is built, and no call after it is needed for that.
     let mut sim = Sim::new(68, 2, LinkConfig::default());

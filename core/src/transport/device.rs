@@ -277,6 +277,8 @@ pub struct Device {
     departed: HashMap<u32, (Qp, Nanos)>,
     /// A departed QP has an ACK to send.
     departed_pending: bool,
+    /// Counts [`Self::set_gids`] calls (see [`Self::gids_version`]).
+    gids_version: u64,
 }
 
 impl Device {
@@ -312,6 +314,7 @@ impl Device {
             failed: false,
             departed: HashMap::default(),
             departed_pending: false,
+            gids_version: 0,
         }
     }
 
@@ -397,6 +400,14 @@ impl Device {
     /// Replaces the GID table (the netdev's addresses changed).
     pub fn set_gids(&mut self, gids: Vec<Option<IpAddress>>) {
         self.sh.gids = gids;
+        self.gids_version += 1;
+    }
+
+    /// Changes whenever [`Self::set_gids`] replaced the GID table: what a sender learned
+    /// from the table (that a destination is one of this device's own addresses, say) holds
+    /// while this stays the same.
+    pub fn gids_version(&self) -> u64 {
+        self.gids_version
     }
 
     pub fn port_mtu(&self) -> PathMtu {

@@ -1052,7 +1052,9 @@ impl Qp {
                 self.class_c(sh, r.psn, Fault::Malformed);
                 return self.next_response(sh, host, buf);
             }
-            // No source address (it may come back): the response waits for it.
+            // No source address (it may come back): a READ response waits at the head of
+            // the queue for it. An atomic's ACK, already taken off the queue, is lost like
+            // a dropped packet; the requester's resend of the atomic brings it again.
             return None;
         };
         if let Some(r) = read {

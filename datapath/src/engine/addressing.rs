@@ -410,10 +410,10 @@ impl Neighbours {
     }
 
     /// Changes whenever something may have changed what [`Self::lookup`] answers for a
-    /// destination it knew, what the device's GID table holds, or this interface's MAC: the
-    /// kernel's changes applied, a resolution learned, and each keep-alive period (whose
-    /// hops in use are those looked up since the last). A sender that looked up a way to a
-    /// destination may use it again while this stays the same, without looking it up.
+    /// destination it knew or this interface's MAC: the kernel's changes applied, a
+    /// resolution learned, and each keep-alive period (whose hops in use are those looked up
+    /// since the last). A sender that found a way to a destination may use it again while
+    /// this, and the device's [`Device::gids_version`], stay the same.
     pub fn routes_version(&self) -> u64 {
         self.routes_version
     }

@@ -1229,11 +1229,17 @@ impl Engine {
         // progress thread is woken only for what this round left over (a long message), or
         // for the retransmission timer the send started, when it sleeps past it.
         //
-        // Only the transmit half of a round: the frames that came since the application's
-        // last poll wait for its next one (or the progress thread). Taking them here put
-        // their processing, a peer's trailing ACK say, between the post and the kick of the
-        // answer, and cost every ping-pong turn a look at the receive ring on its path.
+        // The frames that came since the application's last poll wait for its next one when
+        // that poll was a moment ago (`APP_ACTIVE_NS`): taking them here put their
+        // processing, a peer's trailing ACK say, between the post and the kick of the answer,
+        // and cost every ping-pong turn a look at the receive ring on its path. An
+        // application that posts and does not poll (unsignalled UD sends in a loop) still has
+        // its frames taken by its posts: the progress thread keeps off while it is in its
+        // verbs.
         let now = self.shared.now();
+        if now.saturating_sub(st.io.received_at) >= progress::APP_ACTIVE_NS {
+            progress::receive(&self.shared, st, now);
+        }
         if progress::send(&self.shared, st, now).more {
             drop(guard);
             self.shared.wake();

@@ -127,6 +127,8 @@ pub(crate) struct PortState {
     pub(crate) steering: SteeringWatch,
     /// The last destination's route, for the next frame to it.
     route: RouteMemo,
+    /// Engine time of the last look at the receive ring ([`receive`]).
+    pub(crate) received_at: u64,
 }
 
 /// How often at most [`SteeringWatch`] asks the kernel.
@@ -255,6 +257,7 @@ impl PortState {
             capture,
             steering,
             route: RouteMemo::default(),
+            received_at: 0,
         }
     }
 
@@ -557,6 +560,7 @@ pub(crate) fn receive(shared: &Shared, st: &mut State, now: u64) -> usize {
         neighbours,
         ..
     } = st;
+    io.received_at = now;
     let capture = &mut io.capture;
     let own_mac = neighbours.mac();
     let n = io.port.recv(RX_BATCH, &mut |frame| {
@@ -635,7 +639,8 @@ pub(crate) fn send(shared: &Shared, st: &mut State, now: u64) -> Round {
     let mut wired = 0u64;
     let mut built_bytes = 0;
     let routes = &mut io.route;
-    let routes_version = neighbours.routes_version();
+    // Both counters only grow, so their sum changes whenever either does.
+    let routes_version = neighbours.routes_version().wrapping_add(dev.gids_version());
     // The round's first packet to bring a signalled completion, when it has frames before it.
     let mut signaled_seen = false;
     let capture = &mut io.capture;
@@ -1383,7 +1388,8 @@ fn ethernet_header(src: [u8; 6], mac: [u8; 6], dst: IpAddress) -> Option<[u8; ET
 }
 
 /// The route of the last destination a frame went to, kept from round to round while the
-/// tables it came from stay as they were ([`Neighbours::routes_version`]). A stream sends a
+/// tables it came from stay as they were ([`Neighbours::routes_version`] and
+/// [`Device::gids_version`]). A stream sends a
 /// whole round to one peer and a ping-pong every turn's, and finding the route (a scan of the
 /// GID table, a hash lookup in the neighbour cache, the Ethernet header) was about 100
 /// instructions per frame, on a ping-pong turn's path before its answer's kick. A
