@@ -14,10 +14,10 @@ use xroce_core::transport::memory::{Access, MemoryRegion, PdId};
 use xroce_core::transport::qp::{QpAttr, QpCap, QpInit};
 use xroce_core::transport::qp_state::{AttrMask, PathMtu, QpState};
 use xroce_core::transport::verbs::{
-    RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 use xroce_core::transport::QpType;
-use xroce_core::transport::{AddressVector, CqId};
+use xroce_core::transport::{AddressVector, AhId, CqId};
 use xroce_core::wire::{
     emit_frame, BthRepr, EtherType, EthernetAddress, EthernetRepr, FrameHeaders, IpAddress, IpRepr,
     Ipv4Repr, Opcode, RethRepr, TransportRepr, UdpRepr,
@@ -912,21 +912,7 @@ fn uc_and_ud_exchanges() {
         // (on a loaded machine: 200 datagrams lost in a CI run, all the peer's UC had filled
         // the ring). So the UD phase starts when both sides have taken all the UC messages.
         me.connected.wait();
-        let sgid_index = engine
-            .gid_index(xroce_datapath::netlink::std_address(ip))
-            .expect("own GID");
-        let ah = engine
-            .create_ah(
-                pd,
-                AddressVector {
-                    dgid: peer_ud.ip,
-                    sgid_index,
-                    traffic_class: 0,
-                    hop_limit: 64,
-                    flow_label: 0,
-                },
-            )
-            .expect("create_ah");
+        let ah = address_handle(engine, pd, ip, peer_ud.ip);
         stream(engine, &ud, UD_COUNT, 16, "UD SEND", |i| {
             let mut wr = SendWr::new(
                 i as u64,
@@ -956,6 +942,154 @@ fn uc_and_ud_exchanges() {
         me.connected.wait();
         drop(buf);
     });
+}
+
+/// An application that posts and never polls (unsignalled UD sends in a loop) still takes
+/// the frames that come for its device: its posts look at the receive ring when nothing has
+/// for `APP_ACTIVE_NS`. The peer's RC SEND to it is taken by those posts (not by its progress
+/// thread, which keeps off while the application is in its verbs, and took it only after
+/// about 100 ms of posting when posts never looked) and acknowledged while it goes on posting.
+#[test]
+fn an_application_that_only_posts_still_takes_its_frames() {
+    if !root_or_skip() {
+        return;
+    }
+    within_bounds_once_in_three(only_posting_run);
+}
+
+/// One run of [`an_application_that_only_posts_still_takes_its_frames`]: `Err` when the
+/// poster's own verbs took none of the frames that came while it posted (its progress thread
+/// did, which a host that preempts the poster can also cause).
+fn only_posting_run() -> Result<(), String> {
+    use std::sync::atomic::AtomicBool;
+    // Set by side 0 once it is posting in its loop; side 1 sends only then.
+    static POSTING: AtomicBool = AtomicBool::new(false);
+    // Set by side 1 when its SEND's completion came; side 0 posts until then (or the limit).
+    static ACKED: AtomicBool = AtomicBool::new(false);
+    POSTING.store(false, Ordering::SeqCst);
+    ACKED.store(false, Ordering::SeqCst);
+    const POSTING_FOR: Duration = Duration::from_secs(3);
+    let setup = Setup::new(1500);
+    let [taken_by_posts, _] = setup.on_both_sides(|me: Side<(Endpoint, Endpoint)>| {
+        let (side, ip, pd, engine) = (me.index, me.ip, me.pd, &me.engine);
+        let mut buf = Buffer::new(engine, pd, 4096);
+        buf.write(0, &pattern(30 + side as u64, 64));
+        let rc = create_qp(engine, pd, QpType::Rc);
+        let ud = create_qp(engine, pd, QpType::Ud);
+        to_init(engine, &rc);
+        to_init(engine, &ud);
+        if side == 0 {
+            engine
+                .post_recv(
+                    rc.qpn,
+                    RecvWr {
+                        wr_id: 1,
+                        sg_list: vec![buf.sge(1024, 64)].into(),
+                    },
+                )
+                .expect("post_recv");
+        }
+        let endpoint = |qpn, psn| Endpoint {
+            qpn,
+            psn,
+            ip,
+            va: 0,
+            rkey: 0,
+        };
+        let (me_rc, me_ud) = (endpoint(rc.qpn, 0x900 + side as u32), endpoint(ud.qpn, 0));
+        let (peer_rc, peer_ud) = me.swap((me_rc, me_ud));
+        bring_up(engine, &rc, ip, &peer_rc, me_rc.psn, PathMtu::Mtu1024);
+        bring_up(engine, &ud, ip, &peer_ud, 0x77, PathMtu::Mtu1024);
+        me.connected.wait();
+        let mut taken_by_posts = 0;
+        if side == 1 {
+            let t0 = Instant::now();
+            while !POSTING.load(Ordering::SeqCst) {
+                assert!(t0.elapsed() < WAIT, "side 0 never started posting");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            engine
+                .post_send(rc.qpn, SendWr::new(2, SendOp::Send, vec![buf.sge(0, 64)]))
+                .expect("post_send");
+            let wc = spin_for_one(
+                engine,
+                rc.send_cq,
+                "the SEND's ACK from a peer that only posts",
+            );
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            ACKED.store(true, Ordering::SeqCst);
+        } else {
+            let ah = address_handle(engine, pd, ip, peer_ud.ip);
+            let counters = engine.counters();
+            // Frames taken other than by the progress thread: here, only by the posts.
+            let by_verbs = || {
+                counters.rx_frames.load(Ordering::SeqCst)
+                    - counters.rx_frames_by_thread.load(Ordering::SeqCst)
+            };
+            let t0 = Instant::now();
+            let mut posts = 0u64;
+            let mut before = 0;
+            while !ACKED.load(Ordering::SeqCst) && t0.elapsed() < POSTING_FOR {
+                let mut wr = SendWr::new(posts, SendOp::Send, vec![buf.sge(0, 64)]);
+                wr.ud = Some(UdDest {
+                    ah,
+                    remote_qpn: peer_ud.qpn,
+                    remote_qkey: 0x1111_1111,
+                });
+                // Unsignalled: the send queue empties as each datagram goes, no CQ fills.
+                wr.flags = SendFlags::NONE;
+                engine.post_send(ud.qpn, wr).expect("post UD send");
+                posts += 1;
+                if posts == 1000 {
+                    // Well inside its loop: from here on nothing but its posts looks for frames
+                    // in its verbs.
+                    before = by_verbs();
+                    POSTING.store(true, Ordering::SeqCst);
+                }
+            }
+            taken_by_posts = by_verbs() - before;
+            eprintln!(
+                "side 0: {posts} datagrams posted in {:?}, {taken_by_posts} frames taken by them",
+                t0.elapsed()
+            );
+            assert!(posts > 1000, "side 0 stopped before side 1 sent");
+            assert!(
+                ACKED.load(Ordering::SeqCst),
+                "the peer's SEND was not acknowledged in {POSTING_FOR:?} of posting without \
+                 polling ({posts} posts)"
+            );
+            let wc = spin_for_one(engine, rc.recv_cq, "the peer's SEND");
+            assert_eq!((wc.wr_id, wc.byte_len), (1, 64), "{wc:?}");
+            assert!(
+                buf.read(1024, 64) == pattern(31, 64),
+                "the SEND's data differs"
+            );
+        }
+        me.connected.wait();
+        drop(buf);
+        taken_by_posts
+    });
+    if taken_by_posts == 0 {
+        return Err("the poster's progress thread, not its posts, took the peer's SEND".into());
+    }
+    Ok(())
+}
+
+/// An address handle on `engine` for `peer`, from this side's GID for `own`.
+fn address_handle(engine: &Engine, pd: PdId, own: IpAddress, peer: IpAddress) -> AhId {
+    let sgid_index = engine.gid_index(std_address(own)).expect("own GID");
+    engine
+        .create_ah(
+            pd,
+            AddressVector {
+                dgid: peer,
+                sgid_index,
+                traffic_class: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            },
+        )
+        .expect("create_ah")
 }
 
 /// Polls `cq` from this thread (the application's own progress, as a spinning verbs program
