@@ -1389,14 +1389,13 @@ fn ethernet_header(src: [u8; 6], mac: [u8; 6], dst: IpAddress) -> Option<[u8; ET
 
 /// The route of the last destination a frame went to, kept from round to round while the
 /// tables it came from stay as they were ([`Neighbours::routes_version`] and
-/// [`Device::gids_version`]). A stream sends a
+/// [`Device::gids_version`](xroce_core::transport::Device::gids_version)). A stream sends a
 /// whole round to one peer and a ping-pong every turn's, and finding the route (a scan of the
 /// GID table, a hash lookup in the neighbour cache, the Ethernet header) was about 100
-/// instructions per frame, on a ping-pong turn's path before its answer's kick. A
-/// destination without a route is not remembered: every frame for it is counted where it is
-/// dropped.
+/// instructions per frame, on a ping-pong turn's path before its answer's kick. A destination
+/// without a route is not remembered: every frame for it is counted where it is dropped.
 #[derive(Default)]
-pub(crate) struct RouteMemo {
+struct RouteMemo {
     last: Option<(IpAddress, Route)>,
     /// The tables' version the route was found in.
     version: u64,
