@@ -9,7 +9,6 @@
 //! nothing (urdma's progress thread burned a core forever).
 
 mod addressing;
-mod answer_hold;
 mod capture;
 mod home_netns;
 mod keep_alive;
@@ -396,8 +395,6 @@ pub(crate) struct State {
     /// side: after a few in a row, holds are never lengthened for an answer for a while (see
     /// `ANSWER_HOLDS_OFF_NS`).
     pub(crate) answer_holds: HoldsRunningOut,
-    /// The length of the next answer hold, following how late the ACKs it waits for come.
-    pub(crate) answer_hold: answer_hold::AnswerHold,
     /// Holds for the polling application's answer (`ACK_HOLD_NS`) that ran out with no post
     /// from it: after a few in a row, `poll_cq` sends ACKs as soon as it receives their
     /// requests, for a while (see `ACK_HOLDS_OFF_NS`).
@@ -684,7 +681,6 @@ impl Engine {
                 queue_claims,
                 deferred: Deferred::Nothing,
                 answer_holds: HoldsRunningOut::default(),
-                answer_hold: answer_hold::AnswerHold::default(),
                 ack_holds: HoldsRunningOut::default(),
             }),
             wake,
@@ -1376,11 +1372,6 @@ impl Engine {
                         ANSWER_HOLDS_RUN_OUT_IN_A_ROW,
                         ANSWER_HOLDS_OFF_NS,
                     );
-                    if st.answer_holds.off_at(now) {
-                        st.answer_hold.reset();
-                    } else {
-                        st.answer_hold.ran_out();
-                    }
                 } else if answer_from.is_none() {
                     // The application took every completion of the CQ it polls and posted
                     // nothing: a receiver that does not answer (a stream of SENDs into it).
@@ -1454,13 +1445,9 @@ impl Engine {
                     // verbs, and needed its progress thread for the answer behind it.
                     let answer =
                         st.dev.answers_awaiting_acks() != answers && !st.answer_holds.off_at(now);
-                    let until = if answer {
-                        st.answer_hold.start(now)
-                    } else {
-                        now + ACK_HOLD_NS
-                    };
+                    let hold = if answer { ANSWER_HOLD_NS } else { ACK_HOLD_NS };
                     st.deferred = Deferred::AcksUntil {
-                        until,
+                        until: now + hold,
                         answer_from: answer.then(|| st.dev.completions_stored()),
                     };
                     if answer {
@@ -1481,7 +1468,6 @@ impl Engine {
                         answer_from: None,
                     };
                     st.answer_holds.in_a_row = 0;
-                    st.answer_hold.served(now);
                 }
                 _ => {}
             }
@@ -1602,9 +1588,12 @@ const LINGER_NS: u64 = 100_000_000;
 /// the ACK itself (a send completion) is late by about this much when no answer comes.
 const ACK_HOLD_NS: u64 = 5_000;
 
-// How long `poll_cq` holds ACKs for a message that arrived while the application waited for
-// the ACK of its own: `answer_hold` (`ANSWER_HOLD_NS` where the ACKs come promptly, longer
-// where they come late).
+/// How long `poll_cq` holds ACKs for a message that arrived while the application waited for
+/// the ACK of its own one message in flight (`Device::answers_awaiting_acks`): until that ACK
+/// arrives (then `ACK_HOLD_NS` more at most) or this long. As long as the progress thread's
+/// hold (`THREAD_ACK_HOLD_NS`): the ACK comes a kernel pass behind the message, or later when
+/// the peer's core was taken meanwhile.
+const ANSWER_HOLD_NS: u64 = 50_000;
 
 /// Two applications that each send one message and wait for its ACK before the next, at the
 /// same time, hold each other's ACKs until their answer holds run out, on every turn. After
