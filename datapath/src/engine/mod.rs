@@ -325,6 +325,9 @@ pub struct EngineCounters {
     /// progress thread for an application that polled lately) that a poll found run out
     /// with no post from the application (see `ACK_HOLDS_OFF_NS`).
     pub ack_holds_ran_out: AtomicU64,
+    /// Holds a poll made for the application's answer that the progress thread found run out
+    /// with the application away from its verbs, and sent (see `LeftHolds`).
+    pub held_acks_left: AtomicU64,
     /// The receive queues the interface uses, looked at when retransmissions time out, were
     /// more than the engine took sockets on at its start (said on stderr; 1 once seen).
     pub rx_queues_grown: AtomicU64,
@@ -399,6 +402,45 @@ pub(crate) struct State {
     /// from it: after a few in a row, `poll_cq` sends ACKs as soon as it receives their
     /// requests, for a while (see `ACK_HOLDS_OFF_NS`).
     pub(crate) ack_holds: HoldsRunningOut,
+    /// Holds `poll_cq` made that the application left to the progress thread (see
+    /// [`LeftHolds`]).
+    pub(crate) left_holds: LeftHolds,
+}
+
+/// Holds of ACKs that `poll_cq` made for the application's answer and the application left:
+/// it went away from its verbs without answering, and the ACKs waited for the progress
+/// thread's next round, `LEFT_HOLD_LATE_NS` or more after the hold ran out. Next to a steady poller that thread naps on an alarm the polls keep
+/// pushing, up to `nap_alarm::MAX_POSTPONE_NS` out, so the peer, whose send queue may wait
+/// for those ACKs, stalled for milliseconds. Two applications that both send, take their
+/// completions and then wait for each other outside their verbs, did so every few rounds:
+/// 30 stalls of 1-17 ms in 1 000 rounds, half the run. Each left hold turns `poll_cq`'s holds
+/// off for a spell, `LEFT_HOLDS_OFF_NS` doubled for every spell since the application last
+/// answered a hold, so such an application is tried a few times in all, not once per spell;
+/// a hold it answers brings the spells back to the shortest.
+#[derive(Debug, Default)]
+pub(crate) struct LeftHolds {
+    /// Spells since a hold was last answered.
+    spells: u32,
+    /// Engine time before which `poll_cq` holds nothing.
+    off_until: u64,
+}
+
+impl LeftHolds {
+    /// A hold was left at `now`: holds are off for the next spell.
+    pub(crate) fn left(&mut self, now: u64) {
+        let doublings = self.spells.min(LEFT_HOLDS_MAX_DOUBLINGS);
+        self.off_until = now.saturating_add(LEFT_HOLDS_OFF_NS << doublings);
+        self.spells = self.spells.saturating_add(1);
+    }
+
+    /// The application answered a hold: the next spell, if any, is the shortest.
+    fn answered(&mut self) {
+        self.spells = 0;
+    }
+
+    fn off_at(&self, now: u64) -> bool {
+        now < self.off_until
+    }
 }
 
 /// Holds of one kind that ran out in a row, and until when such holds are off.
@@ -434,9 +476,12 @@ pub(crate) enum Deferred {
     /// ACKs held for the application's answer (see `Engine::poll_cq`), until engine time
     /// `until` at the latest. `answer_from`: the hold waits for a ping-pong answer (see
     /// `ANSWER_HOLD_NS`), and the device had stored this many completions when it started.
+    /// `by_poll`: a `poll_cq` started it (else the progress thread, see
+    /// `progress::thread_round`).
     AcksUntil {
         until: u64,
         answer_from: Option<u64>,
+        by_poll: bool,
     },
 }
 
@@ -682,6 +727,7 @@ impl Engine {
                 deferred: Deferred::Nothing,
                 answer_holds: HoldsRunningOut::default(),
                 ack_holds: HoldsRunningOut::default(),
+                left_holds: LeftHolds::default(),
             }),
             wake,
             kick: AtomicBool::new(false),
@@ -888,6 +934,7 @@ impl Engine {
                 "ack_holds_ran_out",
                 c.ack_holds_ran_out.load(Ordering::Relaxed),
             ),
+            ("held_acks_left", c.held_acks_left.load(Ordering::Relaxed)),
             ("rx_queues_grown", c.rx_queues_grown.load(Ordering::Relaxed)),
             // Not a counter: 1 when the socket the engine sends on bound in zero-copy mode.
             ("zero_copy", u64::from(self.zero_copy)),
@@ -1206,6 +1253,7 @@ impl Engine {
         if matches!(guard.deferred, Deferred::AcksUntil { .. }) {
             // A hold answered: the ACKs ride with this post.
             guard.ack_holds.in_a_row = 0;
+            guard.left_holds.answered();
         }
         if !busy {
             self.send_now(guard);
@@ -1428,11 +1476,13 @@ impl Engine {
             }
             match st.deferred {
                 Deferred::Nothing
-                    if st.ack_holds.off_at(now) && st.dev.answers_awaiting_acks() == answers =>
+                    if (st.ack_holds.off_at(now) && st.dev.answers_awaiting_acks() == answers)
+                        || st.left_holds.off_at(now) =>
                 {
-                    // A receiver that has not been answering: its peer's send queue waits for
-                    // these ACKs, which go now, before the application takes its completions
-                    // (see `ACK_HOLDS_OFF_NS`).
+                    // A receiver that has not been answering (see `ACK_HOLDS_OFF_NS`), or
+                    // that leaves its verbs without answering (see `LeftHolds`): its peer's
+                    // send queue waits for these ACKs, which go now, before the application
+                    // takes its completions.
                     progress::send(&self.shared, st, now);
                 }
                 Deferred::Nothing => {
@@ -1449,7 +1499,9 @@ impl Engine {
                     st.deferred = Deferred::AcksUntil {
                         until: now + hold,
                         answer_from: answer.then(|| st.dev.completions_stored()),
+                        by_poll: true,
                     };
+
                     if answer {
                         self.shared
                             .counters
@@ -1460,12 +1512,14 @@ impl Engine {
                 Deferred::AcksUntil {
                     until,
                     answer_from: Some(c),
+                    by_poll,
                 } if c != st.dev.completions_stored() => {
                     // The ACK the answer waited for (or another completion) is in: from here
                     // the application answers at once or not at all.
                     st.deferred = Deferred::AcksUntil {
                         until: until.min(now + ACK_HOLD_NS),
                         answer_from: None,
+                        by_poll,
                     };
                     st.answer_holds.in_a_row = 0;
                 }
@@ -1612,6 +1666,18 @@ const ANSWER_HOLDS_OFF_NS: u64 = 10_000_000;
 /// a hold starts the count again.
 const ACK_HOLDS_RUN_OUT_IN_A_ROW: u32 = 3;
 const ACK_HOLDS_OFF_NS: u64 = 10_000_000;
+
+/// The shortest spell without `poll_cq` holds after the application left one (see
+/// [`LeftHolds`]), and how many times it doubles at most while the application keeps leaving
+/// them: up to 1.28 s.
+const LEFT_HOLDS_OFF_NS: u64 = 10_000_000;
+const LEFT_HOLDS_MAX_DOUBLINGS: u32 = 7;
+/// How late the progress thread must find a poll's hold for it to count as left. An
+/// application that spins on memory between its verbs (`ib_write_lat`) answers a few
+/// microseconds after the hold ran out, often after this thread found it; under emulation (a
+/// guest without KVM) an application takes tens of microseconds to answer. Neither is a reason
+/// to stop holding. A hold left to the thread's alarm is a millisecond late or more.
+pub(crate) const LEFT_HOLD_LATE_NS: u64 = 200_000;
 
 /// The CPU the calling thread runs on (glibc reads it from the thread's rseq area: no system
 /// call), or -1.
@@ -2032,9 +2098,32 @@ fn getrandom(out: &mut [u8]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{monotonic_ns, random_first_qpn, Backend, EngineError};
+    use super::{
+        monotonic_ns, random_first_qpn, Backend, EngineError, LeftHolds, LEFT_HOLDS_MAX_DOUBLINGS,
+        LEFT_HOLDS_OFF_NS,
+    };
     use std::time::{Duration, Instant};
     use xroce_core::transport::device::limits::FIRST_QPN;
+
+    /// Each hold left turns holds off for a spell twice as long as the last, up to the
+    /// limit; a hold answered makes the next spell the shortest again.
+    #[test]
+    fn left_holds_turn_holds_off_for_spells_that_double_until_one_is_answered() {
+        let mut holds = LeftHolds::default();
+        assert!(!holds.off_at(0));
+        let mut now = 1_000;
+        for spell in 0..LEFT_HOLDS_MAX_DOUBLINGS + 3 {
+            holds.left(now);
+            let off = LEFT_HOLDS_OFF_NS << spell.min(LEFT_HOLDS_MAX_DOUBLINGS);
+            assert!(holds.off_at(now + off - 1), "spell {spell}");
+            assert!(!holds.off_at(now + off), "spell {spell}");
+            now += off;
+        }
+        holds.answered();
+        holds.left(now);
+        assert!(holds.off_at(now + LEFT_HOLDS_OFF_NS - 1));
+        assert!(!holds.off_at(now + LEFT_HOLDS_OFF_NS));
+    }
 
     #[test]
     fn backends_are_named_as_users_write_them() {

@@ -328,8 +328,18 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     };
     // A hold that ran out goes first: what comes in below may be held afresh, for its own
     // answer (a stale hold must not send the new ACKs at once).
-    if matches!(st.deferred, Deferred::AcksUntil { until, .. } if until <= now) {
-        round = send(shared, st, now);
+    if let Deferred::AcksUntil { until, by_poll, .. } = st.deferred {
+        if until <= now {
+            if by_poll && now - until >= super::LEFT_HOLD_LATE_NS {
+                // The application took its completions and left its verbs without answering.
+                shared
+                    .counters
+                    .held_acks_left
+                    .fetch_add(1, Ordering::Relaxed);
+                st.left_holds.left(now);
+            }
+            round = send(shared, st, now);
+        }
     }
     let requests = st.dev.ack_only_requests();
     let received = receive(shared, st, now);
@@ -353,6 +363,7 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
                 st.deferred = Deferred::AcksUntil {
                     until: now + THREAD_ACK_HOLD_NS,
                     answer_from: None,
+                    by_poll: false,
                 };
             }
             hold
