@@ -438,6 +438,12 @@ impl LeftHolds {
         self.spells = 0;
     }
 
+    /// The application has left a hold since it last answered one: its next holds are on
+    /// trial, and the thread wakes for them.
+    fn on_trial(&self) -> bool {
+        self.spells > 0
+    }
+
     fn off_at(&self, now: u64) -> bool {
         now < self.off_until
     }
@@ -1250,10 +1256,15 @@ impl Engine {
     /// `poll_cq`, or the progress thread), which sends everything queued together: one system
     /// call and one ACK for the batch instead of one each.
     fn after_post(&self, mut guard: MutexGuard<'_, State>, busy: bool, in_verbs: &mut InVerbs) {
-        if matches!(guard.deferred, Deferred::AcksUntil { .. }) {
+        if let Deferred::AcksUntil { by_poll, .. } = guard.deferred {
             // A hold answered: the ACKs ride with this post.
             guard.ack_holds.in_a_row = 0;
-            guard.left_holds.answered();
+            if by_poll {
+                // (The thread's holds are for an application away from its verbs: one that
+                // leaves its polls' holds answers those as well, the peer's next message
+                // being at hand when it comes back.)
+                guard.left_holds.answered();
+            }
         }
         if !busy {
             self.send_now(guard);
@@ -1372,10 +1383,13 @@ impl Engine {
             Self::dispatch_if_failed(&self.shared, st);
             return st.dev.poll_cq(cq, max, out);
         }
-        let polled = self.poll_cq_round(st, now, cq, max, out);
+        let mut trial = false;
+        let polled = self.poll_cq_round(st, now, cq, max, out, &mut trial);
         // ACKs held here wait for this application's next verb; a timer this round armed
         // (an RNR NAK taken, say) must not wait for an application that leaves to block.
-        self.wake_for_sooner_deadline(st, false);
+        // Nor must a hold on trial (see `LeftHolds`): a thread asleep until a later timer
+        // wakes, and naps next to this application.
+        self.wake_for_sooner_deadline(st, trial);
         polled
     }
 
@@ -1387,6 +1401,7 @@ impl Engine {
         cq: CqId,
         max: usize,
         out: &mut Vec<WorkCompletion>,
+        trial: &mut bool,
     ) -> Result<usize, VerbsError> {
         let holding = matches!(st.deferred, Deferred::AcksUntil { until, .. } if now < until);
         match st.deferred {
@@ -1485,6 +1500,10 @@ impl Engine {
                     // takes its completions.
                     progress::send(&self.shared, st, now);
                 }
+                // Only an ACK for this side came (a send completion): nothing to hold. (Held,
+                // the application's next post took it for an answer to a hold, see
+                // `LeftHolds`.)
+                Deferred::Nothing if !st.dev.transmit_queued() => {}
                 Deferred::Nothing => {
                     // A message that came while this side waits for the ACK of its own (a
                     // ping-pong turn) is ahead of that ACK in the peer's kick, and the
@@ -1501,7 +1520,15 @@ impl Engine {
                         answer_from: answer.then(|| st.dev.completions_stored()),
                         by_poll: true,
                     };
-
+                    if st.left_holds.on_trial() {
+                        // This application left a hold before: should it leave this one too,
+                        // the thread sends it about `LEFT_HOLD_LATE_NS` late, not after its
+                        // sleep (naps of up to `nap_alarm::MAX_POSTPONE_NS` next to a steady
+                        // poller, or a transport timer's wait tens of milliseconds long).
+                        let at = now + hold + LEFT_HOLD_LATE_NS + LEFT_HOLD_RING_MARGIN_NS;
+                        self.shared.nap_alarm.ring_for_hold(now, at);
+                        *trial = true;
+                    }
                     if answer {
                         self.shared
                             .counters
@@ -1678,6 +1705,9 @@ const LEFT_HOLDS_MAX_DOUBLINGS: u32 = 7;
 /// guest without KVM) an application takes tens of microseconds to answer. Neither is a reason
 /// to stop holding. A hold left to the thread's alarm is a millisecond late or more.
 pub(crate) const LEFT_HOLD_LATE_NS: u64 = 200_000;
+/// How much later than `LEFT_HOLD_LATE_NS` past a hold on trial the thread wakes for it, so
+/// that it finds the hold that late and counts it as left.
+const LEFT_HOLD_RING_MARGIN_NS: u64 = 20_000;
 
 /// The CPU the calling thread runs on (glibc reads it from the thread's rseq area: no system
 /// call), or -1.

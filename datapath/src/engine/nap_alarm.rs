@@ -75,6 +75,9 @@ pub(crate) struct NapAlarm {
     pushes: AtomicU32,
     /// The application is a steady poller: pushes postpone by at least `STEADY_POSTPONE_NS`.
     steady: AtomicBool,
+    /// Engine time by which the alarm rings for ACKs a poll holds (0: none; see
+    /// `ring_for_hold`). Pushes do not move the alarm past it.
+    hold_due_at: AtomicU64,
     /// Times the application came back to its verbs from elsewhere since the last push.
     leaves: AtomicU32,
 }
@@ -99,15 +102,26 @@ impl NapAlarm {
             postpone_ns: AtomicU64::new(POSTPONE_NS),
             pushes: AtomicU32::new(0),
             steady: AtomicBool::new(false),
+            hold_due_at: AtomicU64::new(0),
             leaves: AtomicU32::new(0),
         })
     }
 
     /// The thread naps `ns` (see `set`); `long`: its naps are at their longest, and polls
     /// may postpone this one.
-    pub(crate) fn nap(&self, ns: u64, long: bool) {
+    pub(crate) fn nap(&self, ns: u64, long: bool, now: u64) {
         self.long_naps.store(long, Ordering::Relaxed);
-        self.set(ns);
+        self.set(self.until_hold(ns, now));
+    }
+
+    /// `ns` from `now`, or less to ring by the held ACKs' time (see `ring_for_hold`).
+    fn until_hold(&self, ns: u64, now: u64) -> u64 {
+        let hold_due_at = self.hold_due_at.load(Ordering::Relaxed);
+        if hold_due_at > now {
+            ns.min(hold_due_at - now)
+        } else {
+            ns
+        }
     }
 
     /// The thread took over (or has nothing to nap for): polls stop pushing, and the next
@@ -164,6 +178,29 @@ impl NapAlarm {
         );
     }
 
+    /// A poll at `now` holds ACKs that the progress thread must send by `at` if the
+    /// application leaves them (see `LeftHolds` in the engine): while the thread's naps are
+    /// long, the alarm rings by then, and pushes do not move it later. (Short naps end within
+    /// a millisecond anyway.) A system call: only for holds of an application that left one
+    /// before.
+    pub(crate) fn ring_for_hold(&self, now: u64, at: u64) {
+        if self.long_naps.load(Ordering::Relaxed) {
+            self.hold_due_at.store(at, Ordering::Relaxed);
+            self.set(at.saturating_sub(now));
+        }
+    }
+
+    /// The alarm rang at `now`: whether it rang for held ACKs (see `ring_for_hold`), which is
+    /// no sign of pushes coming too far apart. Forgets that hold.
+    pub(crate) fn rang_for_hold(&self, now: u64) -> bool {
+        let at = self.hold_due_at.load(Ordering::Relaxed);
+        if at == 0 || now < at {
+            return false;
+        }
+        self.hold_due_at.store(0, Ordering::Relaxed);
+        true
+    }
+
     /// Sets the alarm `ns` from now (at least 1 ns: zero would disarm it). Setting it also
     /// forgets an expiry nobody has read yet.
     fn set(&self, ns: u64) {
@@ -198,7 +235,8 @@ impl NapAlarm {
                 .compare_exchange(at, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
             {
-                self.set(self.pushed());
+                let ns = self.pushed();
+                self.set(self.until_hold(ns, now));
             }
         }
     }
@@ -257,7 +295,7 @@ mod tests {
         let alarm = NapAlarm::new().expect("timerfd");
         let start = 10 * US;
         assert!(poll_run(&alarm, start, start + 2_000 * US, 5 * US).is_empty());
-        alarm.nap(POSTPONE_NS, true);
+        alarm.nap(POSTPONE_NS, true, 0);
         let pushes = poll_run(&alarm, start + 2_000 * US, start + 4_000 * US, 5 * US);
         assert_eq!(pushes.len(), 8, "{pushes:?}");
         for pair in pushes.windows(2) {
@@ -266,7 +304,7 @@ mod tests {
         }
         alarm.short_naps();
         assert!(poll_run(&alarm, start + 4_000 * US, start + 6_000 * US, 5 * US).is_empty());
-        alarm.nap(10 * US, false);
+        alarm.nap(10 * US, false, 0);
         assert!(poll_run(&alarm, start + 6_000 * US, start + 8_000 * US, 5 * US).is_empty());
     }
 
@@ -281,7 +319,7 @@ mod tests {
     #[test]
     fn wasted_alarms_stretch_the_postponement_until_the_thread_takes_over() {
         let alarm = NapAlarm::new().expect("timerfd");
-        alarm.nap(POSTPONE_NS, true);
+        alarm.nap(POSTPONE_NS, true, 0);
         alarm.rang_for_nothing();
         assert_eq!(alarm.postpone_ns.load(Ordering::Relaxed), 2 * POSTPONE_NS);
         // Three pushes: too few to make the application a steady poller.
@@ -313,7 +351,7 @@ mod tests {
     #[test]
     fn a_steady_poller_pushes_the_alarm_past_the_tick_and_less_often() {
         let alarm = NapAlarm::new().expect("timerfd");
-        alarm.nap(POSTPONE_NS, true);
+        alarm.nap(POSTPONE_NS, true, 0);
         let gaps = push_gaps(&alarm, 10 * US, 20_000 * US);
         let steady = STEADY_PUSHES as usize;
         assert!(gaps.len() > steady, "{gaps:?}");
@@ -337,7 +375,7 @@ mod tests {
 
         // The thread took over: the application must prove itself a steady poller again.
         alarm.short_naps();
-        alarm.nap(POSTPONE_NS, true);
+        alarm.nap(POSTPONE_NS, true, 0);
         let gaps = push_gaps(&alarm, 30_000 * US, 1_900 * US);
         assert!(gaps.iter().all(|g| *g == PUSH_EVERY_NS), "{gaps:?}");
 
@@ -394,13 +432,58 @@ mod tests {
             unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
         };
         assert!(!readable(0), "not armed yet");
-        alarm.nap(1_000, false);
+        alarm.nap(1_000, false, 0);
         assert!(readable(1_000), "fires");
-        alarm.nap(10_000_000_000, true);
+        alarm.nap(10_000_000_000, true, 0);
         assert!(!readable(0), "setting it again forgot the expiry");
-        alarm.nap(1_000, false);
+        alarm.nap(1_000, false, 0);
         assert!(readable(1_000));
         alarm.clear();
         assert!(!readable(0), "read");
+    }
+
+    /// A hold on trial makes a long nap's alarm ring by its time: pushes and later naps do
+    /// not move it past that, the ring is told apart from one that came for nothing, and
+    /// once it rang the alarm is the thread's own again.
+    #[test]
+    fn an_alarm_for_held_acks_is_not_postponed_past_them() {
+        let alarm = NapAlarm::new().expect("timerfd");
+        let readable = |timeout_ms| {
+            let mut p = libc::pollfd {
+                fd: alarm.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
+        };
+        let now = 1_000 * US;
+        alarm.nap(10_000_000_000, false, now);
+        alarm.ring_for_hold(now, now + 300 * US);
+        assert_eq!(
+            alarm.hold_due_at.load(Ordering::Relaxed),
+            0,
+            "short naps end soon anyway"
+        );
+        alarm.nap(10_000_000_000, true, now);
+        alarm.ring_for_hold(now, now + 300 * US);
+        assert_eq!(
+            alarm.until_hold(STEADY_POSTPONE_NS, now + 100 * US),
+            200 * US
+        );
+        assert_eq!(alarm.until_hold(50 * US, now + 100 * US), 50 * US);
+        // A nap the thread starts meanwhile (10 s here) still rings for the hold.
+        alarm.nap(10_000_000_000, true, now);
+        assert!(readable(1_000), "rang for the hold");
+        assert!(
+            !alarm.rang_for_hold(now + 299 * US),
+            "not due yet at that time"
+        );
+        assert!(alarm.rang_for_hold(now + 300 * US));
+        assert!(!alarm.rang_for_hold(now + 400 * US), "told once");
+        assert_eq!(
+            alarm.until_hold(STEADY_POSTPONE_NS, now + 400 * US),
+            STEADY_POSTPONE_NS
+        );
     }
 }

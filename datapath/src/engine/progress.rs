@@ -872,7 +872,10 @@ pub(crate) fn run(
                 app_busy(&shared, shared.now())
             });
         confirm_quiet = app_busy;
-        if std::mem::take(&mut long_nap_rang) && app_busy {
+        if std::mem::take(&mut long_nap_rang)
+            && app_busy
+            && !shared.nap_alarm.rang_for_hold(shared.now())
+        {
             // Polls came too far apart to hold the alarm off, yet the application is still
             // polling: the wake-up was for nothing.
             shared.nap_alarm.rang_for_nothing();
@@ -1310,7 +1313,7 @@ fn sleep(shared: &Shared, frames: Option<RawFd>, watchers: &Watchers, wait: Wait
     let mut alarm_fd = -1;
     if matches!(wait, Wait::Nap(_)) {
         if let Some(ns) = timeout_ns.take() {
-            shared.nap_alarm.nap(ns, ns >= MAX_NAP_NS);
+            shared.nap_alarm.nap(ns, ns >= MAX_NAP_NS, shared.now());
             alarm_fd = shared.nap_alarm.as_raw_fd();
         }
     }
