@@ -417,20 +417,23 @@ mod tests {
         );
     }
 
+    /// Whether the alarm polls readable within `timeout_ms`.
+    fn readable(alarm: &NapAlarm, timeout_ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd: alarm.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
+    }
+
     /// The alarm polls readable once it expires, setting it forgets an unread expiry, and
     /// `clear` reads one.
     #[test]
     fn the_alarm_fires_and_setting_it_forgets_an_unread_expiry() {
         let alarm = NapAlarm::new().expect("timerfd");
-        let readable = |timeout_ms| {
-            let mut p = libc::pollfd {
-                fd: alarm.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
-        };
+        let readable = |timeout_ms| readable(&alarm, timeout_ms);
         assert!(!readable(0), "not armed yet");
         alarm.nap(1_000, false, 0);
         assert!(readable(1_000), "fires");
@@ -448,15 +451,7 @@ mod tests {
     #[test]
     fn an_alarm_for_held_acks_is_not_postponed_past_them() {
         let alarm = NapAlarm::new().expect("timerfd");
-        let readable = |timeout_ms| {
-            let mut p = libc::pollfd {
-                fd: alarm.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
-        };
+        let readable = |timeout_ms| readable(&alarm, timeout_ms);
         let now = 1_000 * US;
         alarm.nap(10_000_000_000, false, now);
         alarm.ring_for_hold(now, now + 300 * US);
