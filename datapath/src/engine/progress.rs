@@ -84,6 +84,8 @@ const POLLED_LATELY_NS: u64 = 100_000;
 const THREAD_ACK_HOLD_NS: u64 = 50_000;
 /// Longest check interval while an application keeps polling.
 const MAX_NAP_NS: u64 = 1_000_000;
+/// The longest this thread sleeps when the application polled a moment before (see `run`).
+const AFTER_POLL_SLEEP_NS: u64 = 1_000_000;
 /// The progress thread's timer slack (the kernel's default, 50 µs, would stretch its short
 /// sleeps several times over).
 const TIMER_SLACK_NS: libc::c_ulong = 1_000;
@@ -1046,7 +1048,16 @@ pub(crate) fn run(
             std::hint::spin_loop();
             continue;
         }
-        let woke = wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watchers, Wait::Events));
+        // An application that polled a moment ago may be back in its verbs before this sleep
+        // ends, hold ACKs there for its answer and leave them (see `LeftHolds`): the sleep
+        // then ends by `AFTER_POLL_SLEEP_NS`, not at the next transport timer, tens of
+        // milliseconds out. That costs one wake-up after an application goes quiet.
+        let wait = if polled_ns != 0 && now.saturating_sub(polled_ns) < POLLED_LATELY_NS {
+            Wait::AtMost(AFTER_POLL_SLEEP_NS)
+        } else {
+            Wait::Events
+        };
+        let woke = wake_priority.sleep(|| sleep(&shared, Some(wait_fd), &watchers, wait));
         if woke.addresses {
             address_changes.extend(watchers.drain());
         }
