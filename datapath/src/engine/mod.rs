@@ -409,9 +409,10 @@ pub(crate) struct State {
 
 /// Holds of ACKs that `poll_cq` made for the application's answer and the application left:
 /// it went away from its verbs without answering, and the ACKs waited for the progress
-/// thread's next round, `LEFT_HOLD_LATE_NS` or more after the hold ran out. Next to a steady poller that thread naps on an alarm the polls keep
-/// pushing, up to `nap_alarm::MAX_POSTPONE_NS` out, so the peer, whose send queue may wait
-/// for those ACKs, stalled for milliseconds. Two applications that both send, take their
+/// thread's next round, `LEFT_HOLD_LATE_NS` or more after the hold ran out. Next to a steady
+/// poller that thread naps on an alarm the polls keep pushing, up to
+/// `nap_alarm::MAX_POSTPONE_NS` out, so the peer, whose send queue may wait for those ACKs,
+/// stalled for milliseconds. Two applications that both send, take their
 /// completions and then wait for each other outside their verbs, did so every few rounds:
 /// 30 stalls of 1-17 ms in 1 000 rounds, half the run. Each left hold turns `poll_cq`'s holds
 /// off for a spell, `LEFT_HOLDS_OFF_NS` doubled for every spell since the application last
