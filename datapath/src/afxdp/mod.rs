@@ -5,9 +5,11 @@
 //! rings themselves are a few hundred lines.
 //!
 //! - [`ring`](self): the four shared rings (fill, completion, RX, TX);
-//! - [`XskSocket`]: a socket with its own UMEM in ordinary pages, bound to one queue, zero-copy
+//! - [`XskSocket`]: a socket with its own UMEM, bound to one queue, zero-copy
 //!   when the driver supports it and copy mode otherwise, multi-buffer (`XDP_USE_SG`) whenever
 //!   the kernel has it (6.6 and later; [`kernel_supports_multi_buffer`]);
+//! - `umem`: a socket's UMEM, anonymous memory (no hugetlbfs), in transparent huge pages where
+//!   the kernel gives them;
 //! - [`QueueSet`]: an engine's sockets on every receive queue of an interface with several;
 //! - `zero_copy`: drivers whose zero-copy is known to lose frames, which auto mode binds in
 //!   copy mode;
@@ -19,6 +21,7 @@ mod eviction;
 mod queue_set;
 mod ring;
 mod socket;
+mod umem;
 mod zero_copy;
 
 pub use channels::receive_queues_in_use;

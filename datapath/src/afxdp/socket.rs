@@ -2,13 +2,13 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
 use std::sync::OnceLock;
 
 use xroce_core::transport::qp_state::PathMtu;
 
 use super::eviction::{LineEviction, TakenFrames};
 use super::ring::Ring;
+use super::umem::Umem;
 
 /// Size of a UMEM frame. Without hugepages a frame cannot span more than a page, so frames larger
 /// than this (a 4096 path MTU gives 4154-byte frames) travel as several descriptors
@@ -293,70 +293,6 @@ pub struct XskStats {
     pub tx_ring_empty_descs: u64,
 }
 
-/// The UMEM: anonymous, ordinary pages (no hugepages), registered with the socket.
-struct Umem {
-    area: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain memory owned by the socket; moves with it to the thread that drives it.
-unsafe impl Send for Umem {}
-
-impl Umem {
-    fn new(frames: u32) -> Result<Self, XskError> {
-        let len = frames as usize * FRAME_SIZE as usize;
-        // SAFETY: anonymous private mapping; no file, no aliasing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(XskError::Umem {
-                bytes: len,
-                source: io::Error::last_os_error(),
-            });
-        }
-        let area = NonNull::new(p.cast::<u8>()).ok_or(XskError::Umem {
-            bytes: len,
-            source: io::Error::from(io::ErrorKind::OutOfMemory),
-        })?;
-        Ok(Self { area, len })
-    }
-
-    /// The bytes at UMEM address `addr`, `len` long, if they lie inside the UMEM.
-    fn slice(&self, addr: u64, len: u32) -> Option<&[u8]> {
-        let start = self.start_of(addr, len)?;
-        // SAFETY: in bounds (`start_of`); the kernel finished writing this frame before it
-        // published the descriptor, and we do not hand the frame back until the slice is gone.
-        Some(unsafe { std::slice::from_raw_parts(start, len as usize) })
-    }
-
-    /// The address of UMEM address `addr`, if `len` bytes from there lie inside the UMEM. On
-    /// its own for frames that may be the kernel's again (see `eviction`): no slice may cover
-    /// those.
-    fn start_of(&self, addr: u64, len: u32) -> Option<*const u8> {
-        let end = addr.checked_add(u64::from(len))?;
-        if end > self.len as u64 {
-            return None;
-        }
-        // In bounds (checked above), so inside the mapping.
-        Some(self.area.as_ptr().wrapping_add(addr as usize).cast_const())
-    }
-
-    fn slice_mut(&mut self, addr: u64, len: u32) -> Option<&mut [u8]> {
-        let start = self.start_of(addr, len)?.cast_mut();
-        // SAFETY: in bounds (`start_of`), in the writable mapping; the frame is ours (on the
-        // free list), the kernel does not touch it.
-        Some(unsafe { std::slice::from_raw_parts_mut(start, len as usize) })
-    }
-}
-
 /// Joins a frame of two descriptors where it lies, if it can: returns the UMEM address and
 /// length of the whole frame, or `None` (then the caller copies the pieces together).
 ///
@@ -391,19 +327,6 @@ fn read_span(addr: u64, last: &libc::xdp_desc) -> (u64, u32) {
     let read_to = last.addr.saturating_add(u64::from(last.len));
     let len = u32::try_from(read_to.saturating_sub(addr)).unwrap_or(0);
     (addr, len)
-}
-
-impl Drop for Umem {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the area `new` mapped, which nothing of ours uses any more.
-        // The kernel pins the pages of a registered UMEM and releases them itself once the
-        // socket is gone (zero-copy teardown may finish later), so it never writes into freed
-        // memory; the socket is closed first anyway (field order in `XskSocket`, declaration
-        // order in `open_with`).
-        unsafe {
-            libc::munmap(self.area.as_ptr().cast(), self.len);
-        }
-    }
 }
 
 /// An AF_XDP socket bound to (interface, queue), with a private UMEM.
@@ -583,8 +506,8 @@ impl XskSocket {
         // SAFETY: `raw` is a fresh fd nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let reg = libc::xdp_umem_reg {
-            addr: umem.area.as_ptr() as u64,
-            len: umem.len as u64,
+            addr: umem.base() as u64,
+            len: umem.len() as u64,
             chunk_size: FRAME_SIZE,
             headroom: 0,
             flags: 0,
