@@ -10,8 +10,8 @@
 //! Why: receive frames cycle through the whole receive area (the fill ring hands them out in
 //! order), so in 4 KiB pages nearly every frame is a page the TLB no longer holds, for the
 //! kernel's copy into it and for the engine reading it. Backed by huge pages, a 64 B `ib_send_lat`
-//! over RC ran 3-4 % faster in eleven of eleven alternating pairs, the 64 B message rate 1.5-2 %
-//! in three of three, and 64 KiB streams the same (`docs/decisions.md`, "Stop 76").
+//! over RC ran 3-4 % faster in 17 of 17 alternating pairs, and the 64 B message rate and 64 KiB
+//! streams 1-3 % faster in four of four (`docs/decisions.md`, "Stop 76").
 //!
 //! The pages are not touched here: registering the UMEM with a socket pins (and so faults in)
 //! every one of them, and fails there if memory is short.
