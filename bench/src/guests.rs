@@ -362,11 +362,11 @@ fn measure_stack(
 ) -> Result<GuestNumbers, String> {
     if !xroce {
         say(&format!("round {round}/{ROUNDS}: rdma_rxe <-> rdma_rxe"));
-        return measure(g, "", "rxe0");
+        return measure(g, "", "rxe0", say);
     }
     xroce_link(g, "add xr0 netdev eth0")?;
     say(&format!("round {round}/{ROUNDS}: xroce <-> xroce"));
-    let n = measure(g, "/opt/xroce/xroce exec -- ", "xr0");
+    let n = measure(g, "/opt/xroce/xroce exec -- ", "xr0", say);
     let removed = xroce_link(g, "del xr0");
     // A failed run's own error says more than the removal's that followed it.
     let n = n?;
@@ -471,10 +471,16 @@ fn parse_stream_line(out: &str) -> Option<f64> {
         .ok()
 }
 
-/// Each number's median over the runs (the upper one of an even count).
+/// Each number's median over the runs (the upper one of an even count). A run that measured
+/// nothing for a number (zero, or NaN: perftest reported no bandwidth, say) is left out of
+/// that number's median rather than pulling it down.
 fn median_numbers(runs: impl Iterator<Item = GuestNumbers> + Clone) -> GuestNumbers {
     let median = |f: fn(&GuestNumbers) -> f64| {
-        let mut v: Vec<f64> = runs.clone().map(|n| f(&n)).collect();
+        let mut v: Vec<f64> = runs
+            .clone()
+            .map(|n| f(&n))
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .collect();
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
@@ -522,7 +528,12 @@ fn server_client(g: &[Guest], wrap: &str, program: &str) -> Result<String, Strin
     Ok(client)
 }
 
-fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
+fn measure(
+    g: &[Guest],
+    wrap: &str,
+    dev: &str,
+    say: &mut dyn FnMut(&str),
+) -> Result<GuestNumbers, String> {
     let lat = server_client(
         g,
         wrap,
@@ -535,10 +546,21 @@ fn measure(g: &[Guest], wrap: &str, dev: &str) -> Result<GuestNumbers, String> {
     let before = HostCpu::sample(g);
     let bw = server_client(g, wrap, &format!("ib_write_bw -d {dev} -x 1 -F -D 5"))?;
     let write_bw_vcpu_cores = before.cores_since(g);
-    let bw = parse_bw(&bw)
+    let bw_output = bw;
+    let bw = parse_bw(&bw_output)
         .first()
         .copied()
-        .ok_or_else(|| format!("no bandwidth line in:\n{bw}"))?;
+        .ok_or_else(|| format!("no bandwidth line in:\n{bw_output}"))?;
+    if bw.mb_per_s.is_nan() || bw.mb_per_s <= 0.0 {
+        // perftest ran to its end but counted nothing in its measured window. Not a failure
+        // of the whole comparison: this round's bandwidth is left out (see `median_numbers`),
+        // and what perftest said is kept in the log.
+        say(&format!(
+            "{dev}: ib_write_bw reported {} MB/s; this round's bandwidth is left out. Its \
+             output:\n{bw_output}",
+            bw.mb_per_s
+        ));
+    }
     Ok(GuestNumbers {
         send_lat_us: lat.typical,
         send_lat_p99_us: lat.p99,
@@ -645,5 +667,10 @@ mod tests {
         let m = median_numbers(runs.iter().copied());
         assert_eq!((m.send_lat_us, m.write_bw_mb_s), (200.0, 20.0));
         assert_eq!(m.write_bw_vcpu_cores, [0.2, 2.0]);
+        // A run whose perftest counted no bandwidth is left out of that median, not taken as
+        // the slowest (the upper of the two left).
+        let runs = [n(100.0, 10.7), n(200.0, 10.5), n(300.0, 0.0)];
+        let m = median_numbers(runs.iter().copied());
+        assert_eq!((m.send_lat_us, m.write_bw_mb_s), (200.0, 10.7));
     }
 }

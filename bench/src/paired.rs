@@ -68,6 +68,17 @@ impl Paired {
     }
 }
 
+/// One round's xroce / baseline for a note, "0.89×"; "none" when either side measured nothing
+/// (zero or not a number), which [`Paired::push`] leaves out of the goal.
+pub fn round_ratio_text(xroce: f64, baseline: f64) -> String {
+    let usable = |v: f64| v.is_finite() && v > 0.0;
+    if usable(xroce) && usable(baseline) {
+        format!("{:.2}×", xroce / baseline)
+    } else {
+        "none (a run measured nothing)".to_string()
+    }
+}
+
 /// The middle value (the mean of the middle two for an even count); `None` when empty.
 pub fn median(mut v: Vec<f64>) -> Option<f64> {
     v.retain(|x| !x.is_nan());
@@ -117,6 +128,19 @@ pub fn in_order<A, B>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_that_measured_nothing_reads_as_none_not_as_infinite() {
+        assert_eq!(round_ratio_text(33.4, 10.7), "3.12×");
+        assert_eq!(round_ratio_text(33.4, 0.0), "none (a run measured nothing)");
+        assert_eq!(
+            round_ratio_text(f64::NAN, 10.7),
+            "none (a run measured nothing)"
+        );
+        let mut p = Paired::default();
+        p.push(Some(33.4), Some(0.0));
+        assert!(p.rounds.is_empty(), "left out of the goal as well");
+    }
 
     #[test]
     fn medians_of_odd_and_even_counts() {

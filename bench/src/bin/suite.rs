@@ -999,9 +999,9 @@ fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
         .iter()
         .map(|(rxe, xroce)| {
             format!(
-                "{:.2}× / {:.2}×",
-                xroce.write_bw_mb_s / rxe.write_bw_mb_s,
-                xroce.send_lat_us / rxe.send_lat_us
+                "{} / {}",
+                paired::round_ratio_text(xroce.write_bw_mb_s, rxe.write_bw_mb_s),
+                paired::round_ratio_text(xroce.send_lat_us, rxe.send_lat_us)
             )
         })
         .collect();
