@@ -68,14 +68,15 @@ impl Paired {
     }
 }
 
-/// One round's xroce / baseline for a note, "0.89×"; "none" when either side measured nothing
-/// (zero or not a number), which [`Paired::push`] leaves out of the goal.
-pub fn round_ratio_text(xroce: f64, baseline: f64) -> String {
+/// One round's xroce / baseline for a note, "0.89×"; "none (… measured nothing)" when a side
+/// measured nothing (zero or not a number), which [`Paired::push`] leaves out of the goal.
+pub fn round_ratio_text(xroce: f64, baseline: f64, baseline_name: &str) -> String {
     let usable = |v: f64| v.is_finite() && v > 0.0;
-    if usable(xroce) && usable(baseline) {
-        format!("{:.2}×", xroce / baseline)
-    } else {
-        "none (a run measured nothing)".to_string()
+    match (usable(xroce), usable(baseline)) {
+        (true, true) => format!("{:.2}×", xroce / baseline),
+        (false, true) => "none (xroce measured nothing)".to_string(),
+        (true, false) => format!("none ({baseline_name} measured nothing)"),
+        (false, false) => format!("none (xroce and {baseline_name} measured nothing)"),
     }
 }
 
@@ -131,11 +132,14 @@ mod tests {
 
     #[test]
     fn a_round_that_measured_nothing_reads_as_none_not_as_infinite() {
-        assert_eq!(round_ratio_text(33.4, 10.7), "3.12×");
-        assert_eq!(round_ratio_text(33.4, 0.0), "none (a run measured nothing)");
+        assert_eq!(round_ratio_text(33.4, 10.7, "rdma_rxe"), "3.12×");
         assert_eq!(
-            round_ratio_text(f64::NAN, 10.7),
-            "none (a run measured nothing)"
+            round_ratio_text(33.4, 0.0, "rdma_rxe"),
+            "none (rdma_rxe measured nothing)"
+        );
+        assert_eq!(
+            round_ratio_text(f64::NAN, 10.7, "rdma_rxe"),
+            "none (xroce measured nothing)"
         );
         let mut p = Paired::default();
         p.push(Some(33.4), Some(0.0));

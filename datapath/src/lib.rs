@@ -4,7 +4,8 @@
 //!   access to its maps (the XSKMAP engines bind into, the counters, the test-only drop knob).
 //! - [`netlink`]: what the kernel knows about addressing: interfaces, their addresses (the GID
 //!   table), routes and neighbours.
-//! - [`afxdp`]: AF_XDP sockets over a UMEM in ordinary pages.
+//! - [`afxdp`]: AF_XDP sockets over a UMEM in anonymous memory (transparent huge pages where
+//!   the kernel gives them).
 //! - [`port`]: the small frame I/O trait the engine drives (AF_XDP, DPDK; the simulator
 //!   elsewhere).
 //! - `dpdk` (cargo feature `dpdk`): the DPDK port, through DPDK's `net_af_packet` driver.

@@ -1000,8 +1000,8 @@ fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
         .map(|(rxe, xroce)| {
             format!(
                 "{} / {}",
-                paired::round_ratio_text(xroce.write_bw_mb_s, rxe.write_bw_mb_s),
-                paired::round_ratio_text(xroce.send_lat_us, rxe.send_lat_us)
+                paired::round_ratio_text(xroce.write_bw_mb_s, rxe.write_bw_mb_s, "rdma_rxe"),
+                paired::round_ratio_text(xroce.send_lat_us, rxe.send_lat_us, "rdma_rxe")
             )
         })
         .collect();

@@ -10,7 +10,8 @@ use super::eviction::{LineEviction, TakenFrames};
 use super::ring::Ring;
 use super::umem::Umem;
 
-/// Size of a UMEM frame. Without hugepages a frame cannot span more than a page, so frames larger
+/// Size of a UMEM frame. Outside hugetlbfs (which xroce does not use: transparent huge pages do
+/// not count) a frame cannot span more than a page, so frames larger
 /// than this (a 4096 path MTU gives 4154-byte frames) travel as several descriptors
 /// (`XDP_USE_SG`).
 pub const FRAME_SIZE: u32 = 4096;

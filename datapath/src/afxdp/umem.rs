@@ -14,7 +14,9 @@
 //! streams 1-3 % faster in four of four (`docs/decisions.md`, "Stop 76").
 //!
 //! The pages are not touched here: registering the UMEM with a socket pins (and so faults in)
-//! every one of them, and fails there if memory is short.
+//! every one of them, and fails there if memory is short. A child process made by `fork` does
+//! not inherit the UMEM (`MADV_DONTFORK`): it could not use it, and copying it would cost the
+//! fork 16 MiB per socket and the parent its huge pages.
 
 use std::io;
 use std::ptr::NonNull;
@@ -25,11 +27,21 @@ use super::socket::{XskError, FRAME_SIZE};
 /// Memory the kernel writes frames into and reads frames from.
 pub(super) struct Umem {
     area: NonNull<u8>,
+    /// Bytes of frames.
     len: usize,
+    /// Bytes mapped: `len` rounded up to whole pages.
+    mapped_len: usize,
 }
 
 // SAFETY: plain memory owned by the socket; moves with it to the thread that drives it.
 unsafe impl Send for Umem {}
+
+/// The size of a page here (4 KiB on x86-64; 16 or 64 KiB on some arm64 kernels).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).unwrap_or(0).max(FRAME_SIZE as usize)
+}
 
 /// The size of a transparent huge page here, if the kernel has them.
 fn huge_page_size() -> Option<usize> {
@@ -50,17 +62,20 @@ impl Umem {
     pub(super) fn new(frames: u32) -> Result<Self, XskError> {
         let len = frames as usize * FRAME_SIZE as usize;
         let failed = |source| XskError::Umem { bytes: len, source };
-        let huge = huge_page_size().filter(|&h| len >= h);
+        let too_big = || failed(io::Error::from(io::ErrorKind::OutOfMemory));
+        // Mapped and unmapped in whole pages, which may be larger than a frame.
+        let mapped_len = len
+            .checked_next_multiple_of(page_size())
+            .ok_or_else(too_big)?;
+        let huge = huge_page_size().filter(|&h| mapped_len >= h);
         // Room to align the start to a huge page; the slack is unmapped below.
         let slack = huge.unwrap_or(0);
-        let mapped = len
-            .checked_add(slack)
-            .ok_or_else(|| failed(io::Error::from(io::ErrorKind::OutOfMemory)))?;
+        let reserved = mapped_len.checked_add(slack).ok_or_else(too_big)?;
         // SAFETY: anonymous private mapping; no file, no aliasing.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                mapped,
+                reserved,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -75,27 +90,43 @@ impl Umem {
             Some(h) => start.next_multiple_of(h),
             None => start,
         };
+        let Some(area) = NonNull::new(aligned as *mut u8) else {
+            // SAFETY: the whole mapping just made, which nothing refers to.
+            unsafe { libc::munmap(p, reserved) };
+            return Err(too_big());
+        };
         let head = aligned - start;
         let tail = slack - head;
-        // SAFETY: both ranges lie inside the mapping just made, outside [aligned, aligned + len),
-        // and nothing refers to them.
+        // SAFETY: both ranges lie inside the mapping just made, outside the part kept
+        // ([aligned, aligned + mapped_len), all whole pages), and nothing refers to them.
         unsafe {
             if head > 0 {
-                libc::munmap(p, head);
+                let rc = libc::munmap(p, head);
+                debug_assert_eq!(rc, 0, "unmapping the slack before the UMEM");
             }
             if tail > 0 {
-                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+                let rc = libc::munmap((aligned + mapped_len) as *mut libc::c_void, tail);
+                debug_assert_eq!(rc, 0, "unmapping the slack after the UMEM");
             }
         }
-        let area = NonNull::new(aligned as *mut u8)
-            .ok_or_else(|| failed(io::Error::from(io::ErrorKind::OutOfMemory)))?;
-        if huge.is_some() {
-            // A hint: a kernel without transparent huge pages refuses it (EINVAL) and one whose
-            // mode is `never` ignores it. Both leave ordinary pages, which work the same.
-            // SAFETY: advice on the mapping just made; it changes no contents.
-            unsafe { libc::madvise(area.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        // SAFETY: advice on the mapping just made; it changes no contents.
+        unsafe {
+            // Not inherited by a child process: the child cannot use its parent's engine (the
+            // provider refuses its verbs), while a fork would copy every pinned page of the
+            // UMEM into it at once, and split the parent's huge pages.
+            libc::madvise(area.as_ptr().cast(), mapped_len, libc::MADV_DONTFORK);
+            if huge.is_some() {
+                // A hint. Where the mode is `never` the kernel records it but backs the UMEM
+                // with ordinary pages, which work the same. (A kernel without transparent huge
+                // pages has no `hpage_pmd_size`, so `huge` is `None` there.)
+                libc::madvise(area.as_ptr().cast(), mapped_len, libc::MADV_HUGEPAGE);
+            }
         }
-        Ok(Self { area, len })
+        Ok(Self {
+            area,
+            len,
+            mapped_len,
+        })
     }
 
     /// Where the UMEM starts in this process (for `XDP_UMEM_REG`).
@@ -138,13 +169,14 @@ impl Umem {
 
 impl Drop for Umem {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly the area `new` kept, which nothing of ours uses any more.
+        // SAFETY: unmapping exactly the area `new` kept, which nothing of ours uses any more
+        // (in a forked child, where it was never mapped, this unmaps nothing).
         // The kernel pins the pages of a registered UMEM and releases them itself once the
         // socket is gone (zero-copy teardown may finish later), so it never writes into freed
         // memory; the socket is closed first anyway (field order in `XskSocket`, declaration
         // order in `open_with`).
         unsafe {
-            libc::munmap(self.area.as_ptr().cast(), self.len);
+            libc::munmap(self.area.as_ptr().cast(), self.mapped_len);
         }
     }
 }
@@ -178,9 +210,10 @@ mod tests {
     }
 
     #[test]
-    fn a_umem_of_a_huge_page_or_more_starts_on_one_and_asks_for_them() {
-        let Some(huge) = huge_page_size() else {
-            eprintln!("skipped: this kernel has no transparent huge pages");
+    fn a_umem_of_a_huge_page_or_more_starts_on_one_and_asks_for_them_and_no_umem_is_forked() {
+        let Some(huge) = huge_page_size().filter(|&h| h <= 32 << 20) else {
+            // (arm64 with 64 KiB pages has 512 MiB ones: too much for a unit test.)
+            eprintln!("skipped: this kernel has no transparent huge pages of 32 MiB or less");
             return;
         };
         let frames = (2 * huge / FRAME_SIZE as usize) as u32;
@@ -188,11 +221,9 @@ mod tests {
         let base = umem.base() as usize;
         assert_eq!(base % huge, 0, "aligned to a huge page");
         assert_eq!(umem.len(), 2 * huge);
-        assert!(
-            vm_flags_at(base).iter().any(|f| f == "hg"),
-            "MADV_HUGEPAGE on the UMEM: {:?}",
-            vm_flags_at(base)
-        );
+        let flags = vm_flags_at(base);
+        assert!(flags.iter().any(|f| f == "hg"), "MADV_HUGEPAGE: {flags:?}");
+        assert!(flags.iter().any(|f| f == "dc"), "MADV_DONTFORK: {flags:?}");
         // Every byte is usable, to the last.
         let last = (umem.len() - 1) as u64;
         umem.slice_mut(last, 1).expect("last byte")[0] = 7;
@@ -200,7 +231,10 @@ mod tests {
         assert!(umem.slice(last, 2).is_none(), "past the end");
 
         // A smaller one is left in ordinary pages: aligning it would cost more than it maps.
+        // Not inherited by a child either.
         let small = Umem::new(8).expect("UMEM");
-        assert!(!vm_flags_at(small.base() as usize).iter().any(|f| f == "hg"));
+        let flags = vm_flags_at(small.base() as usize);
+        assert!(!flags.iter().any(|f| f == "hg"), "{flags:?}");
+        assert!(flags.iter().any(|f| f == "dc"), "MADV_DONTFORK: {flags:?}");
     }
 }
