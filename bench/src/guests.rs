@@ -552,9 +552,8 @@ fn measure(
         .copied()
         .ok_or_else(|| format!("no latency line in:\n{lat}"))?;
     let before = HostCpu::sample(g);
-    let bw = server_client(g, wrap, &format!("ib_write_bw -d {dev} -x 1 -F -D 5"))?;
+    let bw_output = server_client(g, wrap, &format!("ib_write_bw -d {dev} -x 1 -F -D 5"))?;
     let mut write_bw_vcpu_cores = before.cores_since(g);
-    let bw_output = bw;
     let bw = parse_bw(&bw_output)
         .first()
         .copied()
