@@ -7,7 +7,13 @@ use std::sync::atomic::Ordering;
 use xroce_datapath::afxdp::BindMode;
 use xroce_datapath::engine::{Backend, Engine, EngineConfig, EngineError, Transmit};
 
-pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>) -> ExitCode {
+pub fn run(
+    iface: &str,
+    queue: u32,
+    mode: &str,
+    pcap: Option<std::path::PathBuf>,
+    pcap_max: Option<u64>,
+) -> ExitCode {
     // clap allows only the three names, which all parse.
     let bind_mode = mode.parse().unwrap_or(BindMode::Auto);
     // Block the stop signals before any thread exists, so every thread inherits the mask and
@@ -21,6 +27,7 @@ pub fn run(iface: &str, queue: u32, mode: &str, pcap: Option<std::path::PathBuf>
             queue,
             bind_mode,
             capture: pcap,
+            capture_max: pcap_max,
             backend,
             transmit: Transmit::from_env().map_err(EngineError::UnknownTransmit)?,
             ..EngineConfig::new(iface)

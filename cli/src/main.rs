@@ -43,7 +43,8 @@ enum Command {
     /// For the program, XROCE_STATS_FILE=PATH appends each engine's counters to PATH when it
     /// stops; XROCE_PCAP=PATH writes every frame it sends and receives to the pcap file PATH
     /// (`{netdev}` in PATH becomes the device's netdev; `tcpdump` on the interface does not
-    /// see xroce's frames); XROCE_DUMP_SIGNAL=USR1 makes `kill -USR1 PID` write what every
+    /// see xroce's frames), and with XROCE_PCAP_MAX=SIZE (e.g. 64M) it keeps only the last
+    /// frames: a full PATH becomes PATH.1 and a new PATH begins; XROCE_DUMP_SIGNAL=USR1 makes `kill -USR1 PID` write what every
     /// engine is doing (a line per QP and CQ: PSNs, timers, queues) to stderr, for a program
     /// that seems stuck; XROCE_BACKEND=dpdk moves the frames through DPDK's net_af_packet
     /// driver instead of AF_XDP sockets (an xroce built with `--features dpdk`; extra DPDK
@@ -92,6 +93,11 @@ enum Command {
         /// truncated; refused while another engine writes to it).
         #[arg(long, value_name = "FILE")]
         pcap: Option<PathBuf>,
+        /// Keep only the last frames: once the pcap file holds SIZE (bytes, or a number with K,
+        /// M or G, e.g. 64M), it is renamed to FILE.1 (replacing the older one) and a new FILE
+        /// begins, so at most twice SIZE is on disk.
+        #[arg(long, value_name = "SIZE", requires = "pcap", value_parser = xroce_datapath::engine::parse_capture_max)]
+        pcap_max: Option<u64>,
     },
 }
 
@@ -197,7 +203,8 @@ fn main() -> ExitCode {
             queue,
             mode,
             pcap,
-        } => engine::run(&iface, queue, &mode, pcap),
+            pcap_max,
+        } => engine::run(&iface, queue, &mode, pcap, pcap_max),
         Command::Link { command } => match command {
             LinkCommand::Add { words, mode } => {
                 let (name, netdev) = match add_words(&words) {

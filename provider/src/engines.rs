@@ -10,7 +10,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError, Weak};
 
 use libc::c_int;
 use xroce_datapath::afxdp::BindMode;
-use xroce_datapath::engine::{Backend, Engine, EngineConfig, EngineError, EventSink, Transmit};
+use xroce_datapath::engine::{
+    parse_capture_max, Backend, Engine, EngineConfig, EngineError, EventSink, Transmit,
+};
 
 use crate::device::ContextState;
 use crate::event_routes::{attach_context, post_device_fatal, route, Routes};
@@ -49,6 +51,20 @@ pub const CAPTURE_ENV: &str = "XROCE_PCAP";
 fn capture_path(netdev: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var(CAPTURE_ENV).ok().filter(|p| !p.is_empty())?;
     Some(path.replace("{netdev}", netdev).into())
+}
+
+/// Environment variable bounding each `XROCE_PCAP` file: once it holds this much (bytes, or
+/// a number with K, M or G), it is renamed to `FILE.1` and a new `FILE` begins, so a long
+/// run keeps its last frames with at most twice this on disk.
+pub const CAPTURE_MAX_ENV: &str = "XROCE_PCAP_MAX";
+
+fn capture_max() -> Result<Option<u64>, EngineError> {
+    match std::env::var(CAPTURE_MAX_ENV) {
+        Ok(v) if !v.is_empty() => parse_capture_max(&v)
+            .map(Some)
+            .map_err(|e| EngineError::BadCaptureMax(format!("{CAPTURE_MAX_ENV}: {e}"))),
+        _ => Ok(None),
+    }
 }
 
 impl EngineRef {
@@ -289,6 +305,7 @@ pub fn engine_for(ctx: &ContextState) -> Result<Arc<EngineRef>, c_int> {
         config.backend = Backend::from_env()?;
         config.transmit = Transmit::from_env().map_err(EngineError::UnknownTransmit)?;
         config.bind_mode = BindMode::from_env().map_err(EngineError::UnknownBindMode)?;
+        config.capture_max = capture_max()?;
         Engine::start(config)
     })
 }

@@ -1566,6 +1566,89 @@ fn xroce_pcap_captures_every_frame_sent_and_received() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `XROCE_PCAP_MAX` bounds a capture for long runs: the file is rotated to `FILE.1` whenever
+/// it fills, so the two files hold the run's last frames, none of them over the bound, with
+/// nothing missing where one ends and the other begins. A size it cannot read fails the
+/// device's start, saying what it takes.
+#[test]
+fn a_bounded_capture_keeps_the_last_frames_of_a_run() {
+    if !root_or_skip() {
+        return;
+    }
+    const MAX: u64 = 64 << 10;
+    let rig = Rig::new("xcapm", 1500);
+    let dir = std::env::temp_dir().join(format!("xroce-capture-max-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temporary directory");
+    let (capture, stats) = (dir.join("server.pcap"), dir.join("server.stats"));
+    let rotated = xroce_datapath::engine::rotated_capture_path(&capture);
+
+    let mut bad = rig.exec(1, &["ibv_rc_pingpong", "-g", "1", "-n", "10", "127.0.0.1"]);
+    bad.env("XROCE_PCAP", &capture)
+        .env("XROCE_PCAP_MAX", "lots");
+    let out = run_bounded(bad, PROGRAM_TIMEOUT).expect("run ibv_rc_pingpong");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && text.contains("xroce: cannot start device")
+            && text.contains("XROCE_PCAP_MAX: capture size \"lots\" not understood"),
+        "{}\n{text}",
+        out.status
+    );
+
+    // 4 KiB messages, 300 each way: about 2.5 MB of frames on each side.
+    let args = ["ibv_rc_pingpong", "-g", "1", "-s", "4096", "-n", "300"];
+    let mut server_cmd = rig.exec(0, &args);
+    server_cmd
+        .env("XROCE_PCAP", &capture)
+        .env("XROCE_PCAP_MAX", "64K")
+        .env("XROCE_STATS_FILE", &stats);
+    let server = std::thread::spawn(move || run_bounded(server_cmd, PROGRAM_TIMEOUT));
+    rig.wait_listening();
+    let ip = rig.pair.ipv4(0).to_string();
+    let mut client_args = args.to_vec();
+    client_args.push(&ip);
+    let client = run_bounded(rig.exec(1, &client_args), PROGRAM_TIMEOUT).expect("client");
+    let server = server.join().expect("server thread").expect("server");
+    assert!(server.status.success() && client.status.success());
+
+    let stats = read_stats(&stats);
+    let counted = stats["tx_frames"] + stats["rx_frames"];
+    let mut kept = Vec::new();
+    for file in [&rotated, &capture] {
+        let len = std::fs::metadata(file)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+            .len();
+        assert!(len <= MAX, "{} holds {len} bytes", file.display());
+        kept.extend(xroce_cli::capture::read_file(file).expect("a capture file"));
+    }
+    assert!(
+        (kept.len() as u64) < counted / 4,
+        "{} of {counted} frames kept",
+        kept.len()
+    );
+    // The server's SENDs, across both files: consecutive PSNs up to its last one.
+    let me = xroce_core::wire::IpAddress::V4(rig.pair.ipv4(0).into());
+    let psns: Vec<u32> = kept
+        .iter()
+        .map(|f| xroce_core::wire::RoceFrame::parse_ethernet(&f.data).expect("RoCEv2"))
+        .filter(|f| {
+            f.headers.ip.src_addr() == me
+                && f.headers
+                    .transport
+                    .bth
+                    .opcode
+                    .info()
+                    .is_some_and(|i| i.is_request())
+        })
+        .map(|f| f.headers.transport.bth.psn)
+        .collect();
+    assert!(psns.len() > 8, "{} SEND packets kept", psns.len());
+    for pair in psns.windows(2) {
+        assert_eq!(pair[1], (pair[0] + 1) & 0xff_ffff, "a gap in {psns:x?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// RoCEv2 over IPv6: GID 0 (the link-local address, the default GID, as with rdma_rxe) and a
 /// global address's GID carry RC and UD traffic and perftest, data checked, and the frames on
 /// the wire really are IPv6 from the chosen address (the client's capture says so), with

@@ -221,8 +221,12 @@ struct Rig {
     xroce: PathBuf,
     provider: PathBuf,
     stats: PathBuf,
-    /// Where xroce's programs write their capture (`XROCE_PCAP`), when the rig captures.
-    capture: Option<PathBuf>,
+    /// Where xroce's programs write their frames (`XROCE_PCAP`). Every rig captures: when a
+    /// run fails, the last frames go into the report (see [`Rig::last_frames`]).
+    capture: PathBuf,
+    /// The whole run's frames in one file ([`Rig::capturing`]); otherwise only the last
+    /// [`CAPTURE_MAX`] or more, in `capture` and its rotated `.1`.
+    capture_whole: bool,
     guest: Guest,
     // Dropped last: kills the guest and deletes the bridge namespace.
     lab: Lab,
@@ -244,12 +248,13 @@ impl Rig {
         Rig::create(prefix, mtu, false, kernel)
     }
 
-    /// Like [`Rig::new`]; each xroce program also writes its frames to [`Rig::capture`].
+    /// Like [`Rig::new`]; each xroce program writes all its frames to [`Rig::capture`], for
+    /// the test to read.
     fn capturing(prefix: &str, mtu: u32) -> Rig {
         Rig::create(prefix, mtu, true, GuestKernel::Debian12)
     }
 
-    fn create(prefix: &str, mtu: u32, capture: bool, kernel: GuestKernel) -> Rig {
+    fn create(prefix: &str, mtu: u32, capture_whole: bool, kernel: GuestKernel) -> Rig {
         let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let lab = lab(prefix, mtu, kernel);
         // Named like the lab, so that a later run reclaims it if this one is killed.
@@ -270,9 +275,10 @@ impl Rig {
         // In the lab's directory, which a later run removes if this one is killed.
         let files = lab.work_dir();
         let stats = files.join(format!("{xroce_ns}.stats"));
-        let capture = capture.then(|| files.join(format!("{xroce_ns}.pcap")));
+        let capture = files.join(format!("{xroce_ns}.pcap"));
         let rig = Rig {
             capture,
+            capture_whole,
             xroce_ns,
             xroce_ip,
             xroce: built("xroce"),
@@ -309,8 +315,9 @@ impl Rig {
             .env("XROCE_PROVIDER", &self.provider)
             .env("XROCE_STATS_FILE", &self.stats)
             .env("XROCE_DUMP_SIGNAL", DUMP_SIGNAL.0);
-        if let Some(capture) = &self.capture {
-            c.env("XROCE_PCAP", capture);
+        c.env("XROCE_PCAP", &self.capture);
+        if !self.capture_whole {
+            c.env("XROCE_PCAP_MAX", CAPTURE_MAX);
         }
         c
     }
@@ -482,6 +489,56 @@ impl Rig {
         panic!("the xroce side did not listen on {PORT} within 30 s");
     }
 
+    /// The capture files of the last run, oldest first: the rotated `.1` and the current one.
+    fn capture_files(&self) -> Vec<PathBuf> {
+        [
+            xroce_datapath::engine::rotated_capture_path(&self.capture),
+            self.capture.clone(),
+        ]
+        .into_iter()
+        .filter(|f| f.exists())
+        .collect()
+    }
+
+    fn remove_capture(&self) {
+        for f in self.capture_files() {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+
+    /// For a failure's report: the last frames xroce sent and received in the run, decoded
+    /// (`xroce pcap check`), so that a hang shows which side stopped and where. (A CI run once
+    /// had an rdma_rxe client stop sending with nothing left to say why.)
+    fn last_frames(&self) -> String {
+        const LINES: usize = 120;
+        let files = self.capture_files();
+        if files.is_empty() {
+            return "\n--- xroce's capture: none was written".to_string();
+        }
+        match Command::new(&self.xroce)
+            .args(["pcap", "check"])
+            .args(&files)
+            .output()
+        {
+            Ok(out) => {
+                // Frame lines, and the `== FILE ==` line before each file's (their numbers and
+                // times start again in each).
+                let text = String::from_utf8_lossy(&out.stdout);
+                let lines: Vec<&str> = text
+                    .lines()
+                    .filter(|l| l.starts_with('#') || l.starts_with("== "))
+                    .collect();
+                let frames = lines.iter().filter(|l| l.starts_with('#')).count();
+                format!(
+                    "\n--- the last lines of what xroce's capture kept of the run ({frames} \
+                     frames, XROCE_PCAP):\n{}",
+                    lines[lines.len().saturating_sub(LINES)..].join("\n")
+                )
+            }
+            Err(e) => format!("\n--- xroce's capture: cannot run xroce pcap check: {e}"),
+        }
+    }
+
     /// Runs `program` with xroce as server or client and collects both sides' counters.
     ///
     /// Two failures that are not about the transfer get the run repeated, once each:
@@ -507,9 +564,7 @@ impl Rig {
         let (mut calibration_retried, mut stall_retried, mut panic_retried) = (false, false, false);
         let (before, client) = loop {
             let _ = std::fs::remove_file(&self.stats);
-            if let Some(capture) = &self.capture {
-                let _ = std::fs::remove_file(capture);
-            }
+            self.remove_capture();
             let stalls = self.guest.transmit_stalls();
             if stalls > self.stalls_recovered.get() && !stall_retried {
                 // It stalled after the last run ended (or before this one got going).
@@ -519,7 +574,10 @@ impl Rig {
             }
             let before = self.guest.rxe_counters().expect("rxe counters");
             before_each_attempt();
-            match self.server_client(program, xroce_serves) {
+            match self
+                .server_client(program, xroce_serves)
+                .map_err(|failure| failure + &self.last_frames())
+            {
                 Ok(client) => break (before, client),
                 Err(failure) if perftest_calibration_failed(&failure) && !calibration_retried => {
                     eprintln!("perftest could not calibrate its clock; running again:\n{failure}");
@@ -683,13 +741,15 @@ impl Drop for Rig {
             .args(["netns", "del", &self.xroce_ns])
             .status();
         let _ = std::fs::remove_file(&self.stats);
-        if let Some(capture) = &self.capture {
-            let _ = std::fs::remove_file(capture);
-        }
+        self.remove_capture();
     }
 }
 
 /// Sets the drop knobs of `ports` (XDP loaded on them, called inside their namespace).
+/// How much of its frames each xroce program here keeps (`XROCE_PCAP_MAX`): the last 8 MiB
+/// to 16 MiB, a few thousand full frames, enough to see how a run ended.
+const CAPTURE_MAX: &str = "8M";
+
 /// The signal on which xroce programs here report their engines' state (`XROCE_DUMP_SIGNAL`).
 const DUMP_SIGNAL: (&str, libc::c_int) = ("USR1", libc::SIGUSR1);
 
@@ -789,6 +849,10 @@ fn programs_at(mtu: u32, kernel: GuestKernel, extra: &[&str]) {
         rig.both_ways(program);
     }
     rig.assert_no_icrc_errors();
+    // Every run is captured, bounded, for a failure's report (see `Rig::last_frames`): the
+    // last run's frames are there, and decode.
+    let last = rig.last_frames();
+    assert!(last.contains(" RC_") && last.contains("icrc=ok"), "{last}");
 }
 
 #[test]
@@ -1469,7 +1533,7 @@ fn ipv6_link_local_gids_interoperate() {
         for xroce_serves in [true, false] {
             let run = rig.run(program, xroce_serves);
             run.assert_clean();
-            let capture = rig.capture.as_ref().expect("the rig captures");
+            let capture = &rig.capture;
             let frames = xroce_cli::capture::read_file(capture)
                 .unwrap_or_else(|e| panic!("{}: {e}", capture.display()));
             assert_eq!(

@@ -9,6 +9,12 @@
 //!
 //! Frames a QP sends to a QP of the same device (loopback) never touch the wire; they are
 //! written too, with the interface's own address as both Ethernet addresses.
+//!
+//! With a size limit ([`super::EngineConfig::capture_max`], `XROCE_PCAP_MAX`) the file is
+//! rotated as `tcpdump -C SIZE -W 2` would: once it holds that much, it is renamed to
+//! `FILE.1` (replacing the older one) and a new `FILE` begins. A long run that hangs then
+//! leaves its last frames, at least `SIZE` of them, in `FILE.1` and `FILE`, with at most twice
+//! that on disk, and a process killed outright loses only what was not yet flushed.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -45,8 +51,47 @@ const PCAP_HEADER_LEN: u64 = 24;
 pub(crate) struct Capture {
     path: PathBuf,
     out: BufWriter<File>,
+    /// Bytes in the current file, its header included.
+    len: u64,
+    /// Rotate once the file would grow beyond this many bytes (see the module's notes).
+    max: Option<u64>,
     /// A write failed (disk full, say): reported once, nothing more is written.
     failed: bool,
+}
+
+/// The name a rotated capture file takes: `FILE.1`.
+pub fn rotated_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// The size `XROCE_PCAP_MAX` (or `xroce engine --pcap-max`) gives: bytes, or a number with
+/// a K, M or G suffix (KiB, MiB, GiB). Not zero: a file must hold a frame.
+pub fn parse_capture_max(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let scale: u64 = match unit.to_ascii_uppercase().as_str() {
+        "" => 1,
+        "K" | "KIB" => 1 << 10,
+        "M" | "MIB" => 1 << 20,
+        "G" | "GIB" => 1 << 30,
+        _ => 0,
+    };
+    match digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+    {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "capture size {text:?} not understood: give bytes, or a number with K, M or G \
+             (e.g. 64M), more than zero"
+        )),
+    }
 }
 
 impl Capture {
@@ -55,7 +100,7 @@ impl Capture {
     /// another engine, in this process or another, captures to it: the file is then left as
     /// it is (`flock`: a second program started by mistake with the same `XROCE_PCAP` must
     /// not cut the first one's file under it).
-    pub(crate) fn create(path: &Path) -> io::Result<Self> {
+    pub(crate) fn create(path: &Path, max: Option<u64>) -> io::Result<Self> {
         {
             let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
             if open.iter().any(|p| p == path) {
@@ -67,10 +112,12 @@ impl Capture {
             }
             open.push(path.to_path_buf());
         }
-        match Self::open_locked(path) {
-            Ok(out) => Ok(Self {
+        match Self::open_locked(path, max.is_some()) {
+            Ok((out, len)) => Ok(Self {
                 path: path.to_path_buf(),
                 out,
+                len,
+                max,
                 failed: false,
             }),
             Err(e) => {
@@ -80,10 +127,45 @@ impl Capture {
         }
     }
 
-    fn open_locked(path: &Path) -> io::Result<BufWriter<File>> {
+    /// The file at `path`, locked and positioned for the next frame, with its length: this
+    /// process's earlier capture continued, else a fresh file with the pcap header (and,
+    /// when the capture rotates, without an older run's `FILE.1`, which would pass for this
+    /// run's earlier frames).
+    fn open_locked(path: &Path, rotates: bool) -> io::Result<(BufWriter<File>, u64)> {
         use std::io::{Seek, SeekFrom};
+        let mut file = Self::open_and_lock(path)?;
+        let meta = file.metadata()?;
+        let continued = {
+            use std::os::unix::fs::MetadataExt;
+            let mut finished = FINISHED.lock().unwrap_or_else(|p| p.into_inner());
+            let at = finished.iter().position(|f| f.path == path);
+            let same = at.is_some_and(|i| {
+                let f = &finished[i];
+                (f.dev, f.ino, f.len) == (meta.dev(), meta.ino(), meta.len())
+            });
+            if let Some(i) = at {
+                finished.remove(i);
+            }
+            same && meta.len() >= PCAP_HEADER_LEN
+        };
+        if continued {
+            let len = file.seek(SeekFrom::End(0))?;
+            return Ok((BufWriter::with_capacity(1 << 16, file), len));
+        }
+        if rotates {
+            match std::fs::remove_file(rotated_path(path)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok((Self::start(file)?, PCAP_HEADER_LEN))
+    }
+
+    /// `path` opened for writing (created if missing, not truncated) and locked against other
+    /// processes' captures.
+    fn open_and_lock(path: &Path) -> io::Result<File> {
         use std::os::fd::AsRawFd;
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
@@ -106,24 +188,11 @@ impl Capture {
                 _ => return Err(e),
             }
         }
-        let meta = file.metadata()?;
-        let continued = {
-            use std::os::unix::fs::MetadataExt;
-            let mut finished = FINISHED.lock().unwrap_or_else(|p| p.into_inner());
-            let at = finished.iter().position(|f| f.path == path);
-            let same = at.is_some_and(|i| {
-                let f = &finished[i];
-                (f.dev, f.ino, f.len) == (meta.dev(), meta.ino(), meta.len())
-            });
-            if let Some(i) = at {
-                finished.remove(i);
-            }
-            same && meta.len() >= PCAP_HEADER_LEN
-        };
-        if continued {
-            file.seek(SeekFrom::End(0))?;
-            return Ok(BufWriter::with_capacity(1 << 16, file));
-        }
+        Ok(file)
+    }
+
+    /// Empties `file` and writes the pcap file header.
+    fn start(file: File) -> io::Result<BufWriter<File>> {
         file.set_len(0)?;
         let mut out = BufWriter::with_capacity(1 << 16, file);
         let mut header = PcapHeader::new();
@@ -134,6 +203,18 @@ impl Capture {
         out.write_all(&header.to_vec_raw().map_err(io::Error::other)?)?;
         out.flush()?;
         Ok(out)
+    }
+
+    /// Renames the full file to `FILE.1` and goes on in a fresh `FILE`. (Another process's
+    /// capture that takes the path between the rename and the open keeps it; this capture
+    /// then stops, saying why.)
+    fn rotate(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        std::fs::rename(&self.path, rotated_path(&self.path))?;
+        let file = Self::open_and_lock(&self.path)?;
+        self.out = Self::start(file)?;
+        self.len = PCAP_HEADER_LEN;
+        Ok(())
     }
 
     /// Appends one frame, stamped with the wall clock. Out of line and cold: the send and
@@ -161,7 +242,19 @@ impl Capture {
         let written = block
             .to_vec_raw()
             .map_err(io::Error::other)
-            .and_then(|bytes| self.out.write_all(&bytes));
+            .and_then(|bytes| {
+                let len = bytes.len() as u64;
+                // A file holds at least one frame, however small the limit.
+                if self
+                    .max
+                    .is_some_and(|max| self.len > PCAP_HEADER_LEN && self.len + len > max)
+                {
+                    self.rotate()?;
+                }
+                self.out.write_all(&bytes)?;
+                self.len += len;
+                Ok(())
+            });
         if let Err(e) = written {
             self.fail(e);
         }
@@ -253,9 +346,9 @@ mod tests {
             .map(|i| vec![i; 60 + usize::from(i) * 7])
             .collect();
         {
-            let mut c = Capture::create(&path).unwrap();
+            let mut c = Capture::create(&path, None).unwrap();
             // A second capture to the same file is refused while the first is open.
-            let again = Capture::create(&path).err().expect("refused");
+            let again = Capture::create(&path, None).err().expect("refused");
             assert_eq!(again.kind(), io::ErrorKind::AlreadyExists);
             for f in &sent {
                 c.record(f);
@@ -266,7 +359,7 @@ mod tests {
         assert_eq!(got, sent);
         // Closed, the path may be captured to again by this process: the file goes on.
         {
-            let mut c = Capture::create(&path).unwrap();
+            let mut c = Capture::create(&path, None).unwrap();
             c.record(&[0xab; 70]);
         }
         let (_, got) = frames_in(&path);
@@ -283,7 +376,7 @@ mod tests {
             .and_then(|mut f| f.write_all(b"someone else's bytes"))
             .unwrap();
         {
-            let mut c = Capture::create(&path).unwrap();
+            let mut c = Capture::create(&path, None).unwrap();
             c.record(&[0xcd; 80]);
         }
         let (_, got) = frames_in(&path);
@@ -310,7 +403,7 @@ mod tests {
             .expect("run flock(1)");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let refused = loop {
-            match Capture::create(&path) {
+            match Capture::create(&path, None) {
                 Err(e) => break e,
                 // flock(1) has not taken the lock yet: this one got it; let it go, try again.
                 Ok(c) => {
@@ -332,10 +425,111 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    /// Frame lengths as the file holds them: the 16-byte record header and the frame.
+    fn record_len(frame: &[u8]) -> u64 {
+        16 + frame.len() as u64
+    }
+
+    #[test]
+    fn a_bounded_capture_keeps_the_last_frames_in_two_files_none_over_the_bound() {
+        let path =
+            std::env::temp_dir().join(format!("xroce-capture-rot-{}.pcap", std::process::id()));
+        let older = rotated_path(&path);
+        // Another run's rotated file: a bounded capture starting afresh removes it.
+        std::fs::write(&older, b"an older run's frames").unwrap();
+        let max = 2_000;
+        let sent: Vec<Vec<u8>> = (0..100u8)
+            .map(|i| vec![i; 60 + usize::from(i % 7) * 40])
+            .collect();
+        {
+            let mut c = Capture::create(&path, Some(max)).unwrap();
+            assert!(!older.exists(), "the older run's FILE.1 is gone");
+            for f in &sent {
+                c.record(f);
+            }
+        }
+        let (_, previous) = frames_in(&older);
+        let (_, current) = frames_in(&path);
+        assert!(!previous.is_empty() && !current.is_empty());
+        // Together, the last frames sent, in order, with none missing between the files.
+        let kept: Vec<Vec<u8>> = previous.iter().chain(&current).cloned().collect();
+        assert_eq!(kept[..], sent[sent.len() - kept.len()..]);
+        for (file, frames) in [(&older, &previous), (&path, &current)] {
+            let len = std::fs::metadata(file).unwrap().len();
+            assert_eq!(
+                len,
+                PCAP_HEADER_LEN + frames.iter().map(|f| record_len(f)).sum::<u64>()
+            );
+            assert!(len <= max, "{} holds {len} bytes", file.display());
+        }
+        // FILE.1 was full: the first frame of FILE did not fit in it.
+        let full = std::fs::metadata(&older).unwrap().len() + record_len(&current[0]);
+        assert!(full > max, "rotated at {full} of {max}");
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&older);
+    }
+
+    #[test]
+    fn a_frame_larger_than_the_bound_gets_a_file_of_its_own() {
+        let path =
+            std::env::temp_dir().join(format!("xroce-capture-big-{}.pcap", std::process::id()));
+        {
+            let mut c = Capture::create(&path, Some(100)).unwrap();
+            c.record(&[1; 500]);
+            c.record(&[2; 600]);
+        }
+        assert_eq!(frames_in(&rotated_path(&path)).1, [vec![1; 500]]);
+        assert_eq!(frames_in(&path).1, [vec![2; 600]]);
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(rotated_path(&path));
+    }
+
+    #[test]
+    fn an_unbounded_capture_leaves_a_rotated_file_alone() {
+        let path =
+            std::env::temp_dir().join(format!("xroce-capture-one-{}.pcap", std::process::id()));
+        let older = rotated_path(&path);
+        std::fs::write(&older, b"kept").unwrap();
+        {
+            let mut c = Capture::create(&path, None).unwrap();
+            for _ in 0..50 {
+                c.record(&[7; 1000]);
+            }
+        }
+        assert_eq!(frames_in(&path).1.len(), 50);
+        assert_eq!(std::fs::read(&older).unwrap(), b"kept");
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&older);
+    }
+
+    #[test]
+    fn capture_sizes_take_bytes_or_k_m_g() {
+        assert_eq!(parse_capture_max("4096"), Ok(4096));
+        assert_eq!(parse_capture_max("64K"), Ok(64 << 10));
+        assert_eq!(parse_capture_max("16m"), Ok(16 << 20));
+        assert_eq!(parse_capture_max("2G"), Ok(2 << 30));
+        assert_eq!(parse_capture_max(" 8MiB "), Ok(8 << 20));
+        for bad in [
+            "",
+            "0",
+            "0M",
+            "M",
+            "12X",
+            "-5",
+            "1.5M",
+            "99999999999999999999G",
+        ] {
+            let e = parse_capture_max(bad).expect_err(bad);
+            assert!(e.contains("e.g. 64M"), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn an_unwritable_path_is_an_error_and_is_not_held() {
         let path = Path::new("/nonexistent-dir/capture.pcap");
-        assert!(Capture::create(path).is_err());
-        assert!(Capture::create(path).is_err_and(|e| e.kind() != io::ErrorKind::AlreadyExists));
+        assert!(Capture::create(path, None).is_err());
+        assert!(
+            Capture::create(path, None).is_err_and(|e| e.kind() != io::ErrorKind::AlreadyExists)
+        );
     }
 }

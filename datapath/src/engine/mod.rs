@@ -40,6 +40,7 @@ use crate::afxdp::{BindMode, QueueSet, XskConfig, XskError, XskSocket, RECEIVE_O
 use crate::netlink::core_address;
 pub use crate::udp_gso::Transmit;
 use crate::udp_gso::{AutoBatching, GsoSocket, UdpGsoPort, TRANSMIT_ENV};
+pub use capture::{parse_capture_max, rotated_path as rotated_capture_path};
 
 /// What to run an engine on.
 #[derive(Debug, Clone)]
@@ -64,6 +65,10 @@ pub struct EngineConfig {
     /// Write every frame the engine sends and receives to this pcap file (created, truncated
     /// or, when this process captured to it before, continued; see `capture`). The interface's own taps do not see xroce's frames.
     pub capture: Option<std::path::PathBuf>,
+    /// Rotate the capture file once it holds this many bytes: it becomes `FILE.1` (replacing
+    /// the older one) and a new `FILE` begins, so the last frames of a long run are kept with
+    /// at most twice this on disk. `None`: one file, as long as the run.
+    pub capture_max: Option<u64>,
     /// Notice at once when the XDP program is unloaded, from the removal of its pins (see
     /// [`crate::xdp::PinWatch`]). Without it (or when bpffs cannot be reached) an unload is
     /// noticed only when retransmissions time out; tests turn it off to exercise that path.
@@ -164,6 +169,7 @@ impl EngineConfig {
             resolve_timeout: Duration::from_secs(3),
             on_event: None,
             capture: None,
+            capture_max: None,
             watch_xdp_pins: true,
             all_rx_queues: true,
             single_buffer: false,
@@ -225,6 +231,9 @@ pub enum EngineError {
     /// `XROCE_BIND_MODE` named no bind mode (the message says what it takes).
     #[error("{0}")]
     UnknownBindMode(String),
+    /// `XROCE_PCAP_MAX` gave no size (the message says what it takes).
+    #[error("{0}")]
+    BadCaptureMax(String),
     #[error(
         "cannot open the UDP socket that sends batches of IPv4 frames on {iface} \
          ({TRANSMIT_ENV}=udp-gso; auto or af-xdp send through AF_XDP without it): {source}"
@@ -645,14 +654,12 @@ impl Engine {
         // refused, not about the file). A capture that cannot be made stops the start; the
         // port and its notes go with this function's locals.
         let capture = match &config.capture {
-            Some(path) => {
-                Some(
-                    capture::Capture::create(path).map_err(|source| EngineError::Capture {
-                        path: path.clone(),
-                        source,
-                    })?,
-                )
-            }
+            Some(path) => Some(capture::Capture::create(path, config.capture_max).map_err(
+                |source| EngineError::Capture {
+                    path: path.clone(),
+                    source,
+                },
+            )?),
             None => None,
         };
         // Which CRC-32 code hashes ICRCs is measured once per process (up to a tenth of a
