@@ -25,9 +25,16 @@ use xroce_rxe_peer::{
 
 /// Longest one program may run (the rxe side is an emulated CPU).
 const PROGRAM_TIMEOUT: Duration = Duration::from_secs(180);
-/// How long a guest client may run on after the xroce server it talks to has ended before
+/// How long a guest program may run on after the xroce program it talks to has ended before
 /// the test looks at why (see `Rig::rxe_state_if_still_running`).
 const CLIENT_GRACE: Duration = Duration::from_secs(20);
+/// Longest that look at a guest takes.
+const GUEST_LOOK: Duration = Duration::from_secs(30);
+/// The bound on a guest program talking to an xroce program (bounded by `PROGRAM_TIMEOUT`):
+/// longer, so that when both hang, the guest's is still there to be looked at after the
+/// xroce program's bound (its QPs' PSNs say where rdma_rxe stopped).
+const GUEST_PROGRAM_TIMEOUT: Duration =
+    Duration::from_secs(PROGRAM_TIMEOUT.as_secs() + CLIENT_GRACE.as_secs() + GUEST_LOOK.as_secs());
 /// The bound on running `true` through a guest's agent when a failed run asks whether the
 /// guest stopped answering (connecting to the agent may take up to 10 s more).
 const GUEST_PROBE: Duration = Duration::from_secs(15);
@@ -374,24 +381,22 @@ impl Rig {
         self.stalls_recovered.set(self.guest.transmit_stalls());
     }
 
-    /// rdma_rxe's side of a client that is still running `CLIENT_GRACE` after the xroce
-    /// server ended: its QPs (state and PSNs), its counters and the guest kernel's last
-    /// messages, looked at while it still waits, for the failure report. Empty when the client
-    /// ends in time. (An rdma_rxe client once waited, silent, until its timeout after an xroce
-    /// server had finished all its iterations.)
-    fn rxe_state_if_still_running(&self, client: &Background) -> String {
+    /// rdma_rxe's side of a guest program (`role`: its client or server) that is still
+    /// running `CLIENT_GRACE` after the xroce program ended (done, or killed at its bound):
+    /// its QPs (state and PSNs), its counters and the guest kernel's last messages, looked at
+    /// while it still waits, for the failure report. Empty when the program ends in time. (An
+    /// rdma_rxe client once waited, silent, until its timeout after an xroce server had
+    /// finished all its iterations; another stopped sending on all its QPs mid-run.)
+    fn rxe_state_if_still_running(&self, program: &Background, role: &str) -> String {
         let deadline = Instant::now() + CLIENT_GRACE;
-        while !client.is_finished() {
+        while !program.is_finished() {
             if Instant::now() >= deadline {
                 let look = self
                     .guest
-                    .run(
-                        "rdma res show qp; dmesg | tail -n 20",
-                        Duration::from_secs(30),
-                    )
+                    .run("rdma res show qp; dmesg | tail -n 20", GUEST_LOOK)
                     .map_or_else(|e| e.to_string(), |o| o.text());
                 return format!(
-                    "\n--- rdma_rxe, {} s after the xroce server ended, the client still \
+                    "\n--- rdma_rxe, {} s after the xroce program ended, its {role} still \
                      running: counters since the guest booted: {}\n{look}",
                     CLIENT_GRACE.as_secs(),
                     self.rxe_counters_now()
@@ -409,11 +414,12 @@ impl Rig {
             let cmd = self.on_xroce(program);
             let server = std::thread::spawn(move || run_xroce(cmd));
             self.wait_listening_xroce();
-            let client = self
-                .guest
-                .spawn(&format!("{program} {}", self.xroce_ip), PROGRAM_TIMEOUT);
+            let client = self.guest.spawn(
+                &format!("{program} {}", self.xroce_ip),
+                GUEST_PROGRAM_TIMEOUT,
+            );
             let server = server.join().expect("server thread");
-            let rxe_while_hung = self.rxe_state_if_still_running(&client);
+            let rxe_while_hung = self.rxe_state_if_still_running(&client, "client");
             let client = client.wait();
             let (client, server) = match (client, server) {
                 (Ok(c), Ok(s)) => (c, s),
@@ -433,7 +439,7 @@ impl Rig {
                 (client.success(), client.text() + &rxe_while_hung),
             )
         } else {
-            let server = self.guest.spawn(program, PROGRAM_TIMEOUT);
+            let server = self.guest.spawn(program, GUEST_PROGRAM_TIMEOUT);
             if let Err(why) = self.guest.wait_listening(PORT) {
                 // The server is left to its bound; a run again kills what is left of it.
                 return Err(format!(
@@ -442,12 +448,13 @@ impl Rig {
                 ));
             }
             let client = run_xroce(self.on_xroce(&format!("{program} {}", self.guest.ipv4())));
+            let rxe_while_hung = self.rxe_state_if_still_running(&server, "server");
             let (client, server) = match (client, server.wait()) {
                 (Ok(c), Ok(s)) => (c, s),
                 (c, s) => {
                     return Err(format!(
                         "{program} with xroce as client:\n--- guest server: {}\n--- xroce client: \
-                     {}\n--- rdma_rxe counters since the guest booted: {}{}",
+                     {}\n--- rdma_rxe counters since the guest booted: {}{rxe_while_hung}{}",
                         s.map_or_else(|e| e.to_string(), |s| s.text()),
                         c.map_or_else(|e| e.to_string(), |c| text(&c)),
                         self.rxe_counters_now(),
@@ -456,7 +463,7 @@ impl Rig {
                 }
             };
             (
-                (server.success(), server.text()),
+                (server.success(), server.text() + &rxe_while_hung),
                 (client.status.success(), text(&client)),
             )
         };
