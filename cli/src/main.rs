@@ -44,11 +44,11 @@ enum Command {
     /// stops; XROCE_PCAP=PATH writes every frame it sends and receives to the pcap file PATH
     /// (`{netdev}` in PATH becomes the device's netdev; `tcpdump` on the interface does not
     /// see xroce's frames), and with XROCE_PCAP_MAX=SIZE (e.g. 64M) it keeps only the last
-    /// frames: a full PATH becomes PATH.1 and a new PATH begins; XROCE_DUMP_SIGNAL=USR1 makes `kill -USR1 PID` write what every
-    /// engine is doing (a line per QP and CQ: PSNs, timers, queues) to stderr, for a program
-    /// that seems stuck; XROCE_BACKEND=dpdk moves the frames through DPDK's net_af_packet
-    /// driver instead of AF_XDP sockets (an xroce built with `--features dpdk`; extra DPDK
-    /// arguments in XROCE_DPDK_EAL_ARGS).
+    /// frames: a full PATH becomes PATH.1 and a new PATH begins; XROCE_DUMP_SIGNAL=USR1 makes
+    /// `kill -USR1 PID` write what every engine is doing (a line per QP and CQ: PSNs, timers,
+    /// queues) to stderr, for a program that seems stuck; XROCE_BACKEND=dpdk moves the frames
+    /// through DPDK's net_af_packet driver instead of AF_XDP sockets (an xroce built with
+    /// `--features dpdk`; extra DPDK arguments in XROCE_DPDK_EAL_ARGS).
     ///
     /// Example: `xroce exec -- ibv_rc_pingpong -d xroce0 -g 1`
     #[command(override_usage = "xroce exec -- PROGRAM [ARGS]...")]
@@ -96,7 +96,12 @@ enum Command {
         /// Keep only the last frames: once the pcap file holds SIZE (bytes, or a number with K,
         /// M or G, e.g. 64M), it is renamed to FILE.1 (replacing the older one) and a new FILE
         /// begins, so at most twice SIZE is on disk.
-        #[arg(long, value_name = "SIZE", requires = "pcap", value_parser = xroce_datapath::engine::parse_capture_max)]
+        #[arg(
+            long,
+            value_name = "SIZE",
+            requires = "pcap",
+            value_parser = xroce_datapath::engine::parse_capture_max
+        )]
         pcap_max: Option<u64>,
     },
 }

@@ -522,11 +522,9 @@ impl Rig {
         if files.is_empty() {
             return "\n--- xroce's capture: none was written".to_string();
         }
-        match Command::new(&self.xroce)
-            .args(["pcap", "check"])
-            .args(&files)
-            .output()
-        {
+        let mut check = Command::new(&self.xroce);
+        check.args(["pcap", "check"]).args(&files);
+        match run_bounded(check, Duration::from_secs(60)) {
             Ok(out) => {
                 // Frame lines, and the `== FILE ==` line before each file's (their numbers and
                 // times start again in each).
