@@ -349,10 +349,17 @@ pub fn xsk_pingpong_turns(
     count: usize,
     frames: usize,
 ) -> RoundTrip {
+    raw_pingpong(pair, PingTurn::waiting(payload, frames), count)
+}
+
+/// Like [`xsk_pingpong_turns`] with RC's two frames per turn, each made and checked as any
+/// RoCE stack must at the least: its sender numbers it (as a PSN would) and computes a CRC-32
+/// over it (the ICRC's work) as it sends it, and its receiver reads it whole to compute the
+/// CRC-32 again and compare. No protocol besides: the floor of any RC stack on this path.
+pub fn xsk_pingpong_checked(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
     let turn = PingTurn {
-        payload,
-        frames,
-        trailing_acks: false,
+        checked: true,
+        ..PingTurn::waiting(payload, 2)
     };
     raw_pingpong(pair, turn, count)
 }
@@ -363,9 +370,8 @@ pub fn xsk_pingpong_turns(
 /// and costs both ends' CPUs, but no turn waits for it).
 pub fn xsk_pingpong_trailing_ack(pair: &NetnsPair, payload: usize, count: usize) -> RoundTrip {
     let turn = PingTurn {
-        payload,
-        frames: 2,
         trailing_acks: true,
+        ..PingTurn::waiting(payload, 2)
     };
     raw_pingpong(pair, turn, count)
 }
@@ -403,7 +409,26 @@ pub struct PingTurn {
     /// frames behind it (taken as they come). Told apart by their length, so the message's
     /// frames must differ from it.
     pub trailing_acks: bool,
+    /// Each frame is numbered and given a CRC-32 by its sender as it sends it, and read and
+    /// checked by its receiver; a frame that fails the check is dropped, as a RoCE receiver
+    /// drops one whose ICRC fails (see [`xsk_pingpong_checked`]).
+    pub checked: bool,
 }
+
+impl PingTurn {
+    /// `frames` frames per turn, bare, the other end waiting for all of them.
+    pub fn waiting(payload: usize, frames: usize) -> Self {
+        PingTurn {
+            payload,
+            frames,
+            trailing_acks: false,
+            checked: false,
+        }
+    }
+}
+
+/// Bytes of UDP payload a checked frame needs: its number and its CRC-32.
+const CHECKED_MIN_PAYLOAD: usize = 4 + 4;
 
 /// Ready-made frames of a turn, from `own` to `peer`.
 struct TurnFrames {
@@ -411,6 +436,9 @@ struct TurnFrames {
     ack: Vec<u8>,
     acks: usize,
     trailing_acks: bool,
+    checked: bool,
+    /// The number the next checked frame carries.
+    sequence: u32,
 }
 
 impl TurnFrames {
@@ -433,11 +461,20 @@ impl TurnFrames {
                 turn.payload
             ));
         }
+        if turn.checked && turn.payload < CHECKED_MIN_PAYLOAD {
+            return Err(format!(
+                "a checked turn needs at least {CHECKED_MIN_PAYLOAD} bytes of payload, for \
+                 each frame's number and CRC-32, not {}",
+                turn.payload
+            ));
+        }
         Ok(TurnFrames {
             message,
             ack,
             acks: turn.frames.max(1) - 1,
             trailing_acks: turn.trailing_acks,
+            checked: turn.checked,
+            sequence: 0,
         })
     }
 
@@ -455,20 +492,48 @@ impl TurnFrames {
         }
     }
 
-    /// Whether a received frame is one of those [`Self::awaited`] counts.
+    /// Whether a received frame is one of those [`Self::awaited`] counts (for a checked turn,
+    /// only if it passes its check).
     fn awaits(&self, frame: &[u8]) -> bool {
-        !self.trailing_acks || frame.len() != self.ack.len()
+        (!self.checked || check_passes(frame))
+            && (!self.trailing_acks || frame.len() != self.ack.len())
     }
 
-    fn send(&self, end: &mut RawEnd) {
-        let acks = std::iter::repeat_n(&self.ack, self.acks);
-        for frame in self.message.iter().chain(acks) {
+    fn send(&mut self, end: &mut RawEnd) {
+        let ack = self.acks;
+        let frames = self.message.len() + ack;
+        for i in 0..frames {
+            let frame = match self.message.get_mut(i) {
+                Some(f) => f,
+                None => &mut self.ack,
+            };
+            if self.checked {
+                self.sequence = self.sequence.wrapping_add(1);
+                seal(frame, self.sequence);
+            }
             while !end.sock.send(frame) {
                 let _ = end.sock.flush();
             }
         }
         let _ = end.sock.flush();
     }
+}
+
+/// Numbers a checked frame (at the start of its UDP payload) and puts a CRC-32 over the
+/// rest of it in its last 4 bytes, as a RoCE sender writes a PSN and an ICRC.
+fn seal(frame: &mut [u8], sequence: u32) {
+    frame[UDP_HEADERS..UDP_HEADERS + 4].copy_from_slice(&sequence.to_be_bytes());
+    let body = frame.len() - 4;
+    let crc = crc32fast::hash(&frame[..body]);
+    frame[body..].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Whether a received frame's last 4 bytes are the CRC-32 of the rest (see [`seal`]).
+fn check_passes(frame: &[u8]) -> bool {
+    let Some(body) = frame.len().checked_sub(4) else {
+        return false;
+    };
+    frame[body..] == crc32fast::hash(&frame[..body]).to_le_bytes()
 }
 
 /// A pause within a turn's frames that means the rest were lost: far longer than a turn
@@ -505,7 +570,7 @@ pub fn xsk_echo(
     ready: impl FnOnce(),
 ) -> Result<u64, String> {
     let mut end = try_raw_end(iface, peer, true)?;
-    let reply = TurnFrames::new(&end, own, peer, turn)?;
+    let mut reply = TurnFrames::new(&end, own, peer, turn)?;
     ready();
     let (mut got, mut answered) = (0, 0u64);
     let started = Instant::now();
@@ -550,7 +615,7 @@ pub fn xsk_ping(
     count: usize,
 ) -> Result<Vec<f64>, String> {
     let mut end = try_raw_end(iface, peer, true)?;
-    let ping = TurnFrames::new(&end, own, peer, turn)?;
+    let mut ping = TurnFrames::new(&end, own, peer, turn)?;
     let mut rtts = Vec::with_capacity(count);
     let mut lost_in_a_row = 0;
     'pings: for _ in 0..count {
@@ -1033,6 +1098,7 @@ mod tests {
             payload: 64,
             frames: 2,
             trailing_acks,
+            checked: false,
         };
         let (message, ack) = (vec![0u8; 106], vec![0u8; 62]);
         let trailing =
@@ -1046,6 +1112,48 @@ mod tests {
         assert!(waiting.awaits(&message) && waiting.awaits(&ack));
         // A message frame as long as the ACK cannot be told from it.
         assert!(TurnFrames::from_frames(vec![ack.clone()], ack, turn(true)).is_err());
+    }
+
+    #[test]
+    fn checked_frames_are_numbered_sealed_and_refused_when_damaged() {
+        let turn = PingTurn {
+            payload: 64,
+            frames: 2,
+            trailing_acks: false,
+            checked: true,
+        };
+        let (a, b) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let message = udp_frame([2; 6], [4; 6], a, b, 64);
+        let ack = udp_frame([2; 6], [4; 6], a, b, ACK_PAYLOAD);
+        let frames = TurnFrames::from_frames(vec![message.clone()], ack, turn).unwrap();
+        // As built, a frame carries no valid CRC: a receiver must not take it.
+        assert!(!frames.awaits(&message));
+        let mut sealed = Vec::new();
+        for sequence in 1..=3u32 {
+            let mut m = frames.message[0].clone();
+            seal(&mut m, sequence);
+            assert_eq!(m[UDP_HEADERS..UDP_HEADERS + 4], sequence.to_be_bytes());
+            assert!(frames.awaits(&m));
+            sealed.push(m);
+        }
+        // Each number gives its own CRC: nothing can be sent twice unchanged.
+        assert_ne!(
+            sealed[0][sealed[0].len() - 4..],
+            sealed[1][sealed[1].len() - 4..]
+        );
+        for at in [0, 20, UDP_HEADERS + 1, sealed[2].len() - 1] {
+            let mut damaged = sealed[2].clone();
+            damaged[at] ^= 0x10;
+            assert!(
+                !frames.awaits(&damaged),
+                "a bit flipped at {at} went unnoticed"
+            );
+        }
+        assert!(!frames.awaits(&[0u8; 3]));
+        // Too short a payload has no room for the number and the CRC.
+        let short = PingTurn { payload: 4, ..turn };
+        let tiny = udp_frame([2; 6], [4; 6], a, b, 4);
+        assert!(TurnFrames::from_frames(vec![tiny.clone()], tiny, short).is_err());
     }
 
     #[test]

@@ -635,10 +635,15 @@ fn goals_panel(area: &Area, goals: &[Goal]) -> Result<(), Failure> {
         }
         let said = match s {
             Some(_) => format!(
-                "{} (goal {} {})",
+                "{} (goal {} {}{})",
                 number(goal.ratio),
                 if goal.at_least { "≥" } else { "≤" },
-                number(goal.target)
+                number(goal.target),
+                if !goal.met() && goal.out_of_reach.is_some() {
+                    ", out of reach"
+                } else {
+                    ""
+                }
             ),
             None => "no number".to_string(),
         };
@@ -811,6 +816,7 @@ mod tests {
                     target: 1.5,
                     at_least: false,
                     detail: "5.60 / 2.10 µs".into(),
+                    out_of_reach: None,
                 },
                 Goal {
                     what: "ib_write_bw 64 KiB vs kernel UDP 4 KiB datagrams".into(),
@@ -818,6 +824,7 @@ mod tests {
                     target: 1.5,
                     at_least: true,
                     detail: "2630 / 1210 MB/s".into(),
+                    out_of_reach: None,
                 },
             ],
             notes: Vec::new(),
@@ -859,6 +866,12 @@ mod tests {
         assert!(svg.contains("#2E9E44") && svg.contains("#D03B2F"), "{svg}");
         // The bandwidth spans 41 to 3050 MB/s: a log axis, labelled in decades.
         assert!(svg.contains(">\n1000\n</text>"), "{svg}");
+        assert!(!svg.contains("out of reach"), "{svg}");
+        // A missed goal that no stack could meet on the path says so by its bar.
+        let mut floored = report.clone();
+        floored.goals[0].out_of_reach = Some("the floor misses it".into());
+        let floored = super::svg(&floored);
+        assert!(floored.contains("(goal ≤ 1.50, out of reach)"), "{floored}");
     }
 
     #[test]
@@ -900,6 +913,7 @@ mod tests {
                     target: 1.0,
                     at_least: false,
                     detail: String::new(),
+                    out_of_reach: None,
                 },
                 Goal {
                     what: String::new(),
@@ -907,6 +921,7 @@ mod tests {
                     target: 0.0,
                     at_least: true,
                     detail: String::new(),
+                    out_of_reach: None,
                 },
                 Goal {
                     what: "negative".into(),
@@ -914,6 +929,7 @@ mod tests {
                     target: 2.0,
                     at_least: true,
                     detail: String::new(),
+                    out_of_reach: None,
                 },
             ],
             ..Report::default()

@@ -80,6 +80,9 @@ pub struct Goal {
     pub at_least: bool,
     /// How the ratio was formed, e.g. "5.6 µs / 2.2 µs".
     pub detail: String,
+    /// Why no stack could meet the goal on this path, when a floor measured in the same run
+    /// already misses it (e.g. the path's own time for what the exchange must send).
+    pub out_of_reach: Option<String>,
 }
 
 impl Goal {
@@ -158,13 +161,21 @@ impl Report {
             for g in &self.goals {
                 let _ = writeln!(
                     s,
-                    "| {} | {:.2} | {} {:.2} | {} | {} |",
+                    "| {} | {:.2} | {} {:.2} | {} | {}{} |",
                     g.what,
                     g.ratio,
                     if g.at_least { "≥" } else { "≤" },
                     g.target,
-                    if g.met() { "yes" } else { "**no**" },
-                    g.detail
+                    match (g.met(), &g.out_of_reach) {
+                        (true, _) => "yes",
+                        (false, None) => "**no**",
+                        (false, Some(_)) => "**no**, out of reach",
+                    },
+                    g.detail,
+                    match (g.met(), &g.out_of_reach) {
+                        (false, Some(why)) => format!("; out of reach: {why}"),
+                        _ => String::new(),
+                    }
                 );
             }
             let _ = writeln!(s);
@@ -276,6 +287,7 @@ mod tests {
                 target: 1.5,
                 at_least: false,
                 detail: "5.6 / 2.1".into(),
+                out_of_reach: None,
             }],
             notes: vec!["n".into()],
         };
@@ -283,6 +295,28 @@ mod tests {
         assert!(
             md.contains("| lat | 2.67 | ≤ 1.50 | **no** | 5.6 / 2.1 |"),
             "{md}"
+        );
+        // A missed goal whose floor misses it too says so; a met one never does.
+        let floor = |ratio| Report {
+            goals: vec![Goal {
+                ratio,
+                out_of_reach: Some("the floor is 1.6×".into()),
+                ..r.goals[0].clone()
+            }],
+            ..r.clone()
+        };
+        let missed = floor(2.67).markdown(None);
+        assert!(
+            missed.contains(
+                "| lat | 2.67 | ≤ 1.50 | **no**, out of reach | 5.6 / 2.1; out of reach: the \
+                 floor is 1.6× |"
+            ),
+            "{missed}"
+        );
+        let met = floor(1.2).markdown(None);
+        assert!(
+            met.contains("| lat | 1.20 | ≤ 1.50 | yes | 5.6 / 2.1 |"),
+            "{met}"
         );
         assert!(
             md.contains("| ib_send_lat | 64 B | xroce | 5.60 | 11.2 | µs |"),

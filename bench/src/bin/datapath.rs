@@ -218,7 +218,12 @@ fn run() {
                 "    raw AF_XDP, answer + trailing ACK-sized frame   p50 {:.1} µs  p99 {:.1} µs",
                 trailing.0, trailing.1
             );
-            (one, two, trailing)
+            let checked = rt(baseline::xsk_pingpong_checked(pair, 64, PINGS));
+            eprintln!(
+                "    raw AF_XDP, 2 frames per turn, each CRC-32'd and checked   p50 {:.1} µs  p99 {:.1} µs",
+                checked.0, checked.1
+            );
+            (one, two, trailing, checked)
         };
         let xroce = |pair: &NetnsPair| {
             let reaped = xroce_pingpong(pair, SendAcks::Reaped);
@@ -233,12 +238,13 @@ fn run() {
             );
             (reaped, awaited)
         };
-        let ((reaped, awaited), (raw, raw2, raw_trailing)) =
+        let ((reaped, awaited), (raw, raw2, raw_trailing, raw2_checked)) =
             paired::in_order(paired::xroce_first(round), || xroce(&pair), || raw(&pair));
         pings.push(PingRound {
             raw,
             raw2,
             raw_trailing,
+            raw2_checked,
             reaped,
             awaited,
         });
@@ -258,6 +264,7 @@ fn run() {
     let raw1 = |r: &PingRound| r.raw;
     let raw2 = |r: &PingRound| r.raw2;
     let raw_trailing = |r: &PingRound| r.raw_trailing;
+    let raw2_checked = |r: &PingRound| r.raw2_checked;
     let reaped = |r: &PingRound| r.reaped;
     let awaited = |r: &PingRound| r.awaited;
     let median_of = |v: Vec<f64>| paired::median(v).unwrap_or(f64::NAN);
@@ -269,6 +276,8 @@ fn run() {
     let reaped_vs_trailing = ping(reaped, raw_trailing, false);
     let awaited_vs_raw = ping(awaited, raw1, false);
     let awaited_vs_raw2 = ping(awaited, raw2, false);
+    let checked_vs_raw = ping(raw2_checked, raw1, false);
+    let awaited_vs_checked = ping(awaited, raw2_checked, false);
     let reaped_p99 = ping(reaped, raw1, true);
     let awaited_p99 = ping(awaited, raw1, true);
     let xroce_p50 = reaped_vs_raw.median_xroce().unwrap_or(f64::NAN);
@@ -284,6 +293,12 @@ fn run() {
         "raw AF_XDP, 2 frames per turn".into(),
         raw2_vs_raw.median_xroce().unwrap_or(f64::NAN),
         ratio(&raw2_vs_raw, "raw AF_XDP"),
+    ));
+    rows.push((
+        "".into(),
+        "raw AF_XDP, 2 frames per turn, each CRC-32'd and checked".into(),
+        checked_vs_raw.median_xroce().unwrap_or(f64::NAN),
+        ratio(&checked_vs_raw, "raw AF_XDP"),
     ));
     rows.push((
         "".into(),
@@ -307,9 +322,10 @@ fn run() {
         "xroce RC SEND, each SEND's ACK awaited".into(),
         awaited_vs_raw.median_xroce().unwrap_or(f64::NAN),
         format!(
-            "{}, {}",
+            "{}, {}, {}",
             ratio(&awaited_vs_raw, "raw AF_XDP"),
-            ratio(&awaited_vs_raw2, "raw with 2 frames per turn")
+            ratio(&awaited_vs_raw2, "raw with 2 frames per turn"),
+            ratio(&awaited_vs_checked, "raw with 2 checked frames per turn")
         ),
     ));
     rows.push((
@@ -451,6 +467,9 @@ struct PingRound {
     raw2: (f64, f64),
     /// Raw AF_XDP with an ACK-sized frame behind each answer that nobody waits for.
     raw_trailing: (f64, f64),
+    /// Raw AF_XDP with two frames per turn, each CRC-32'd by its sender and checked by its
+    /// receiver: the floor of any RC stack.
+    raw2_checked: (f64, f64),
     reaped: (f64, f64),
     awaited: (f64, f64),
 }

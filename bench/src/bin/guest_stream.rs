@@ -77,11 +77,7 @@ fn run(args: &[String]) -> Result<String, String> {
                 "PAYLOAD {payload}, FRAMES {frames}: 1 to 1472 bytes, 1 to 8 frames"
             ));
         }
-        Ok(PingTurn {
-            payload,
-            frames,
-            trailing_acks: false,
-        })
+        Ok(PingTurn::waiting(payload, frames))
     };
     match args {
         [mode, iface, own, peer, payload, secs] if mode == "send" || mode == "send-batched" => {
