@@ -551,7 +551,10 @@ fn bench(root: &Path, what: &str) -> Result<(), String> {
          answer still carries the ACK for the request it answers (two frames per turn on the\n\
          wire). `each SEND's ACK awaited`: both sides wait for each SEND's completion before the\n\
          next step, as perftest's `ib_send_lat` does, which puts the ACK frame behind each answer\n\
-         on the turn's path; `raw AF_XDP, 2 frames per turn` is the floor of that exchange.\n\
+         on the turn's path; `raw AF_XDP, 2 frames per turn` is the path's floor for that\n\
+         exchange, and `each CRC-32'd and checked` the floor of any RoCE stack doing it: each\n\
+         frame numbered and given a CRC-32 by its sender as it sends it (the ICRC's work), and\n\
+         read whole and checked by its receiver.\n\
          `raw AF_XDP, answer + trailing ACK-sized frame` is the floor of `xroce RC SEND`: each end\n\
          answers as soon as the message is in and takes the frame behind it when it comes, so\n\
          the ACK crosses the path and costs both CPUs but no turn waits for it.\n"
