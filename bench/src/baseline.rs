@@ -413,6 +413,12 @@ pub struct PingTurn {
     /// checked by its receiver; a frame that fails the check is dropped, as a RoCE receiver
     /// drops one whose ICRC fails (see [`xsk_pingpong_checked`]).
     pub checked: bool,
+    /// The turn leaves as one send on a kernel UDP socket, the ACK-sized frame as the shorter
+    /// last segment of a UDP GSO batch behind the message: one notification of a virtio-net
+    /// device per turn, where AF_XDP's copy mode notifies it for every frame. (The kernel
+    /// writes the headers, so a checked frame's CRC-32 covers its UDP payload.) Receiving
+    /// stays AF_XDP's. At most two frames, the message in one.
+    pub batched: bool,
 }
 
 impl PingTurn {
@@ -423,6 +429,7 @@ impl PingTurn {
             frames,
             trailing_acks: false,
             checked: false,
+            batched: false,
         }
     }
 }
@@ -437,20 +444,35 @@ struct TurnFrames {
     acks: usize,
     trailing_acks: bool,
     checked: bool,
+    /// Where a checked frame's CRC-32 starts: the frame's start, or its UDP payload's when
+    /// the kernel writes the headers (a batched turn).
+    crc_from: usize,
+    /// The socket a batched turn leaves through (see [`PingTurn::batched`]).
+    udp: Option<UdpSocket>,
     /// The number the next checked frame carries.
     sequence: u32,
 }
 
 impl TurnFrames {
-    fn new(end: &RawEnd, own: Ipv4Addr, peer: Ipv4Addr, turn: PingTurn) -> Result<Self, String> {
-        Self::from_frames(
+    fn new(
+        end: &RawEnd,
+        iface: &str,
+        own: Ipv4Addr,
+        peer: Ipv4Addr,
+        turn: PingTurn,
+    ) -> Result<Self, String> {
+        let mut frames = Self::from_frames(
             pieces(turn.payload)
                 .into_iter()
                 .map(|len| udp_frame(end.mac, end.peer_mac, own, peer, len))
                 .collect(),
             udp_frame(end.mac, end.peer_mac, own, peer, ACK_PAYLOAD),
             turn,
-        )
+        )?;
+        if turn.batched {
+            frames.udp = Some(gso_socket(iface, peer, turn.payload)?);
+        }
+        Ok(frames)
     }
 
     fn from_frames(message: Vec<Vec<u8>>, ack: Vec<u8>, turn: PingTurn) -> Result<Self, String> {
@@ -468,12 +490,21 @@ impl TurnFrames {
                 turn.payload
             ));
         }
+        if turn.batched && (message.len() != 1 || turn.frames > 2 || turn.payload < ACK_PAYLOAD) {
+            return Err(format!(
+                "a batched turn is a message of one frame, at least as long as an ACK's, and at \
+                 most one ACK-sized frame behind it, not {} bytes in {} frames",
+                turn.payload, turn.frames
+            ));
+        }
         Ok(TurnFrames {
             message,
             ack,
             acks: turn.frames.max(1) - 1,
             trailing_acks: turn.trailing_acks,
             checked: turn.checked,
+            crc_from: if turn.batched { UDP_HEADERS } else { 0 },
+            udp: None,
             sequence: 0,
         })
     }
@@ -495,13 +526,13 @@ impl TurnFrames {
     /// Whether a received frame is one of those [`Self::awaited`] counts (for a checked turn,
     /// only if it passes its check).
     fn awaits(&self, frame: &[u8]) -> bool {
-        (!self.checked || check_passes(frame))
+        (!self.checked || check_passes(frame, self.crc_from))
             && (!self.trailing_acks || frame.len() != self.ack.len())
     }
 
-    fn send(&mut self, end: &mut RawEnd) {
-        let ack = self.acks;
-        let frames = self.message.len() + ack;
+    fn send(&mut self, end: &mut RawEnd) -> Result<(), String> {
+        let frames = self.frames();
+        let mut batch = Vec::new();
         for i in 0..frames {
             let frame = match self.message.get_mut(i) {
                 Some(f) => f,
@@ -509,31 +540,85 @@ impl TurnFrames {
             };
             if self.checked {
                 self.sequence = self.sequence.wrapping_add(1);
-                seal(frame, self.sequence);
+                seal(frame, self.crc_from, self.sequence);
+            }
+            if self.udp.is_some() {
+                batch.extend_from_slice(&frame[UDP_HEADERS..]);
+                continue;
             }
             while !end.sock.send(frame) {
                 let _ = end.sock.flush();
             }
         }
-        let _ = end.sock.flush();
+        match &self.udp {
+            Some(udp) => send_batch(udp, &batch),
+            None => {
+                let _ = end.sock.flush();
+                Ok(())
+            }
+        }
     }
 }
 
-/// Numbers a checked frame (at the start of its UDP payload) and puts a CRC-32 over the
-/// rest of it in its last 4 bytes, as a RoCE sender writes a PSN and an ICRC.
-fn seal(frame: &mut [u8], sequence: u32) {
+/// Numbers a checked frame (at the start of its UDP payload) and puts a CRC-32 over the rest
+/// of it from `crc_from` on (the frame's start, or its UDP payload's when the kernel writes
+/// the headers) in its last 4 bytes, as a RoCE sender writes a PSN and an ICRC.
+fn seal(frame: &mut [u8], crc_from: usize, sequence: u32) {
     frame[UDP_HEADERS..UDP_HEADERS + 4].copy_from_slice(&sequence.to_be_bytes());
     let body = frame.len() - 4;
-    let crc = crc32fast::hash(&frame[..body]);
+    let crc = crc32fast::hash(&frame[crc_from..body]);
     frame[body..].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Whether a received frame's last 4 bytes are the CRC-32 of the rest (see [`seal`]).
-fn check_passes(frame: &[u8]) -> bool {
-    let Some(body) = frame.len().checked_sub(4) else {
+/// A UDP socket on `iface` sending to `peer`'s RoCEv2 port, each send cut into datagrams of
+/// `segment` bytes (UDP GSO), the last one shorter if the send ends so.
+fn gso_socket(iface: &str, peer: Ipv4Addr, segment: usize) -> Result<UdpSocket, String> {
+    let s: UdpSocket = GsoSocket::open(iface)
+        .map_err(|e| format!("a UDP socket on {iface}: {e}"))?
+        .into();
+    s.set_nonblocking(false)
+        .map_err(|e| format!("a blocking UDP socket: {e}"))?;
+    s.connect((peer, 4791))
+        .map_err(|e| format!("connecting a UDP socket to {peer}: {e}"))?;
+    let segment = libc::c_int::try_from(segment).map_err(|_| format!("segment {segment}"))?;
+    // SAFETY: `s` is open; the option value is a c_int that lives for the call, its size
+    // passed with it.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&segment as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(format!("UDP_SEGMENT: {}", std::io::Error::last_os_error()));
+    }
+    Ok(s)
+}
+
+/// Sends a batch on a [`gso_socket`]. A full qdisc is waited out; a refusal (datagrams that
+/// came before the receiver's socket was in the XDP program's map went to the kernel, which
+/// answered that no one listens) drops the batch, as a lost frame.
+fn send_batch(s: &UdpSocket, batch: &[u8]) -> Result<(), String> {
+    loop {
+        match s.send(batch) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => std::thread::yield_now(),
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => return Ok(()),
+            Err(e) => return Err(format!("sending a batch: {e}")),
+        }
+    }
+}
+
+/// Whether a received frame's last 4 bytes are the CRC-32 of the rest from `crc_from` on
+/// (see [`seal`]).
+fn check_passes(frame: &[u8], crc_from: usize) -> bool {
+    let Some(body) = frame.len().checked_sub(4).filter(|b| *b >= crc_from) else {
         return false;
     };
-    frame[body..] == crc32fast::hash(&frame[..body]).to_le_bytes()
+    frame[body..] == crc32fast::hash(&frame[crc_from..body]).to_le_bytes()
 }
 
 /// A pause within a turn's frames that means the rest were lost: far longer than a turn
@@ -570,7 +655,7 @@ pub fn xsk_echo(
     ready: impl FnOnce(),
 ) -> Result<u64, String> {
     let mut end = try_raw_end(iface, peer, true)?;
-    let mut reply = TurnFrames::new(&end, own, peer, turn)?;
+    let mut reply = TurnFrames::new(&end, iface, own, peer, turn)?;
     ready();
     let (mut got, mut answered) = (0, 0u64);
     let started = Instant::now();
@@ -597,7 +682,7 @@ pub fn xsk_echo(
         }
         while got >= reply.awaited() {
             got -= reply.awaited();
-            reply.send(&mut end);
+            reply.send(&mut end)?;
             answered += 1;
         }
     }
@@ -615,12 +700,12 @@ pub fn xsk_ping(
     count: usize,
 ) -> Result<Vec<f64>, String> {
     let mut end = try_raw_end(iface, peer, true)?;
-    let mut ping = TurnFrames::new(&end, own, peer, turn)?;
+    let mut ping = TurnFrames::new(&end, iface, own, peer, turn)?;
     let mut rtts = Vec::with_capacity(count);
     let mut lost_in_a_row = 0;
     'pings: for _ in 0..count {
         let t = Instant::now();
-        ping.send(&mut end);
+        ping.send(&mut end)?;
         let mut got = 0;
         while got < ping.awaited() {
             // Up to a whole turn: trailing ACKs of the last turn may come first.
@@ -753,28 +838,7 @@ pub fn udp_gso_send_stream(
     payload: usize,
     duration: Duration,
 ) -> Result<Duration, String> {
-    let s: UdpSocket = GsoSocket::open(iface)
-        .map_err(|e| format!("a UDP socket on {iface}: {e}"))?
-        .into();
-    s.set_nonblocking(false)
-        .map_err(|e| format!("a blocking UDP socket: {e}"))?;
-    s.connect((peer, 4791))
-        .map_err(|e| format!("connecting a UDP socket to {peer}: {e}"))?;
-    let segment = libc::c_int::try_from(payload).map_err(|_| format!("payload {payload}"))?;
-    // SAFETY: `s` is open; the option value is a c_int that lives for the call, its size
-    // passed with it.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_SEGMENT,
-            (&segment as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(format!("UDP_SEGMENT: {}", std::io::Error::last_os_error()));
-    }
+    let s = gso_socket(iface, peer, payload)?;
     let batch = vec![1u8; payload * GSO_SEGMENTS];
     let t = Instant::now();
     while t.elapsed() < duration {
@@ -1095,10 +1159,8 @@ mod tests {
     #[test]
     fn a_turn_with_trailing_acks_waits_for_the_message_alone() {
         let turn = |trailing_acks| PingTurn {
-            payload: 64,
-            frames: 2,
             trailing_acks,
-            checked: false,
+            ..PingTurn::waiting(64, 2)
         };
         let (message, ack) = (vec![0u8; 106], vec![0u8; 62]);
         let trailing =
@@ -1117,10 +1179,8 @@ mod tests {
     #[test]
     fn checked_frames_are_numbered_sealed_and_refused_when_damaged() {
         let turn = PingTurn {
-            payload: 64,
-            frames: 2,
-            trailing_acks: false,
             checked: true,
+            ..PingTurn::waiting(64, 2)
         };
         let (a, b) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
         let message = udp_frame([2; 6], [4; 6], a, b, 64);
@@ -1131,7 +1191,7 @@ mod tests {
         let mut sealed = Vec::new();
         for sequence in 1..=3u32 {
             let mut m = frames.message[0].clone();
-            seal(&mut m, sequence);
+            seal(&mut m, 0, sequence);
             assert_eq!(m[UDP_HEADERS..UDP_HEADERS + 4], sequence.to_be_bytes());
             assert!(frames.awaits(&m));
             sealed.push(m);
@@ -1154,6 +1214,45 @@ mod tests {
         let short = PingTurn { payload: 4, ..turn };
         let tiny = udp_frame([2; 6], [4; 6], a, b, 4);
         assert!(TurnFrames::from_frames(vec![tiny.clone()], tiny, short).is_err());
+    }
+
+    #[test]
+    fn a_batched_turn_checks_the_udp_payload_the_kernel_leaves_alone() {
+        let turn = PingTurn {
+            checked: true,
+            batched: true,
+            ..PingTurn::waiting(64, 2)
+        };
+        let (a, b) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let message = udp_frame([2; 6], [4; 6], a, b, 64);
+        let ack = udp_frame([2; 6], [4; 6], a, b, ACK_PAYLOAD);
+        let frames = TurnFrames::from_frames(vec![message.clone()], ack.clone(), turn).unwrap();
+        let mut m = message.clone();
+        seal(&mut m, frames.crc_from, 7);
+        assert!(frames.awaits(&m));
+        // The kernel writes its own headers (an IP ID, a source port): the check holds.
+        m[18] ^= 0x55;
+        m[34] ^= 0x0f;
+        assert!(frames.awaits(&m));
+        // Not so for the payload.
+        m[UDP_HEADERS + 5] ^= 1;
+        assert!(!frames.awaits(&m));
+        // The ACK-sized frame must be the shorter last segment of one batch: one message frame
+        // at least as long as it, and at most one of it.
+        let long = PingTurn {
+            payload: 8192,
+            ..turn
+        };
+        let pieces = vec![message.clone(), message.clone()];
+        assert!(TurnFrames::from_frames(pieces, ack.clone(), long).is_err());
+        let three = PingTurn { frames: 3, ..turn };
+        assert!(TurnFrames::from_frames(vec![message.clone()], ack.clone(), three).is_err());
+        let small = PingTurn {
+            payload: 12,
+            ..turn
+        };
+        let twelve = udp_frame([2; 6], [4; 6], a, b, 12);
+        assert!(TurnFrames::from_frames(vec![twelve], ack, small).is_err());
     }
 
     #[test]

@@ -89,10 +89,30 @@ impl RawStreams {
 pub const BATCHED_RUNS: usize = 2;
 
 /// One-way latencies of raw AF_XDP ping-pong between the guests, µs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RawOneWay {
     pub one_frame: PingTimes,
     pub two_frames: PingTimes,
+    /// RC's floor for any RoCE stack, two ways: the two frames each numbered and given a
+    /// CRC-32 by the sender and checked by the receiver (the ICRC's work), sent through
+    /// AF_XDP (`checked`) or as one UDP GSO send, one notification of the virtio device
+    /// (`checked_batched`); or why it could not be measured.
+    pub checked: Result<PingTimes, String>,
+    pub checked_batched: Result<PingTimes, String>,
+}
+
+impl RawOneWay {
+    /// The lower of the two floors any RoCE stack's RC turn has between the guests, with
+    /// the way it was sent, if either was measured.
+    pub fn rc_floor(&self) -> Option<(PingTimes, &'static str)> {
+        [
+            (&self.checked, "through AF_XDP"),
+            (&self.checked_batched, "as one UDP batch"),
+        ]
+        .into_iter()
+        .filter_map(|(t, how)| t.as_ref().ok().map(|t| (*t, how)))
+        .min_by(|a, b| a.0.p50.total_cmp(&b.0.p50))
+    }
 }
 
 /// Median and minimum of a ping-pong's one-way latency, µs.
@@ -168,11 +188,21 @@ pub fn compare(
             RawStreams { copy_mode, batched }
         });
     say("raw AF_XDP ping-pong between the guests (the floor of their round trip)");
-    let raw_one_way_us = raw_recovering(&lab, &g, &incidents, say, &mut || raw_pingpong(&g, 1))
+    let raw_one_way_us = raw_recovering(&lab, &g, &incidents, say, &mut || raw_pingpong(&g, 1, ""))
         .and_then(|one_frame| {
+            let two_frames =
+                raw_recovering(&lab, &g, &incidents, say, &mut || raw_pingpong(&g, 2, ""))?;
+            say("raw ping-pong between the guests, each frame CRC-32'd and checked (RC's floor)");
+            let mut checked = |words: &str| {
+                raw_recovering(&lab, &g, &incidents, say, &mut || {
+                    raw_pingpong(&g, 2, words)
+                })
+            };
             Ok(RawOneWay {
                 one_frame,
-                two_frames: raw_recovering(&lab, &g, &incidents, say, &mut || raw_pingpong(&g, 2))?,
+                two_frames,
+                checked: checked("checked"),
+                checked_batched: checked("checked batched"),
             })
         });
     xroce_link(&g, "del xr0")?;
@@ -378,14 +408,19 @@ fn measure_stack(
 const RAW_PINGS: usize = 2000;
 
 /// `guest-stream ping` from the second guest to `guest-stream echo` in the first, 64 B
-/// messages (as `ib_send_lat` sends) and `frames` frames per turn; half the round trips, as
-/// perftest reports one-way latency.
-fn raw_pingpong(g: &[Guest], frames: usize) -> Result<PingTimes, String> {
+/// messages (as `ib_send_lat` sends) and `frames` frames per turn, both given `words`
+/// (`checked`, `batched`: see `guest-stream`); half the round trips, as perftest reports
+/// one-way latency.
+fn raw_pingpong(g: &[Guest], frames: usize, words: &str) -> Result<PingTimes, String> {
     let (_, pinged) = guest_stream_pair(
         g,
-        &format!("echo eth0 {} {} 64 {frames}", g[0].ipv4(), g[1].ipv4()),
         &format!(
-            "ping eth0 {} {} 64 {frames} {RAW_PINGS}",
+            "echo eth0 {} {} 64 {frames} {words}",
+            g[0].ipv4(),
+            g[1].ipv4()
+        ),
+        &format!(
+            "ping eth0 {} {} 64 {frames} {RAW_PINGS} {words}",
             g[1].ipv4(),
             g[0].ipv4()
         ),

@@ -6,7 +6,11 @@
 //!
 //! It also plays a raw ping-pong, the floor of any stack's round trip there: `echo` answers
 //! every FRAMES frames with FRAMES of its own (the message, then ACK-sized frames; two per
-//! turn is what RC needs), and `ping` times COUNT such turns, both ends busy-polling.
+//! turn is what RC needs), and `ping` times COUNT such turns, both ends busy-polling. With
+//! `checked`, each frame is numbered and given a CRC-32 by its sender and checked by its
+//! receiver (the ICRC's work, the least any RoCE stack does); with `batched`, each turn leaves
+//! as one send on a kernel UDP socket (UDP GSO, the ACK-sized frame the shorter last segment),
+//! one notification of the virtio device per turn. Both ends must be given the same words.
 //!
 //! `send-batched` sends the same stream through a kernel UDP socket in batches (UDP GSO), as
 //! xroce's engines send runs of frames on virtio-net: AF_XDP's copy mode notifies the device
@@ -16,8 +20,8 @@
 //! guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS
 //! guest-stream send-batched IFACE OWN_IP PEER_IP PAYLOAD SECS
 //! guest-stream recv IFACE PEER_IP WAIT_SECS
-//! guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES
-//! guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT
+//! guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES [checked] [batched]
+//! guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT [checked] [batched]
 //! ```
 //!
 //! The receiver prints `received FRAMES frames, BYTES bytes in SECS s: MB/s MB/s`, counting
@@ -39,8 +43,8 @@ use xroce_bench::baseline::{
 const USAGE: &str = "usage: guest-stream send IFACE OWN_IP PEER_IP PAYLOAD SECS\n       \
                      guest-stream send-batched IFACE OWN_IP PEER_IP PAYLOAD SECS\n       \
                      guest-stream recv IFACE PEER_IP WAIT_SECS\n       \
-                     guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES\n       \
-                     guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT";
+                     guest-stream echo IFACE OWN_IP PEER_IP PAYLOAD FRAMES [checked] [batched]\n       \
+                     guest-stream ping IFACE OWN_IP PEER_IP PAYLOAD FRAMES COUNT [checked] [batched]";
 
 /// `echo` ends this long after the last frame, and fails when none came this long after it
 /// started.
@@ -69,7 +73,7 @@ fn run(args: &[String]) -> Result<String, String> {
             .map_err(|_| format!("not an IPv4 address: {s}"))
     };
     let number = |s: &String| s.parse::<u64>().map_err(|_| format!("not a number: {s}"));
-    let turn = |payload: &String, frames: &String| -> Result<PingTurn, String> {
+    let turn = |payload: &String, frames: &String, words: &[String]| -> Result<PingTurn, String> {
         let payload = number(payload)? as usize;
         let frames = number(frames)? as usize;
         if !(1..=1472).contains(&payload) || !(1..=8).contains(&frames) {
@@ -77,7 +81,15 @@ fn run(args: &[String]) -> Result<String, String> {
                 "PAYLOAD {payload}, FRAMES {frames}: 1 to 1472 bytes, 1 to 8 frames"
             ));
         }
-        Ok(PingTurn::waiting(payload, frames))
+        let mut turn = PingTurn::waiting(payload, frames);
+        for word in words {
+            match word.as_str() {
+                "checked" => turn.checked = true,
+                "batched" => turn.batched = true,
+                other => return Err(format!("{other:?}: `checked` or `batched`\n{USAGE}")),
+            }
+        }
+        Ok(turn)
     };
     match args {
         [mode, iface, own, peer, payload, secs] if mode == "send" || mode == "send-batched" => {
@@ -106,9 +118,9 @@ fn run(args: &[String]) -> Result<String, String> {
                 r.mb_per_s()
             ))
         }
-        [mode, iface, own, peer, payload, frames] if mode == "echo" => {
+        [mode, iface, own, peer, payload, frames, words @ ..] if mode == "echo" => {
             let never = AtomicBool::new(false);
-            let turn = turn(payload, frames)?;
+            let turn = turn(payload, frames, words)?;
             let answered = xsk_echo(
                 iface,
                 ip(own)?,
@@ -120,8 +132,8 @@ fn run(args: &[String]) -> Result<String, String> {
             )?;
             Ok(format!("answered {answered} turns"))
         }
-        [mode, iface, own, peer, payload, frames, count] if mode == "ping" => {
-            let turn = turn(payload, frames)?;
+        [mode, iface, own, peer, payload, frames, count, words @ ..] if mode == "ping" => {
+            let turn = turn(payload, frames, words)?;
             let count = number(count)? as usize;
             let rtts = xsk_ping(iface, ip(own)?, ip(peer)?, turn, count)?;
             let n = rtts.len();
