@@ -1143,11 +1143,12 @@ fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
                 Err(e) => format!("not measured ({e})"),
             };
             r.notes.push(format!(
-                "Guests ({kernel}): the floor of any RoCE stack's RC turn between the guests, the \
+                "Guests ({kernel}): the floor of a RoCE stack's RC turn between the guests, the \
                  same two frames each numbered and given a CRC-32 by its sender and checked by \
-                 its receiver (the ICRC's work), one-way: {} sent through AF_XDP, {} sent as one \
-                 UDP batch (one notification of the virtio device per turn, the ACK-sized frame \
-                 its shorter last segment).{}",
+                 its receiver (the ICRC's work, the least any RoCE stack does), sent the two ways \
+                 a stack can send there that this suite measures, one-way: {} sent through \
+                 AF_XDP, {} sent as one UDP batch (one notification of the virtio device per \
+                 turn, the ACK-sized frame its shorter last segment).{}",
                 said(&raw.checked),
                 said(&raw.checked_batched),
                 match raw.rc_floor() {
