@@ -19,6 +19,8 @@ use xroce_datapath::netns::NetnsPair;
 use xroce_datapath::udp_gso::GsoSocket;
 use xroce_datapath::xdp;
 
+use xroce_core::icrc::crc32_in_use;
+
 use crate::cpu::CpuTime;
 
 /// Round-trip times of a ping-pong, in µs.
@@ -562,11 +564,13 @@ impl TurnFrames {
 
 /// Numbers a checked frame (at the start of its UDP payload) and puts a CRC-32 over the rest
 /// of it from `crc_from` on (the frame's start, or its UDP payload's when the kernel writes
-/// the headers) in its last 4 bytes, as a RoCE sender writes a PSN and an ICRC.
+/// the headers) in its last 4 bytes, as a RoCE sender writes a PSN and an ICRC. The CRC-32 is
+/// hashed in the code xroce's engine picks on this CPU (carry-less multiplication, or tables
+/// under QEMU's TCG, which emulates that slowly): the floor pays what xroce pays.
 fn seal(frame: &mut [u8], crc_from: usize, sequence: u32) {
     frame[UDP_HEADERS..UDP_HEADERS + 4].copy_from_slice(&sequence.to_be_bytes());
     let body = frame.len() - 4;
-    let crc = crc32fast::hash(&frame[crc_from..body]);
+    let crc = crc32_in_use(&frame[crc_from..body]);
     frame[body..].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -618,7 +622,7 @@ fn check_passes(frame: &[u8], crc_from: usize) -> bool {
     let Some(body) = frame.len().checked_sub(4).filter(|b| *b >= crc_from) else {
         return false;
     };
-    frame[body..] == crc32fast::hash(&frame[crc_from..body]).to_le_bytes()
+    frame[body..] == crc32_in_use(&frame[crc_from..body]).to_le_bytes()
 }
 
 /// A pause within a turn's frames that means the rest were lost: far longer than a turn
