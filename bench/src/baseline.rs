@@ -449,8 +449,10 @@ struct TurnFrames {
     /// Where a checked frame's CRC-32 starts: the frame's start, or its UDP payload's when
     /// the kernel writes the headers (a batched turn).
     crc_from: usize,
-    /// The socket a batched turn leaves through (see [`PingTurn::batched`]).
+    /// The socket a batched turn leaves through (see [`PingTurn::batched`]), and the buffer
+    /// its batch is put together in (kept: an allocation per turn is no part of a floor).
     udp: Option<UdpSocket>,
+    batch: Vec<u8>,
     /// The number the next checked frame carries.
     sequence: u32,
 }
@@ -507,6 +509,7 @@ impl TurnFrames {
             checked: turn.checked,
             crc_from: if turn.batched { UDP_HEADERS } else { 0 },
             udp: None,
+            batch: Vec::new(),
             sequence: 0,
         })
     }
@@ -534,7 +537,7 @@ impl TurnFrames {
 
     fn send(&mut self, end: &mut RawEnd) -> Result<(), String> {
         let frames = self.frames();
-        let mut batch = Vec::new();
+        self.batch.clear();
         for i in 0..frames {
             let frame = match self.message.get_mut(i) {
                 Some(f) => f,
@@ -545,7 +548,7 @@ impl TurnFrames {
                 seal(frame, self.crc_from, self.sequence);
             }
             if self.udp.is_some() {
-                batch.extend_from_slice(&frame[UDP_HEADERS..]);
+                self.batch.extend_from_slice(&frame[UDP_HEADERS..]);
                 continue;
             }
             while !end.sock.send(frame) {
@@ -553,7 +556,7 @@ impl TurnFrames {
             }
         }
         match &self.udp {
-            Some(udp) => send_batch(udp, &batch),
+            Some(udp) => send_batch(udp, &self.batch),
             None => {
                 let _ = end.sock.flush();
                 Ok(())
