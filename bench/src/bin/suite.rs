@@ -821,6 +821,10 @@ struct BackToBack {
     /// `ib_send_lat` against raw's two checked frames per turn (RC's floor with the ICRC's
     /// work).
     floor_checked: Paired,
+    /// Raw's two frames per turn, bare and checked, against its one frame (the floors as
+    /// multiples of the path's one-frame turn).
+    two_vs_one: Paired,
+    checked_vs_one: Paired,
     /// 64 B message rate against raw's 64 B packet rate.
     rate: Paired,
     /// 64 KiB `ib_write_bw` against raw's 4 KiB frames.
@@ -881,6 +885,8 @@ fn back_to_back(
         b.floor.push(lat.map(|l| l.typical), Some(two.p50 / 2.0));
         b.floor_checked
             .push(lat.map(|l| l.typical), Some(checked.p50 / 2.0));
+        b.two_vs_one.push(Some(two.p50), Some(one.p50));
+        b.checked_vs_one.push(Some(checked.p50), Some(one.p50));
         b.rate.push(send_bw.map(|l| l.mpps), Some(raw_64.mpps));
         b.write
             .push(write_bw.map(|l| l.mb_per_s), Some(raw_4k.mb_per_s));
@@ -1226,7 +1232,7 @@ fn goals(
     }
     // RC's floor with the ICRC's work against raw's one frame, per round (both ran back to
     // back in every round): above the goal, no RC stack could meet it on this path.
-    let checked_over_raw = rounds_ratio(&b2b.raw_two_checked, &b2b.raw_one_frame);
+    let checked_over_raw = b2b.checked_vs_one.median_ratio();
     if let (Some(f), Some(checked)) = (checked_over_raw, b2b.floor_checked.median_baseline()) {
         if f > SEND_LAT_TARGET {
             mark_out_of_reach(
@@ -1245,7 +1251,7 @@ fn goals(
              other protocol: {checked:.2} µs one-way, {f:.2}× raw's one frame (median of the \
              rounds' ratios: {}); the {SEND_LAT_TARGET}× goal is {} that floor. ib_send_lat \
              over RC is {:.2}× it (median of the rounds: {}).",
-            rounds_ratios_text(&b2b.raw_two_checked, &b2b.raw_one_frame),
+            b2b.checked_vs_one.ratios_text(),
             if f > SEND_LAT_TARGET {
                 "below"
             } else {
@@ -1261,8 +1267,7 @@ fn goals(
         b2b.latency.median_baseline(),
         b2b.floor.median_baseline(),
     ) {
-        let floor_over_raw =
-            rounds_ratio(&b2b.raw_two_frames, &b2b.raw_one_frame).unwrap_or(floor / raw);
+        let floor_over_raw = b2b.two_vs_one.median_ratio().unwrap_or(floor / raw);
         r.notes.push(format!(
             "64 B ib_send_lat over UD (one frame per turn, no ACK; measured once, not back to \
              back): {ud:.2} µs, {:.2}× raw AF_XDP one-way (median of the rounds); over RC \
@@ -1419,29 +1424,6 @@ fn goals(
 /// The goal on 64 B `ib_send_lat` against raw AF_XDP, and its target.
 const SEND_LAT_GOAL: &str = "64 B ib_send_lat vs raw AF_XDP one-way";
 const SEND_LAT_TARGET: f64 = 1.5;
-
-/// The median over rounds of `num`'s p50 over `den`'s (rounds that measured nothing left
-/// out).
-fn rounds_ratio(num: &[RoundTrip], den: &[RoundTrip]) -> Option<f64> {
-    paired::median(round_ratios(num, den))
-}
-
-/// Each round's `num` p50 over `den`'s, as text.
-fn rounds_ratios_text(num: &[RoundTrip], den: &[RoundTrip]) -> String {
-    let v: Vec<String> = round_ratios(num, den)
-        .iter()
-        .map(|x| format!("{x:.2}"))
-        .collect();
-    v.join(", ")
-}
-
-fn round_ratios(num: &[RoundTrip], den: &[RoundTrip]) -> Vec<f64> {
-    num.iter()
-        .zip(den)
-        .filter(|(n, d)| n.p50 > 0.0 && d.p50 > 0.0)
-        .map(|(n, d)| n.p50 / d.p50)
-        .collect()
-}
 
 /// Says why the goal `what` (if measured) is out of reach.
 fn mark_out_of_reach(out: &mut [Goal], what: &str, why: String) {
