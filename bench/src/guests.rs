@@ -38,8 +38,10 @@ pub struct GuestNumbers {
     pub write_bw_vcpu_cores: [f64; 2],
 }
 
-/// Rounds of the comparison; each runs both stacks, rdma_rxe first.
-pub const ROUNDS: usize = 3;
+/// Rounds of the comparison; each runs both stacks (rdma_rxe first in the first round, xroce
+/// first in the second, and so on), then RC's floor. rdma_rxe's own latency moved by a third
+/// between the three rounds of one run (Debian 12's), so five.
+pub const ROUNDS: usize = 5;
 
 /// The comparison: each stack's median over [`ROUNDS`] rounds (each number's own median), and
 /// every round's numbers.
@@ -51,6 +53,9 @@ pub struct Comparison {
     pub xroce: GuestNumbers,
     /// (rdma_rxe, xroce) of each round, in order.
     pub rounds: Vec<(GuestNumbers, GuestNumbers)>,
+    /// RC's floor in each round, measured right after the round's two stacks, in order: a
+    /// floor set against rdma_rxe measured minutes away would carry the emulation's drift.
+    pub floors: Vec<RcFloor>,
     /// What went wrong in a run and was recovered from by running it again (a guest whose
     /// kernel panicked or whose link stalled), one line each.
     pub incidents: Vec<String>,
@@ -59,8 +64,41 @@ pub struct Comparison {
     pub raw_stream_mb_s: Result<RawStreams, String>,
     /// The path's floor for latency: raw AF_XDP ping-pong between the guests, one-way p50 in
     /// µs, with one frame per turn (UD's exchange) and with two (RC's: the answer and an
-    /// ACK), or why it could not be measured.
+    /// ACK), measured once after the rounds, or why it could not be measured.
     pub raw_one_way_us: Result<RawOneWay, String>,
+}
+
+impl Comparison {
+    /// RC's floor each way as the median of the rounds that measured it (p50 and minimum
+    /// each their own median), or the first round's error when none did.
+    pub fn floor_medians(&self) -> RcFloor {
+        let median = |way: fn(&RcFloor) -> &Result<PingTimes, String>| {
+            let measured: Vec<PingTimes> = self
+                .floors
+                .iter()
+                .filter_map(|f| way(f).as_ref().ok().copied())
+                .collect();
+            let of = |v: fn(&PingTimes) -> f64| {
+                crate::paired::median(measured.iter().map(v).collect()).unwrap_or(f64::NAN)
+            };
+            if measured.is_empty() {
+                Err(self
+                    .floors
+                    .iter()
+                    .find_map(|f| way(f).as_ref().err().cloned())
+                    .unwrap_or_else(|| "no round measured it".to_string()))
+            } else {
+                Ok(PingTimes {
+                    p50: of(|t| t.p50),
+                    min: of(|t| t.min),
+                })
+            }
+        };
+        RcFloor {
+            through_xdp: median(|f| &f.through_xdp),
+            batched: median(|f| &f.batched),
+        }
+    }
 }
 
 /// Raw streams between the guests (MB/s received by an AF_XDP receiver that counts frames).
@@ -93,21 +131,24 @@ pub const BATCHED_RUNS: usize = 2;
 pub struct RawOneWay {
     pub one_frame: PingTimes,
     pub two_frames: PingTimes,
-    /// RC's floor for any RoCE stack, two ways: the two frames each numbered and given a
-    /// CRC-32 by the sender and checked by the receiver (the ICRC's work), sent through
-    /// AF_XDP (`checked`) or as one UDP GSO send, one notification of the virtio device
-    /// (`checked_batched`); or why it could not be measured.
-    pub checked: Result<PingTimes, String>,
-    pub checked_batched: Result<PingTimes, String>,
 }
 
-impl RawOneWay {
-    /// The lower of the two floors any RoCE stack's RC turn has between the guests, with
-    /// the way it was sent, if either was measured.
-    pub fn rc_floor(&self) -> Option<(PingTimes, &'static str)> {
+/// RC's floor for any RoCE stack between the guests, one-way: raw ping-pong of RC's two
+/// frames per turn, each numbered and given a CRC-32 by the sender and checked by the
+/// receiver (the ICRC's work), sent two ways: through AF_XDP, or as one UDP GSO send (one
+/// notification of the virtio device); each, or why it could not be measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RcFloor {
+    pub through_xdp: Result<PingTimes, String>,
+    pub batched: Result<PingTimes, String>,
+}
+
+impl RcFloor {
+    /// The lower of the two ways, with how it was sent, if either was measured.
+    pub fn lower(&self) -> Option<(PingTimes, &'static str)> {
         [
-            (&self.checked, "through AF_XDP"),
-            (&self.checked_batched, "as one UDP batch"),
+            (&self.through_xdp, "through AF_XDP"),
+            (&self.batched, "as one UDP batch"),
         ]
         .into_iter()
         .filter_map(|(t, how)| t.as_ref().ok().map(|t| (*t, how)))
@@ -163,6 +204,7 @@ pub fn compare(
     let g = lab.boot_all(guests).map_err(|e| e.to_string())?;
     let incidents = RefCell::new(Vec::new());
     let mut rounds = Vec::with_capacity(ROUNDS);
+    let mut floors = Vec::with_capacity(ROUNDS);
     for round in 1..=ROUNDS {
         // The order alternates, as on the host, so that neither always runs second.
         let xroce_first = crate::paired::xroce_first(round - 1);
@@ -173,8 +215,23 @@ pub fn compare(
         } else {
             (first, second)
         });
+        say(&format!(
+            "round {round}/{ROUNDS}: RC's floor, raw ping-pong of two frames each CRC-32'd and \
+             checked"
+        ));
+        // guest-stream registers its socket in the XDP program's map, which `link add` loads.
+        xroce_link(&g, "add xr0 netdev eth0")?;
+        let mut checked = |words: &str| {
+            raw_recovering(&lab, &g, &incidents, say, &mut || {
+                raw_pingpong(&g, 2, words)
+            })
+        };
+        floors.push(RcFloor {
+            through_xdp: checked("checked"),
+            batched: checked("checked batched"),
+        });
+        xroce_link(&g, "del xr0")?;
     }
-    // guest-stream registers its socket in the XDP program's map, which `link add` loads.
     xroce_link(&g, "add xr0 netdev eth0")?;
     say("raw streams between the guests (what their path carries at all)");
     let raw_stream_mb_s = raw_recovering(&lab, &g, &incidents, say, &mut || raw_stream(&g, "send"))
@@ -192,17 +249,9 @@ pub fn compare(
         .and_then(|one_frame| {
             let two_frames =
                 raw_recovering(&lab, &g, &incidents, say, &mut || raw_pingpong(&g, 2, ""))?;
-            say("raw ping-pong between the guests, each frame CRC-32'd and checked (RC's floor)");
-            let mut checked = |words: &str| {
-                raw_recovering(&lab, &g, &incidents, say, &mut || {
-                    raw_pingpong(&g, 2, words)
-                })
-            };
             Ok(RawOneWay {
                 one_frame,
                 two_frames,
-                checked: checked("checked"),
-                checked_batched: checked("checked batched"),
             })
         });
     xroce_link(&g, "del xr0")?;
@@ -211,6 +260,7 @@ pub fn compare(
         rxe: median_numbers(rounds.iter().map(|r| r.0)),
         xroce: median_numbers(rounds.iter().map(|r| r.1)),
         rounds,
+        floors,
         incidents: incidents.into_inner(),
         raw_stream_mb_s,
         raw_one_way_us,
@@ -703,6 +753,61 @@ mod tests {
              interrupt"
         );
         assert_eq!(panic_lines("XROCE-READY bench0\n"), "its qemu ended");
+    }
+
+    #[test]
+    fn the_floor_is_the_lower_way_and_each_way_takes_its_median_over_the_rounds() {
+        let t = |p50: f64, min: f64| Ok(PingTimes { p50, min });
+        let failed = || Err("guest-stream: no answer".to_string());
+        let floors = vec![
+            RcFloor {
+                through_xdp: t(140.0, 118.0),
+                batched: t(131.0, 110.0),
+            },
+            RcFloor {
+                through_xdp: failed(),
+                batched: t(125.0, 112.0),
+            },
+            RcFloor {
+                through_xdp: t(136.0, 120.0),
+                batched: failed(),
+            },
+        ];
+        assert_eq!(floors[0].lower().map(|f| f.1), Some("as one UDP batch"));
+        assert_eq!(
+            floors[2].lower(),
+            Some((
+                PingTimes {
+                    p50: 136.0,
+                    min: 120.0
+                },
+                "through AF_XDP"
+            ))
+        );
+        let c = Comparison {
+            kernel_version: String::new(),
+            rxe: n(1.0, 1.0),
+            xroce: n(1.0, 1.0),
+            rounds: Vec::new(),
+            floors,
+            incidents: Vec::new(),
+            raw_stream_mb_s: Err(String::new()),
+            raw_one_way_us: Err(String::new()),
+        };
+        // The rounds that measured a way, each number its own median; a failed round is
+        // left out, not counted as zero.
+        let m = c.floor_medians();
+        assert_eq!(m.through_xdp, t(138.0, 119.0));
+        assert_eq!(m.batched, t(128.0, 111.0));
+        let none = Comparison {
+            floors: vec![RcFloor {
+                through_xdp: failed(),
+                batched: failed(),
+            }],
+            ..c
+        };
+        assert_eq!(none.floor_medians().batched, failed());
+        assert_eq!(none.floor_medians().lower(), None);
     }
 
     #[test]
