@@ -139,7 +139,7 @@ impl Guest {
 
     /// Runs `command` through bash in the guest, for at most `timeout`.
     pub fn run(&self, command: &str, timeout: Duration) -> Result<Output> {
-        run_on(&self.ns, self.ip, command, timeout)
+        run_on(&self.ns, self.ip, command, timeout, self.watched_qemu())
     }
 
     /// Waits, for at most 30 s, until a program in the guest listens on TCP `port` (as
@@ -167,9 +167,16 @@ impl Guest {
     /// Starts `command` in the guest and returns at once; [`Background::wait`] collects it.
     pub fn spawn(&self, command: &str, timeout: Duration) -> Background {
         let (ns, ip, command) = (self.ns.clone(), self.ip, command.to_string());
+        let qemu = self.watched_qemu();
         Background {
-            handle: std::thread::spawn(move || run_on(&ns, ip, &command, timeout)),
+            handle: std::thread::spawn(move || run_on(&ns, ip, &command, timeout, qemu)),
         }
+    }
+
+    /// The qemu a command in the guest waits on: its PID and the guest's name, while it runs
+    /// (none for an attached guest, whose qemu another process owns).
+    fn watched_qemu(&self) -> Option<(u32, String)> {
+        self.pid().map(|pid| (pid, self.name.clone()))
     }
 
     fn child(&self) -> MutexGuard<'_, Option<Child>> {
@@ -537,20 +544,63 @@ impl Drop for Guest {
     }
 }
 
-fn run_on(ns: &str, ip: Ipv4Addr, command: &str, timeout: Duration) -> Result<Output> {
+/// How often a command's wait looks whether the guest's qemu still runs.
+const QEMU_LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs `command` through the agent of the guest at `ip`; while it waits for the answer it
+/// looks every [`QEMU_LOOK_EVERY`] whether the guest's qemu (`qemu`: its PID and the guest's
+/// name) still runs. A guest whose kernel panicked ends its qemu (`-no-reboot`) without
+/// closing the connection, which would otherwise be waited on for the command's whole time.
+fn run_on(
+    ns: &str,
+    ip: Ipv4Addr,
+    command: &str,
+    timeout: Duration,
+    qemu: Option<(u32, String)>,
+) -> Result<Output> {
     let addr = SocketAddr::from((ip, AGENT_PORT));
     let mut stream = crate::lab::connect_in(ns, addr, Duration::from_secs(10))
         .map_err(|e| PeerError::Agent(format!("connecting to {addr}: {e}")))?;
-    // The agent answers when the command ends; give it the command's time plus a margin.
-    let _ = stream.set_read_timeout(Some(timeout + Duration::from_secs(15)));
     let req = Request {
         timeout_ms: timeout.as_millis() as u64,
         command: command.to_string(),
     };
     req.write(&mut stream)
         .map_err(|e| PeerError::Agent(format!("sending to {addr}: {e}")))?;
-    let reply = Reply::read(&mut stream)
-        .map_err(|e| PeerError::Agent(format!("waiting for {addr} ({command}): {e}")))?;
+    let waiting = |e: &dyn std::fmt::Display| {
+        PeerError::Agent(format!("waiting for {addr} ({command}): {e}"))
+    };
+    // The agent answers when the command ends; give it the command's time plus a margin.
+    let deadline = Instant::now() + timeout + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(waiting(&"no answer in the command's time"));
+        }
+        let _ = stream.set_read_timeout(Some(left.min(QEMU_LOOK_EVERY)));
+        match stream.peek(&mut [0u8; 1]) {
+            // The answer has begun (or the agent closed): read it whole below.
+            Ok(_) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(waiting(&e)),
+        }
+        if let Some((pid, name)) = &qemu {
+            if !is_our_qemu(*pid, name) {
+                return Err(waiting(&format_args!(
+                    "guest {name}'s qemu ended while the command ran (its console says why)"
+                )));
+            }
+        }
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    let _ = stream.set_read_timeout(Some(left.max(QEMU_LOOK_EVERY)));
+    let reply = Reply::read(&mut stream).map_err(|e| waiting(&e))?;
     Ok(Output {
         status: reply.status,
         stdout: String::from_utf8_lossy(&reply.stdout).into_owned(),

@@ -170,6 +170,16 @@ fn two_rxe_guests_ping_pong() {
     // tells that from a guest that stopped answering, shows the kernel's last words, and boots
     // it again.
     assert!(!guests[0].kernel_panicked(), "a running guest panicked");
+    // A command under way when the kernel panics is not waited on for its whole time: its
+    // wait sees the qemu end.
+    let under_way = guests[0].spawn(": > /tmp/under-way && sleep 120", Duration::from_secs(120));
+    let started = guests[0]
+        .run(
+            "for i in $(seq 100); do test -e /tmp/under-way && exit 0; sleep 0.1; done; exit 1",
+            Duration::from_secs(20),
+        )
+        .expect("looking for the command under way");
+    assert!(started.success(), "the command under way did not start");
     let _crash = guests[0].spawn("echo c > /proc/sysrq-trigger", Duration::from_secs(5));
     let deadline = Instant::now() + Duration::from_secs(60);
     while !guests[0].kernel_panicked() && Instant::now() < deadline {
@@ -182,6 +192,11 @@ fn two_rxe_guests_ping_pong() {
             && report.contains("Kernel panic - not syncing"),
         "the crashed guest's report: {report}"
     );
+    match under_way.wait() {
+        Err(e) if e.to_string().contains("qemu ended while the command ran") => {}
+        Err(e) => panic!("the command under way ended otherwise: {e}"),
+        Ok(out) => panic!("the command under way finished: {}", out.text()),
+    }
     guests[0]
         .restart(&lab)
         .expect("boot the crashed guest again");
