@@ -57,8 +57,8 @@ enum Task {
     /// pair (latency, bandwidth at path MTU 1024 and 4096, message rate, many QPs, CPU per
     /// Gbit/s, idle CPU, memory) next to raw AF_XDP, kernel UDP and kernel TCP on the same pair,
     /// and rdma_rxe↔rdma_rxe next to xroce↔xroce in identical QEMU guests. Builds in release
-    /// mode, takes about 7 minutes (5 rounds of the goals against raw AF_XDP, then the guests), and
-    /// writes bench/results/perf.md and perf.svg.
+    /// mode, takes about 13 minutes (5 rounds of the goals against raw AF_XDP, then 5 rounds in
+    /// the guests of each of two kernels), and writes bench/results/perf.md and perf.svg.
     /// `cargo xtask bench datapath` runs the older engine-level comparison instead
     /// (bench/results/datapath.md).
     Bench {
