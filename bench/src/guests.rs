@@ -219,18 +219,7 @@ pub fn compare(
             "round {round}/{ROUNDS}: RC's floor, raw ping-pong of two frames each CRC-32'd and \
              checked"
         ));
-        // guest-stream registers its socket in the XDP program's map, which `link add` loads.
-        xroce_link(&g, "add xr0 netdev eth0")?;
-        let mut checked = |words: &str| {
-            raw_recovering(&lab, &g, &incidents, say, &mut || {
-                raw_pingpong(&g, 2, words)
-            })
-        };
-        floors.push(RcFloor {
-            through_xdp: checked("checked"),
-            batched: checked("checked batched"),
-        });
-        xroce_link(&g, "del xr0")?;
+        floors.push(round_floor(&lab, &g, &incidents, say));
     }
     xroce_link(&g, "add xr0 netdev eth0")?;
     say("raw streams between the guests (what their path carries at all)");
@@ -265,6 +254,34 @@ pub fn compare(
         raw_stream_mb_s,
         raw_one_way_us,
     })
+}
+
+/// RC's floor between the guests, both ways. A floor that could not be measured is that
+/// round's error, not the comparison's: the round's goal ratio leaves it out. The xroce
+/// devices are taken away again in each guest on its own, whatever happened (a guest that
+/// died keeps none; the next stack's run boots it again), so that rdma_rxe's next run meets
+/// no XDP program.
+fn round_floor(lab: &Lab, g: &[Guest], incidents: &RefCell<Vec<String>>, say: Say<'_>) -> RcFloor {
+    // guest-stream registers its socket in the XDP program's map, which `link add` loads.
+    let floor = match xroce_link(g, "add xr0 netdev eth0") {
+        Ok(()) => {
+            let mut checked = |words: &str| {
+                raw_recovering(lab, g, incidents, say, &mut || raw_pingpong(g, 2, words))
+            };
+            RcFloor {
+                through_xdp: checked("checked"),
+                batched: checked("checked batched"),
+            }
+        }
+        Err(e) => RcFloor {
+            through_xdp: Err(e.clone()),
+            batched: Err(e),
+        },
+    };
+    for guest in g {
+        let _ = guest.run("/opt/xroce/xroce link del xr0", RUN_TIMEOUT);
+    }
+    floor
 }
 
 /// [`recovering`] for a raw baseline between the guests (`guest-stream`). A guest booted again
@@ -590,7 +607,16 @@ fn xroce_link(g: &[Guest], args: &str) -> Result<(), String> {
 }
 
 fn sh(g: &Guest, cmd: &str) -> Result<String, String> {
-    let out = g.run(cmd, RUN_TIMEOUT).map_err(|e| e.to_string())?;
+    stdout_of(g, cmd, g.run(cmd, RUN_TIMEOUT))
+}
+
+/// The standard output of `cmd` run in `g`, if it ran and succeeded.
+fn stdout_of(
+    g: &Guest,
+    cmd: &str,
+    out: xroce_rxe_peer::Result<xroce_rxe_peer::Output>,
+) -> Result<String, String> {
+    let out = out.map_err(|e| e.to_string())?;
     if out.success() {
         Ok(out.stdout)
     } else {
@@ -598,15 +624,27 @@ fn sh(g: &Guest, cmd: &str) -> Result<String, String> {
     }
 }
 
-/// Server in guest 0, client in guest 1.
+/// Server in guest 0, client in guest 1. When one guest's qemu ends while they run (its
+/// kernel panicked), that side's wait ends at once; the other side's program, waiting for a
+/// peer that is gone, is killed rather than waited on for its whole bound.
 fn server_client(g: &[Guest], wrap: &str, program: &str) -> Result<String, String> {
     let server = g[0].spawn(&format!("{wrap}{program}"), RUN_TIMEOUT);
     // perftest listens at once; the guest's clock is slow, so give it a moment.
     let probe = "for i in $(seq 300); do grep -qi ':4853 .* 0A ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1";
     sh(&g[0], probe)?;
-    let client = sh(&g[1], &format!("{wrap}{program} {}", g[0].ipv4()));
+    let client_cmd = format!("{wrap}{program} {}", g[0].ipv4());
+    let client = g[1].spawn(&client_cmd, RUN_TIMEOUT);
+    while !server.is_finished() && !client.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if g.iter().any(|guest| !guest.qemu_alive()) {
+        let name = program.split_whitespace().next().unwrap_or(program);
+        for guest in g.iter().filter(|guest| guest.qemu_alive()) {
+            let _ = guest.kill_programs(&[name]);
+        }
+    }
     let server = server.wait().map_err(|e| e.to_string())?;
-    let client = client?;
+    let client = stdout_of(&g[1], &client_cmd, client.wait())?;
     if !server.success() {
         return Err(format!("{program} server: {}", server.text()));
     }

@@ -1152,6 +1152,8 @@ fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
             "guests ({kernel}): the raw AF_XDP ping-pong failed: {e}"
         )),
     }
+    let lower: Vec<_> = c.floors.iter().map(guests::RcFloor::lower).collect();
+    let against_rxe = floor_vs_rxe(&c.rounds, &lower);
     let said = |t: &Result<guests::PingTimes, String>| match t {
         Ok(t) => format!("{:.0} µs (minimum {:.0})", t.p50, t.min),
         Err(e) => format!("not measured ({e})"),
@@ -1166,14 +1168,15 @@ fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
          turn, the ACK-sized frame its shorter last segment).{}",
         said(&rc_floor.through_xdp),
         said(&rc_floor.batched),
-        match rc_floor.lower() {
-            Some((f, how)) => format!(
-                " Half rdma_rxe's ib_send_lat ({half:.0} µs) is {:.2}× the lower, sent \
-                 {how}; xroce takes {:.2}× it.",
-                half / f.p50,
+        match (rc_floor.lower(), against_rxe.median_ratio()) {
+            (Some((f, how)), Some(ratio)) => format!(
+                " The lower of the two in each round was {ratio:.2}× that round's rdma_rxe \
+                 ib_send_lat (median of the rounds' ratios: {}; the goal asks 0.50× of \
+                 xroce), the lower median sent {how}; xroce takes {:.2}× that median.",
+                against_rxe.ratios_text(),
                 xroce.send_lat_us / f.p50
             ),
-            None => String::new(),
+            _ => String::new(),
         }
     ));
 }
@@ -1413,6 +1416,19 @@ fn goals(
     r.goals.extend(out);
 }
 
+/// RC's floor between the guests (the lower way in each round) against rdma_rxe's latency
+/// of the same round ("xroce" is the floor's side of each pair).
+fn floor_vs_rxe(
+    rounds: &[(guests::GuestNumbers, guests::GuestNumbers)],
+    floors: &[Option<(guests::PingTimes, &str)>],
+) -> Paired {
+    let mut p = Paired::default();
+    for ((rxe, _), floor) in rounds.iter().zip(floors) {
+        p.push(floor.map(|(f, _)| f.p50), Some(rxe.send_lat_us));
+    }
+    p
+}
+
 /// Why the guests' latency goal (at most half rdma_rxe's) is out of reach, if it is: a stack
 /// at RC's floor there would still take more than half rdma_rxe's time. The floor is set
 /// against rdma_rxe's latency of its own round, as every goal's ratio is.
@@ -1420,10 +1436,7 @@ fn guest_latency_out_of_reach(
     rounds: &[(guests::GuestNumbers, guests::GuestNumbers)],
     floors: &[Option<(guests::PingTimes, &str)>],
 ) -> Option<String> {
-    let mut floor_vs_rxe = Paired::default();
-    for ((rxe, _), floor) in rounds.iter().zip(floors) {
-        floor_vs_rxe.push(floor.map(|(f, _)| f.p50), Some(rxe.send_lat_us));
-    }
+    let floor_vs_rxe = floor_vs_rxe(rounds, floors);
     let ratio = floor_vs_rxe.median_ratio()?;
     (ratio > 0.5).then(|| {
         format!(
