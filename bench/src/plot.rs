@@ -636,7 +636,7 @@ fn goals_panel(area: &Area, goals: &[Goal]) -> Result<(), Failure> {
         let said = match s {
             Some(_) => format!(
                 "{} (goal {} {}{})",
-                number(goal.ratio),
+                goal.ratio_text(),
                 if goal.at_least { "≥" } else { "≤" },
                 number(goal.target),
                 if !goal.met() && goal.out_of_reach.is_some() {

@@ -93,6 +93,22 @@ impl Goal {
             self.ratio <= self.target
         }
     }
+
+    /// The ratio to two decimals, or to as many more (up to four) as it takes not to read as
+    /// the target itself when it is not: 0.7992 against 0.80 is "0.799", which a reader can
+    /// see missed, where "0.80" next to "**no**" would read as a contradiction.
+    pub fn ratio_text(&self) -> String {
+        let at = |digits: usize| {
+            (
+                format!("{:.*}", digits, self.ratio),
+                format!("{:.*}", digits, self.target),
+            )
+        };
+        (2..=4)
+            .map(at)
+            .find(|(ratio, target)| ratio != target)
+            .map_or_else(|| at(2).0, |(ratio, _)| ratio)
+    }
 }
 
 /// A whole run.
@@ -161,9 +177,9 @@ impl Report {
             for g in &self.goals {
                 let _ = writeln!(
                     s,
-                    "| {} | {:.2} | {} {:.2} | {} | {}{} |",
+                    "| {} | {} | {} {:.2} | {} | {}{} |",
                     g.what,
-                    g.ratio,
+                    g.ratio_text(),
                     if g.at_least { "≥" } else { "≤" },
                     g.target,
                     match (g.met(), &g.out_of_reach) {
@@ -268,6 +284,30 @@ mod tests {
             p99: Some(value * 2.0),
             ..Row::new(section, test, size, method, Kind::LatencyUs, value)
         }
+    }
+
+    #[test]
+    fn a_ratio_that_rounds_to_its_target_shows_the_digits_that_tell_them_apart() {
+        let goal = |ratio, target| Goal {
+            what: "bw".into(),
+            ratio,
+            target,
+            at_least: true,
+            detail: String::new(),
+            out_of_reach: None,
+        };
+        assert_eq!(goal(0.7992, 0.8).ratio_text(), "0.799");
+        // Past four digits it is left at two.
+        assert_eq!(goal(0.80004, 0.8).ratio_text(), "0.80");
+        assert_eq!(goal(0.8, 0.8).ratio_text(), "0.80");
+        assert_eq!(goal(0.8163, 0.8).ratio_text(), "0.82");
+        assert_eq!(goal(0.50142, 0.5).ratio_text(), "0.501");
+        let md = Report {
+            goals: vec![goal(0.7992, 0.8)],
+            ..Report::default()
+        }
+        .markdown(None);
+        assert!(md.contains("| bw | 0.799 | ≥ 0.80 | **no** |"), "{md}");
     }
 
     #[test]

@@ -1171,8 +1171,8 @@ fn report_guests(r: &mut Report, kernel: GuestKernel, c: &guests::Comparison) {
         match (rc_floor.lower(), against_rxe.median_ratio()) {
             (Some((f, how)), Some(ratio)) => format!(
                 " The lower of the two in each round was {ratio:.2}× that round's rdma_rxe \
-                 ib_send_lat (median of the rounds' ratios: {}; the goal asks 0.50× of \
-                 xroce), the lower median sent {how}; xroce takes {:.2}× that median.",
+                 ib_send_lat (median of the rounds' ratios: {}; the goal asks xroce for \
+                 0.50×); the lower median was sent {how}, and xroce takes {:.2}× it.",
                 against_rxe.ratios_text(),
                 xroce.send_lat_us / f.p50
             ),
