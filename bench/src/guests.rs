@@ -278,10 +278,16 @@ fn round_floor(lab: &Lab, g: &[Guest], incidents: &RefCell<Vec<String>>, say: Sa
             batched: Err(e),
         },
     };
+    remove_xroce_devices(g);
+    floor
+}
+
+/// Removes the xroce device in each guest on its own, errors ignored (a guest may have none,
+/// or may have died): what is left of a run that failed, or may have.
+fn remove_xroce_devices(g: &[Guest]) {
     for guest in g {
         let _ = guest.run("/opt/xroce/xroce link del xr0", RUN_TIMEOUT);
     }
-    floor
 }
 
 /// [`recovering`] for a raw baseline between the guests (`guest-stream`). A guest booted again
@@ -328,9 +334,7 @@ fn measure_stack_recovering(
     let remove_devices = || {
         if xroce {
             // The failed run may have left the xroce devices behind.
-            for guest in g {
-                let _ = guest.run("/opt/xroce/xroce link del xr0", RUN_TIMEOUT);
-            }
+            remove_xroce_devices(g);
         }
     };
     recovering(
