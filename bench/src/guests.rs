@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use xroce_datapath::netns;
 use xroce_rxe_peer::{
-    default_cache_dir, ensure_image_for, Guest, GuestConfig, GuestKernel, Lab, Recovery,
+    default_cache_dir, ensure_image_for, run_pair, Guest, GuestConfig, GuestKernel, Lab, Recovery,
 };
 
 use crate::perftest::{parse_bw, parse_lat};
 
 /// Longest one perftest run may take inside the guests.
 const RUN_TIMEOUT: Duration = Duration::from_secs(240);
+/// perftest's TCP port for exchanging QP details.
+const PERFTEST_PORT: u16 = 18515;
 
 /// What both stacks did in the guests.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -507,24 +509,28 @@ fn raw_pingpong(g: &[Guest], frames: usize, words: &str) -> Result<PingTimes, St
 /// `guest-stream LISTENER_ARGS` in the first guest and, once it had time to bind its socket
 /// under emulation, `guest-stream SENDER_ARGS` in the second; both must succeed. Returns their
 /// standard outputs. (The listener counts or answers from the first frame on, so starting
-/// late only costs the sender frames that have no effect.)
+/// late only costs the sender frames that have no effect.) When one guest's kernel panics,
+/// the other's side is stopped rather than waited on ([`run_pair`]).
 fn guest_stream_pair(
     g: &[Guest],
     listener_args: &str,
     sender_args: &str,
 ) -> Result<(String, String), String> {
-    let listener = g[0].spawn(
-        &format!("/opt/xroce/guest-stream {listener_args}"),
+    let listener_cmd = format!("/opt/xroce/guest-stream {listener_args}");
+    let sender_cmd = format!("/opt/xroce/guest-stream {sender_args}");
+    let out = run_pair(
+        [&g[0], &g[1]],
+        [&listener_cmd, &sender_cmd],
         RUN_TIMEOUT,
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    let sent = sh(&g[1], &format!("/opt/xroce/guest-stream {sender_args}"));
-    let listened = listener.wait().map_err(|e| e.to_string())?;
-    let sent = sent?;
-    if !listened.success() {
-        return Err(format!("guest-stream {listener_args}: {}", listened.text()));
-    }
-    Ok((listened.stdout, sent))
+        || {
+            std::thread::sleep(Duration::from_secs(2));
+            Ok(())
+        },
+        &RAW_PROGRAMS,
+    )?;
+    let listened = stdout_of(&g[0], &listener_cmd, out.first)?;
+    let sent = stdout_of(&g[1], &sender_cmd, out.second)?;
+    Ok((listened, sent))
 }
 
 /// The p50 and minimum round trips (µs) of `guest-stream ping`'s line:
@@ -628,30 +634,22 @@ fn stdout_of(
     }
 }
 
-/// Server in guest 0, client in guest 1. When one guest's qemu ends while they run (its
-/// kernel panicked), that side's wait ends at once; the other side's program, waiting for a
-/// peer that is gone, is killed rather than waited on for its whole bound.
+/// Server in guest 0, client in guest 1; the client's standard output. When one guest's
+/// kernel panics, the other's side is stopped rather than waited on ([`run_pair`]).
 fn server_client(g: &[Guest], wrap: &str, program: &str) -> Result<String, String> {
-    let server = g[0].spawn(&format!("{wrap}{program}"), RUN_TIMEOUT);
-    // perftest listens at once; the guest's clock is slow, so give it a moment.
-    let probe = "for i in $(seq 300); do grep -qi ':4853 .* 0A ' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1";
-    sh(&g[0], probe)?;
+    let server_cmd = format!("{wrap}{program}");
     let client_cmd = format!("{wrap}{program} {}", g[0].ipv4());
-    let client = g[1].spawn(&client_cmd, RUN_TIMEOUT);
-    while !server.is_finished() && !client.is_finished() {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if g.iter().any(|guest| !guest.qemu_alive()) {
-        let name = program.split_whitespace().next().unwrap_or(program);
-        for guest in g.iter().filter(|guest| guest.qemu_alive()) {
-            let _ = guest.kill_programs(&[name]);
-        }
-    }
-    let server = server.wait().map_err(|e| e.to_string())?;
-    let client = stdout_of(&g[1], &client_cmd, client.wait())?;
-    if !server.success() {
-        return Err(format!("{program} server: {}", server.text()));
-    }
+    let name = program.split_whitespace().next().unwrap_or(program);
+    // perftest listens once its QP is ready; the guest's clock is slow, so wait for it.
+    let out = run_pair(
+        [&g[0], &g[1]],
+        [&server_cmd, &client_cmd],
+        RUN_TIMEOUT,
+        || g[0].wait_listening(PERFTEST_PORT),
+        &[name],
+    )?;
+    let client = stdout_of(&g[1], &client_cmd, out.second)?;
+    stdout_of(&g[0], &server_cmd, out.first).map_err(|e| format!("{program} server: {e}"))?;
     Ok(client)
 }
 

@@ -16,6 +16,8 @@
 //! - [`cpio`]: the initramfs format;
 //! - [`lab`]: the namespace, bridge, taps and veths;
 //! - [`guest`]: QEMU, booting, the agent connection, teardown;
+//! - [`pair`]: two programs that talk, one in each of two guests, neither left waiting on a
+//!   guest that died;
 //! - [`protocol`]: what the host and the agent say to each other.
 //!
 //! Needs root, `qemu-system-x86_64` and `kmod` (`cargo xtask rxe-peer ...` and the tests
@@ -27,11 +29,13 @@ pub mod debian;
 pub mod guest;
 pub mod image;
 pub mod lab;
+pub mod pair;
 pub mod protocol;
 
 pub use guest::{Background, Guest, GuestConfig, Output, Recovery};
 pub use image::{ensure_image, ensure_image_for, GuestKernel, Image};
 pub use lab::{find_agent, Lab, RunningLab};
+pub use pair::{run_pair, PairOutput};
 
 /// Where images are cached: `$XROCE_RXE_PEER_CACHE`, else `target/rxe-peer` of this workspace.
 pub fn default_cache_dir() -> PathBuf {

@@ -1,6 +1,7 @@
 //! The harness end to end: the image builds, two rdma_rxe guests boot in parallel, real
 //! `ibv_rc_pingpong` runs between them, rxe's counters read back, the remedies for a guest
-//! whose network stopped (a link bounce, a new boot) leave it working, and a killed guest is
+//! whose network stopped (a link bounce, a new boot) leave it working, a guest whose kernel
+//! panics is told and booted again (and its peer's program stopped), and a killed guest is
 //! gone.
 //!
 //! Needs root; fails without it unless `XROCE_SKIP_ROOT_TESTS=1`.
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use xroce_datapath::netns::{remove_orphaned_namespaces, root_or_skip};
 use xroce_rxe_peer::{
-    default_cache_dir, ensure_image, find_agent, Guest, GuestConfig, Lab, Output, Recovery,
+    default_cache_dir, ensure_image, find_agent, run_pair, Guest, GuestConfig, Lab, Output,
+    Recovery,
 };
 
 /// `ibv_rc_pingpong` with `iterations` between the first guest (server) and the second;
@@ -28,6 +30,21 @@ fn ping_pong(guests: &[Guest], iterations: u32) -> (Output, Output) {
         )
         .expect("client");
     (client, server.wait().expect("server"))
+}
+
+/// Waits, for at most 10 s, until `file` exists in the guest.
+fn file_appears(guest: &Guest, file: &str) -> Result<(), String> {
+    let out = guest
+        .run(
+            &format!("for i in $(seq 100); do test -e {file} && exit 0; sleep 0.1; done; exit 1"),
+            Duration::from_secs(20),
+        )
+        .map_err(|e| e.to_string())?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(format!("{file} did not appear in guest {}", guest.name()))
+    }
 }
 
 /// Ten turns of [`ping_pong`] succeed on both sides.
@@ -171,20 +188,30 @@ fn two_rxe_guests_ping_pong() {
     // it again.
     assert!(!guests[0].kernel_panicked(), "a running guest panicked");
     // A command under way when the kernel panics is not waited on for its whole time: its
-    // wait sees the qemu end.
-    let under_way = guests[0].spawn(": > /tmp/under-way && sleep 120", Duration::from_secs(120));
-    let started = guests[0]
-        .run(
-            "for i in $(seq 100); do test -e /tmp/under-way && exit 0; sleep 0.1; done; exit 1",
-            Duration::from_secs(20),
-        )
-        .expect("looking for the command under way");
-    assert!(started.success(), "the command under way did not start");
-    let _crash = guests[0].spawn("echo c > /proc/sysrq-trigger", Duration::from_secs(5));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !guests[0].kernel_panicked() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // wait sees the qemu end. Its peer in the other guest, which would wait for it, is killed
+    // rather than waited on (`run_pair`, as the benchmark runs perftest between guests).
+    let pair = std::thread::scope(|s| {
+        let pair = s.spawn(|| {
+            run_pair(
+                [&guests[0], &guests[1]],
+                [
+                    ": > /tmp/under-way && sleep 120",
+                    ": > /tmp/peer-under-way && sleep 119",
+                ],
+                Duration::from_secs(120),
+                || file_appears(&guests[0], "/tmp/under-way"),
+                &["sleep"],
+            )
+        });
+        file_appears(&guests[1], "/tmp/peer-under-way").expect("the peer's command started");
+        let _crash = guests[0].spawn("echo c > /proc/sysrq-trigger", Duration::from_secs(5));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !guests[0].kernel_panicked() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        pair.join().expect("run_pair panicked")
+    })
+    .expect("the command under way started");
     let report = guests[0].report();
     assert!(
         guests[0].kernel_panicked()
@@ -192,11 +219,18 @@ fn two_rxe_guests_ping_pong() {
             && report.contains("Kernel panic - not syncing"),
         "the crashed guest's report: {report}"
     );
-    match under_way.wait() {
+    match pair.first {
         Err(e) if e.to_string().contains("qemu ended while the command ran") => {}
         Err(e) => panic!("the command under way ended otherwise: {e}"),
         Ok(out) => panic!("the command under way finished: {}", out.text()),
     }
+    let peer = pair.second.expect("the peer's result");
+    assert!(
+        !peer.success() && peer.status != xroce_rxe_peer::protocol::TIMED_OUT,
+        "the peer of the crashed guest was killed, not waited on: status {}, {}",
+        peer.status,
+        peer.text()
+    );
     guests[0]
         .restart(&lab)
         .expect("boot the crashed guest again");
