@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use xroce_datapath::netns;
 use xroce_rxe_peer::{
-    default_cache_dir, ensure_image_for, run_pair, Guest, GuestConfig, GuestKernel, Lab, Recovery,
+    default_cache_dir, ensure_image_for, run_pair, Guest, GuestConfig, GuestKernel, Lab, Output,
+    PairOutput, Recovery,
 };
 
 use crate::perftest::{parse_bw, parse_lat};
@@ -528,9 +529,7 @@ fn guest_stream_pair(
         },
         &RAW_PROGRAMS,
     )?;
-    let listened = stdout_of(&g[0], &listener_cmd, out.first)?;
-    let sent = stdout_of(&g[1], &sender_cmd, out.second)?;
-    Ok((listened, sent))
+    both_outputs(g, [&listener_cmd, &sender_cmd], out)
 }
 
 /// The p50 and minimum round trips (µs) of `guest-stream ping`'s line:
@@ -648,9 +647,32 @@ fn server_client(g: &[Guest], wrap: &str, program: &str) -> Result<String, Strin
         || g[0].wait_listening(PERFTEST_PORT),
         &[name],
     )?;
-    let client = stdout_of(&g[1], &client_cmd, out.second)?;
-    stdout_of(&g[0], &server_cmd, out.first).map_err(|e| format!("{program} server: {e}"))?;
-    Ok(client)
+    both_outputs(g, [&server_cmd, &client_cmd], out).map(|(_, client)| client)
+}
+
+/// The standard outputs of a [`run_pair`] whose sides both ran and succeeded. A side that
+/// could not be waited on (its guest's qemu ended, say) is told before a side that failed,
+/// which was then likely killed for it; of two failures, the second side's (the client's, the
+/// sender's) is told first, as it usually says what went wrong between them.
+fn both_outputs(
+    g: &[Guest],
+    commands: [&str; 2],
+    out: PairOutput,
+) -> Result<(String, String), String> {
+    let first = out
+        .first
+        .map_err(|e| format!("{} in {}: {e}", commands[0], g[0].name()))?;
+    let second = out
+        .second
+        .map_err(|e| format!("{} in {}: {e}", commands[1], g[1].name()))?;
+    let failed = |i: usize, o: &Output| format!("{} in {}: {}", commands[i], g[i].name(), o.text());
+    if !second.success() {
+        return Err(failed(1, &second));
+    }
+    if !first.success() {
+        return Err(failed(0, &first));
+    }
+    Ok((first.stdout, second.stdout))
 }
 
 /// The stack a run measures.

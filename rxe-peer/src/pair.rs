@@ -23,13 +23,16 @@ pub struct PairOutput {
     pub second: Result<Output>,
 }
 
-/// Runs `first` in `guests[0]`; once `ready` says it is ready for its peer (a server
-/// listening, say), runs `second` in `guests[1]`; waits for both, each for at most `timeout`.
+/// Runs `commands[0]` in `guests[0]`; once `ready` says it is ready for its peer (a server
+/// listening, say), runs `commands[1]` in `guests[1]`; waits for both. Each command is bounded
+/// by `timeout`, as [`Guest::spawn`] bounds it.
 ///
 /// When one guest's qemu ends while they run, the programs named in `programs` (executable
 /// names, as [`Guest::kill_programs`] takes them) are killed in the guest still running, so
-/// its side ends too. When `ready` fails, the first side is killed the same way and its
-/// reason is returned; the second was not started.
+/// its side ends too; again every second, in case that side's program had not started yet.
+/// When `ready` fails, the first side is killed the same way and the reason is returned, with
+/// what the first side said if it ended within [`KILLED_ENDS_WITHIN`]; the second was not
+/// started.
 pub fn run_pair(
     guests: [&Guest; 2],
     commands: [&str; 2],
@@ -42,10 +45,20 @@ pub fn run_pair(
         if guests[0].qemu_alive() {
             let _ = guests[0].kill_programs(programs);
         }
-        // Collected so that no command thread outlives the call; its result says less than
-        // the reason `ready` gave.
-        let _ = first.wait();
-        return Err(why);
+        // A guest that does not answer (its network stalled) could not be told to kill it,
+        // and its command would be waited on for its whole bound: the caller's remedy (a link
+        // bounce, a new boot) should not wait that long. Its thread ends with that bound.
+        let deadline = std::time::Instant::now() + KILLED_ENDS_WITHIN;
+        while !first.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(LOOK_EVERY);
+        }
+        if !first.is_finished() {
+            return Err(why);
+        }
+        return Err(match first.wait() {
+            Ok(out) => format!("{why}; the first side said: {}", out.text().trim_end()),
+            Err(e) => format!("{why}; the first side: {e}"),
+        });
     }
     let second = guests[1].spawn(commands[1], timeout);
     wait_for_both(guests, [&first, &second], programs);
@@ -55,21 +68,32 @@ pub fn run_pair(
     })
 }
 
+/// How long a side whose guest was told to kill its program is waited for when `ready`
+/// failed.
+pub const KILLED_ENDS_WITHIN: Duration = Duration::from_secs(15);
+
 /// Returns once both sides have ended. Once either guest's qemu has ended, the programs still
-/// running in the other are killed.
+/// running in the other are killed, and again every second until its side has ended (its
+/// command may not have started its program when the first kill came).
 fn wait_for_both(guests: [&Guest; 2], sides: [&Background; 2], programs: &[&str]) {
-    let mut killed = false;
+    let mut looks = 0u32;
+    let mut killing = false;
     while !sides.iter().all(|s| s.is_finished()) {
-        if !killed {
-            let alive = guests.map(Guest::qemu_alive);
-            for guest in survivors(alive) {
+        // Until a guest has died, the qemus are looked at every tenth of a second; from then
+        // on, the survivor is told to kill once a second.
+        if !killing || looks.is_multiple_of(LOOKS_PER_SECOND) {
+            for guest in survivors(guests.map(Guest::qemu_alive)) {
                 let _ = guests[guest].kill_programs(programs);
-                killed = true;
+                killing = true;
             }
         }
+        looks = looks.wrapping_add(1);
         std::thread::sleep(LOOK_EVERY);
     }
 }
+
+/// [`LOOK_EVERY`] to a second.
+const LOOKS_PER_SECOND: u32 = 10;
 
 /// The guests whose programs are to be killed: those whose qemu runs, when the other's has
 /// ended. (A side that ended on its own, with both guests running, leaves the other to end on

@@ -32,12 +32,13 @@ fn ping_pong(guests: &[Guest], iterations: u32) -> (Output, Output) {
     (client, server.wait().expect("server"))
 }
 
-/// Waits, for at most 10 s, until `file` exists in the guest.
+/// Waits, for at most 30 s (a guest under emulation on a busy host is slow), until `file`
+/// exists in the guest.
 fn file_appears(guest: &Guest, file: &str) -> Result<(), String> {
     let out = guest
         .run(
-            &format!("for i in $(seq 100); do test -e {file} && exit 0; sleep 0.1; done; exit 1"),
-            Duration::from_secs(20),
+            &format!("for i in $(seq 300); do test -e {file} && exit 0; sleep 0.1; done; exit 1"),
+            Duration::from_secs(40),
         )
         .map_err(|e| e.to_string())?;
     if out.success() {
