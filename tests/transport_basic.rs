@@ -383,3 +383,122 @@ fn the_gid_tables_version_moves_with_each_replacement() {
     dev.set_gids(gids);
     assert_ne!(dev.gids_version(), once);
 }
+
+/// A long payload is hashed for the ICRC as it is copied out of the sender's memory, a short
+/// one after (`HostMemory::read_hashing`), in requests and in READ responses. Either way each
+/// packet carries the ICRC of its whole IP packet, pad included (lengths that leave 1-3 pad
+/// bytes in the last packet), and the same bytes as the frame built in one piece from its
+/// headers and payload.
+#[test]
+fn a_payload_hashed_as_it_is_copied_carries_the_icrc_of_the_whole_packet() {
+    use xroce_tests::sim::{node_ipv4, node_ipv6};
+    for ips in [
+        vec![node_ipv4(0), node_ipv4(1)],
+        vec![node_ipv6(0), node_ipv6(1)],
+    ] {
+        payloads_hashed_as_copied(Sim::with_addresses(3, ips, LinkConfig::default()));
+    }
+}
+
+fn payloads_hashed_as_copied(mut sim: Sim) {
+    use xroce_core::icrc;
+    use xroce_core::wire::{emit_frame, RoceFrame};
+
+    sim.trace = Some(Vec::new());
+    let o = ConnectOptions::default();
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(16384, RW);
+    let dst = sim.nodes[1].alloc(16384, RW);
+    let lengths = [100u32, 511, 512, 1001, 2050, 4095];
+    for (i, len) in lengths.into_iter().enumerate() {
+        let data = pattern(len as usize, i as u8);
+        sim.nodes[0].bytes_mut(&src)[..data.len()].copy_from_slice(&data);
+        sim.nodes[1]
+            .dev
+            .post_recv(
+                b.qpn,
+                RecvWr {
+                    wr_id: i as u64,
+                    sg_list: vec![Sge {
+                        addr: dst.va,
+                        length: 16384,
+                        lkey: dst.lkey,
+                    }]
+                    .into(),
+                },
+            )
+            .unwrap();
+        sim.nodes[0]
+            .post_send(a.qpn, signalled(i as u64, SendOp::Send, &src, len))
+            .unwrap();
+        assert!(
+            sim.run_until(1_000_000_000, |s| !s.nodes[1].poll(b.recv_cq).is_empty()),
+            "SEND of {len} bytes not received"
+        );
+        assert_eq!(
+            sim.nodes[1].bytes(&dst)[..data.len()],
+            data[..],
+            "{len} bytes"
+        );
+    }
+    // READ responses carry payloads the responder copies out of its memory the same way.
+    for (i, len) in [600u32, 2050, 4095].into_iter().enumerate() {
+        let data = pattern(len as usize, 0x40 + i as u8);
+        sim.nodes[1].bytes_mut(&dst)[..data.len()].copy_from_slice(&data);
+        let read = SendOp::RdmaRead {
+            remote_addr: dst.va,
+            rkey: dst.rkey,
+        };
+        sim.nodes[0]
+            .post_send(a.qpn, signalled(100 + i as u64, read, &src, len))
+            .unwrap();
+        assert!(
+            sim.run_until(1_000_000_000, |s| s.nodes[0]
+                .poll(a.send_cq)
+                .iter()
+                .any(|c| c.opcode == WcOpcode::RdmaRead)),
+            "READ of {len} bytes not completed"
+        );
+        assert_eq!(
+            sim.nodes[0].bytes(&src)[..data.len()],
+            data[..],
+            "{len} bytes read"
+        );
+    }
+    // Both nodes' packets: the SENDs, the READ responses, the ACKs and READ requests.
+    let sent: Vec<Vec<u8>> = sim
+        .trace
+        .take()
+        .expect("traced")
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let mut long = 0;
+    for packet in &sent {
+        let frame = RoceFrame::parse_ip(packet).expect("a RoCEv2 packet");
+        assert!(icrc::verify(packet).unwrap(), "ICRC of {frame}");
+        let mut rebuilt = vec![0u8; packet.len() + 64];
+        let n = emit_frame(&mut rebuilt, &frame.headers, frame.payload).expect("rebuilt");
+        assert_eq!(rebuilt[..n], packet[..], "{frame}");
+        long += usize::from(frame.payload.len() >= 512);
+    }
+    // SENDs: 512, 1001, 2050 (two of 1024), 4095 (three of 1024, one of 1023); READ
+    // responses: 600, 2050 (two), 4095 (four): the packets whose payloads were hashed as they
+    // were copied.
+    assert!(long >= 15, "{long} long packets");
+}
+
+/// A signalled work request on the first `len` bytes of `mr`.
+fn signalled(wr_id: u64, op: SendOp, mr: &MemoryRegion, len: u32) -> SendWr {
+    let mut wr = SendWr::new(
+        wr_id,
+        op,
+        vec![Sge {
+            addr: mr.va,
+            length: len,
+            lkey: mr.lkey,
+        }],
+    );
+    wr.flags = SendFlags::SIGNALED;
+    wr
+}

@@ -298,6 +298,45 @@ pub fn computed_and_stored(ip_packet: &[u8]) -> Result<(u32, u32), WireError> {
     Ok((crc, read_slot(ip_packet, end)))
 }
 
+/// The ICRC's CRC-32 so far (zlib's value) over a packet's start, from its IP header up to where
+/// its payload begins (`headers`: IP, UDP, BTH and any extension headers), for a payload
+/// hashed as it is copied in ([`crate::transport::HostMemory::read_hashing`]) and then
+/// [`finish_after_payload`]. `None` when this process hashes ICRCs with the table code (the
+/// packet is then hashed whole, as [`fill`] does), or the headers are not a RoCEv2 packet's.
+pub fn crc_before_payload(headers: &[u8]) -> Option<u32> {
+    let Crc32Code::CarryLess = code_in_use() else {
+        return None;
+    };
+    let ip_len = match headers.first()? >> 4 {
+        4 => ipv4::HEADER_LEN,
+        6 => ipv6::HEADER_LEN,
+        _ => return None,
+    };
+    let masked_len = ip_len + udp::HEADER_LEN + bth::HEADER_LEN;
+    let mut masked = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN];
+    let m = &mut masked[..masked_len];
+    m.copy_from_slice(headers.get(..masked_len)?);
+    mask_headers(m, ip_len);
+    let mut h = seeded_hasher();
+    h.update(m);
+    h.update(&headers[masked_len..]);
+    Some(h.finalize())
+}
+
+/// The CRC-32 (zlib's value) of `crc`'s message followed by `bytes`, in the carry-less code:
+/// what [`crc_before_payload`]'s value continues with.
+pub fn crc32_continue(crc: u32, bytes: &[u8]) -> u32 {
+    let mut h = Hasher::new_with_initial(crc);
+    h.update(bytes);
+    h.finalize()
+}
+
+/// The ICRC of a packet whose covered bytes up to its pad hashed to `crc` ([`crc_before_payload`]
+/// and the payload after it), with its pad of `pad` zero bytes.
+pub fn finish_after_payload(crc: u32, pad: usize) -> u32 {
+    crc32_continue(crc, &[0u8; 3][..pad.min(3)])
+}
+
 /// True when the stored ICRC matches the computed one.
 pub fn verify(ip_packet: &[u8]) -> Result<bool, WireError> {
     let (computed, stored) = computed_and_stored(ip_packet)?;

@@ -12,10 +12,24 @@ pub struct MemFault {
     pub len: usize,
 }
 
+/// Payloads of at least this many bytes are hashed for the ICRC as they are copied into a frame
+/// ([`HostMemory::read_hashing`]). Below, the calls that continue a CRC cost more than a second
+/// pass over the bytes.
+pub(crate) const HASHED_COPY_MIN: usize = 512;
+
 /// The bytes behind memory regions, addressed by the virtual addresses applications use.
 pub trait HostMemory {
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemFault>;
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault>;
+
+    /// [`read`](Self::read), and the CRC-32 (zlib's value) of `crc`'s message followed by the
+    /// bytes read: how a payload is copied into a frame and hashed for its ICRC
+    /// ([`crate::icrc::crc_before_payload`]). Memory that can do both in one pass (the
+    /// engine's) overrides it.
+    fn read_hashing(&self, addr: u64, out: &mut [u8], crc: u32) -> Result<u32, MemFault> {
+        self.read(addr, out)?;
+        Ok(crate::icrc::crc32_continue(crc, out))
+    }
 }
 
 /// Host memory made of separate byte vectors at chosen base addresses.

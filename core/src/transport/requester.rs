@@ -6,7 +6,7 @@
 //! go-back-N restart point after a retry.
 
 use super::device::{Shared, Transmit};
-use super::host_memory::HostMemory;
+use super::host_memory::{HostMemory, HASHED_COPY_MIN};
 use super::memory::Access;
 use super::qp::{Qp, WqeState};
 use super::qp_state::{retransmit_timeout_ns, QpState, QpType};
@@ -385,31 +385,41 @@ impl Qp {
             return None;
         };
         let w = &self.sq[idx];
+        // The list passed its region checks when the WQE started (or was looked ahead at);
+        // while no region has been deregistered since, they still hold for every piece of it,
+        // and the per-packet lookups are skipped.
+        let table = (w.checked_in != sh.mem.generation()).then_some(&sh.mem);
+        // A long payload is hashed for the ICRC as it is copied in, in one pass over it
+        // (`HostMemory::read_hashing`); a short one costs less copied and hashed whole.
+        let hashed_from = (w.inline.is_none() && payload_len >= HASHED_COPY_MIN as u64)
+            .then(|| writer.crc_before_payload())
+            .flatten();
         let gathered = match &w.inline {
             Some(data) => {
                 let s = offset as usize;
                 writer
                     .payload_mut()
                     .copy_from_slice(&data[s..s + payload_len as usize]);
-                Ok(())
+                Ok(None)
             }
-            // The list passed its region checks when the WQE started (or was looked ahead
-            // at); while no region has been deregistered since, they still hold for every
-            // piece of it, and the per-packet lookups are skipped.
             None => sgl::gather(
-                (w.checked_in != sh.mem.generation()).then_some(&sh.mem),
+                table,
                 host,
                 self.pd,
                 &w.wr.sg_list,
                 offset,
                 writer.payload_mut(),
+                hashed_from,
             ),
         };
-        if gathered.is_err() {
-            self.sq[idx].state = WqeState::Error(WcStatus::LocProtErr);
-            return None;
-        }
-        let len = writer.finish().ok()?;
+        let len = match gathered {
+            Ok(Some(crc)) => writer.finish_hashed(crc).ok()?,
+            Ok(None) => writer.finish().ok()?,
+            Err(_) => {
+                self.sq[idx].state = WqeState::Error(WcStatus::LocProtErr);
+                return None;
+            }
+        };
 
         self.req.psn = psn::add(psn, psn_advance);
         let finished = match w.wr.op {

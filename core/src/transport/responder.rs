@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use super::device::{Shared, Transmit};
-use super::host_memory::HostMemory;
+use super::host_memory::{HostMemory, HASHED_COPY_MIN};
 use super::memory::Access;
 use super::qp::Qp;
 use super::qp_state::{QpState, QpType};
@@ -1057,11 +1057,26 @@ impl Qp {
             // a dropped packet; the requester's resend of the atomic brings it again.
             return None;
         };
+        // The ICRC's CRC-32 over the headers and the payload, when a long payload was hashed
+        // as it was copied in (`HostMemory::read_hashing`).
+        let mut hashed = None;
         if let Some(r) = read {
-            if payload_len > 0 && host.read(r.va, w.payload_mut()).is_err() {
-                self.resp.out.pop_front();
-                self.class_c(sh, r.psn, Fault::Access);
-                return self.next_response(sh, host, buf);
+            if payload_len > 0 {
+                let from = (payload_len >= HASHED_COPY_MIN)
+                    .then(|| w.crc_before_payload())
+                    .flatten();
+                let copied = match from {
+                    Some(crc) => host.read_hashing(r.va, w.payload_mut(), crc).map(Some),
+                    None => host.read(r.va, w.payload_mut()).map(|()| None),
+                };
+                match copied {
+                    Ok(crc) => hashed = crc,
+                    Err(_) => {
+                        self.resp.out.pop_front();
+                        self.class_c(sh, r.psn, Fault::Access);
+                        return self.next_response(sh, host, buf);
+                    }
+                }
             }
             let n = payload_len as u64;
             match self.resp.out.front_mut() {
@@ -1076,7 +1091,10 @@ impl Qp {
                 }
             }
         }
-        let len = w.finish().ok()?;
+        let len = match hashed {
+            Some(crc) => w.finish_hashed(crc).ok()?,
+            None => w.finish().ok()?,
+        };
         sh.counters.tx_responses += 1;
         Some(Transmit {
             len,

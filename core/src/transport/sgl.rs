@@ -55,7 +55,9 @@ fn walk(
 }
 
 /// Copies `out.len()` bytes starting `offset` bytes into the list. `table` as for `walk`:
-/// `None` skips the region checks of a list that already passed them.
+/// `None` skips the region checks of a list that already passed them. With `hash`, the
+/// CRC-32 it holds is continued over the bytes as they are copied
+/// ([`HostMemory::read_hashing`]) and returned.
 pub(crate) fn gather(
     table: Option<&MemoryTable>,
     host: &dyn HostMemory,
@@ -63,12 +65,19 @@ pub(crate) fn gather(
     sges: &[Sge],
     offset: u64,
     out: &mut [u8],
-) -> Result<(), SglError> {
+    mut hash: Option<u32>,
+) -> Result<Option<u32>, SglError> {
     let len = out.len();
     walk(table, pd, sges, offset, len, Access::NONE, |addr, r| {
-        host.read(addr, &mut out[r])
-            .map_err(|_| SglError::Protection)
-    })
+        let piece = &mut out[r];
+        let read = match hash {
+            Some(crc) => host.read_hashing(addr, piece, crc).map(Some),
+            None => host.read(addr, piece).map(|()| None),
+        };
+        hash = read.map_err(|_| SglError::Protection)?;
+        Ok(())
+    })?;
+    Ok(hash)
 }
 
 /// Copies `data` into the list starting `offset` bytes in (needs LOCAL_WRITE).

@@ -254,6 +254,25 @@ impl<'b> FrameWriter<'b> {
         &mut self.buf[self.payload_start..self.payload_start + self.payload_len]
     }
 
+    /// The ICRC's CRC-32 over the headers, for a payload hashed as it is written
+    /// ([`icrc::crc_before_payload`]); then [`finish_hashed`](Self::finish_hashed).
+    pub fn crc_before_payload(&self) -> Option<u32> {
+        icrc::crc_before_payload(&self.buf[self.ip_start..self.payload_start])
+    }
+
+    /// [`finish`](Self::finish) for a payload whose bytes, with the headers before them,
+    /// hashed to `crc` ([`crc_before_payload`](Self::crc_before_payload)): the ICRC is
+    /// completed over the pad instead of computed over the whole packet.
+    pub fn finish_hashed(self, crc: u32) -> Result<usize> {
+        let pad_start = self.payload_start + self.payload_len;
+        let pad = pad_for(self.payload_len);
+        let end = pad_start + pad + ICRC_LEN;
+        self.buf[pad_start..end - ICRC_LEN].fill(0);
+        let icrc = icrc::finish_after_payload(crc, pad);
+        self.buf[end - ICRC_LEN..end].copy_from_slice(&icrc.to_le_bytes());
+        Ok(end)
+    }
+
     /// Zeroes the pad, writes the ICRC and returns the frame length.
     pub fn finish(self) -> Result<usize> {
         let pad_start = self.payload_start + self.payload_len;

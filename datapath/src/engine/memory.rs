@@ -10,6 +10,8 @@
 
 use xroce_core::transport::{HostMemory, MemFault};
 
+use super::hashing_copy::copy_hashing;
+
 /// Registered address ranges of this process, with how many registrations cover each.
 #[derive(Debug, Default)]
 pub struct ProcessMemory {
@@ -114,6 +116,21 @@ impl HostMemory for ProcessMemory {
             std::ptr::copy_nonoverlapping(addr as usize as *const u8, out.as_mut_ptr(), out.len())
         };
         Ok(())
+    }
+
+    fn read_hashing(&self, addr: u64, out: &mut [u8], crc: u32) -> Result<u32, MemFault> {
+        if out.is_empty() {
+            return Ok(crc);
+        }
+        if !self.covered(addr, out.len(), false) {
+            return Err(MemFault {
+                addr,
+                len: out.len(),
+            });
+        }
+        // SAFETY: as in `read`: the range lies inside a registration. It is read through raw
+        // loads, not a slice: the application may write it meanwhile.
+        Ok(unsafe { copy_hashing(addr as usize as *const u8, out, crc) })
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault> {

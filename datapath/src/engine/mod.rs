@@ -10,6 +10,7 @@
 
 mod addressing;
 mod capture;
+mod hashing_copy;
 mod home_netns;
 mod keep_alive;
 mod memory;
