@@ -385,10 +385,10 @@ fn the_gid_tables_version_moves_with_each_replacement() {
 }
 
 /// A long payload is hashed for the ICRC as it is copied out of the sender's memory, a short
-/// one after (`HostMemory::read_hashing`), in requests and in READ responses. Either way each
-/// packet carries the ICRC of its whole IP packet, pad included (lengths that leave 1-3 pad
-/// bytes in the last packet), and the same bytes as the frame built in one piece from its
-/// headers and payload.
+/// one after (`HostMemory::read_hashing`), in SENDs, WRITEs with immediate data gathered from
+/// several pieces, and READ responses. Either way each packet carries the ICRC of its whole IP
+/// packet, pad included (lengths that leave 1-3 pad bytes in the last packet), and the same
+/// bytes as the frame built in one piece from its headers and payload.
 #[test]
 fn a_payload_hashed_as_it_is_copied_carries_the_icrc_of_the_whole_packet() {
     use xroce_tests::sim::{node_ipv4, node_ipv6};
@@ -404,6 +404,9 @@ fn payloads_hashed_as_copied(mut sim: Sim) {
     use xroce_core::icrc;
     use xroce_core::wire::{emit_frame, RoceFrame};
 
+    // The hashed path needs the carry-less code, which a native CPU picks (`XROCE_ICRC=table`
+    // would leave this test nothing to check).
+    assert_eq!(icrc::code_in_use(), icrc::Crc32Code::CarryLess);
     sim.trace = Some(Vec::new());
     let o = ConnectOptions::default();
     let (a, b) = connect(&mut sim, 0, 1, &o);
@@ -439,6 +442,53 @@ fn payloads_hashed_as_copied(mut sim: Sim) {
             sim.nodes[1].bytes(&dst)[..data.len()],
             data[..],
             "{len} bytes"
+        );
+    }
+    // WRITEs with immediate data (RETH and ImmDt before the payload) gathered from three
+    // pieces of odd lengths: the CRC goes on from piece to piece.
+    for (i, len) in [777u32, 3001].into_iter().enumerate() {
+        let data = pattern(len as usize, 0x20 + i as u8);
+        sim.nodes[0].bytes_mut(&src)[..data.len()].copy_from_slice(&data);
+        let pieces = [101u32, 333, len - 434];
+        let mut at = 0;
+        let sg_list: Vec<Sge> = pieces
+            .iter()
+            .map(|&n| {
+                let sge = Sge {
+                    addr: src.va + at,
+                    length: n,
+                    lkey: src.lkey,
+                };
+                at += u64::from(n);
+                sge
+            })
+            .collect();
+        let write = SendOp::RdmaWriteWithImm {
+            remote_addr: dst.va,
+            rkey: dst.rkey,
+            imm: 0x1234 + i as u32,
+        };
+        let mut wr = SendWr::new(50 + i as u64, write, sg_list);
+        wr.flags = SendFlags::SIGNALED;
+        sim.nodes[1]
+            .dev
+            .post_recv(
+                b.qpn,
+                RecvWr {
+                    wr_id: 50 + i as u64,
+                    sg_list: Vec::new().into(),
+                },
+            )
+            .unwrap();
+        sim.nodes[0].post_send(a.qpn, wr).unwrap();
+        assert!(
+            sim.run_until(1_000_000_000, |s| !s.nodes[1].poll(b.recv_cq).is_empty()),
+            "WRITE of {len} bytes not received"
+        );
+        assert_eq!(
+            sim.nodes[1].bytes(&dst)[..data.len()],
+            data[..],
+            "{len} bytes written"
         );
     }
     // READ responses carry payloads the responder copies out of its memory the same way.
@@ -482,10 +532,10 @@ fn payloads_hashed_as_copied(mut sim: Sim) {
         assert_eq!(rebuilt[..n], packet[..], "{frame}");
         long += usize::from(frame.payload.len() >= 512);
     }
-    // SENDs: 512, 1001, 2050 (two of 1024), 4095 (three of 1024, one of 1023); READ
-    // responses: 600, 2050 (two), 4095 (four): the packets whose payloads were hashed as they
-    // were copied.
-    assert!(long >= 15, "{long} long packets");
+    // SENDs: 512, 1001, 2050 (two of 1024), 4095 (three of 1024, one of 1023); WRITEs: 777,
+    // 3001 (two of 1024, one of 953); READ responses: 600, 2050 (two), 4095 (four): the
+    // packets whose payloads were hashed as they were copied.
+    assert!(long >= 19, "{long} long packets");
 }
 
 /// A signalled work request on the first `len` bytes of `mr`.

@@ -391,9 +391,11 @@ impl Qp {
         let table = (w.checked_in != sh.mem.generation()).then_some(&sh.mem);
         // A long payload is hashed for the ICRC as it is copied in, in one pass over it
         // (`HostMemory::read_hashing`); a short one costs less copied and hashed whole.
-        let hashed_from = (w.inline.is_none() && payload_len >= HASHED_COPY_MIN as u64)
-            .then(|| writer.crc_before_payload())
-            .flatten();
+        let hashed_from = (w.inline.is_none()
+            && payload_len >= HASHED_COPY_MIN as u64
+            && host.hashes_as_it_copies())
+        .then(|| writer.crc_before_payload())
+        .flatten();
         let gathered = match &w.inline {
             Some(data) => {
                 let s = offset as usize;

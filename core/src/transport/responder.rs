@@ -1062,7 +1062,7 @@ impl Qp {
         let mut hashed = None;
         if let Some(r) = read {
             if payload_len > 0 {
-                let from = (payload_len >= HASHED_COPY_MIN)
+                let from = (payload_len >= HASHED_COPY_MIN && host.hashes_as_it_copies())
                     .then(|| w.crc_before_payload())
                     .flatten();
                 let copied = match from {

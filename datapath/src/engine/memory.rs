@@ -10,7 +10,7 @@
 
 use xroce_core::transport::{HostMemory, MemFault};
 
-use super::hashing_copy::copy_hashing;
+use super::hashing_copy::{can_fold, copy_hashing};
 
 /// Registered address ranges of this process, with how many registrations cover each.
 #[derive(Debug, Default)]
@@ -128,9 +128,13 @@ impl HostMemory for ProcessMemory {
                 len: out.len(),
             });
         }
-        // SAFETY: as in `read`: the range lies inside a registration. It is read through raw
-        // loads, not a slice: the application may write it meanwhile.
+        // SAFETY: as in `read`: the range lies inside a registration, which the application
+        // leaves alone while it is sent.
         Ok(unsafe { copy_hashing(addr as usize as *const u8, out, crc) })
+    }
+
+    fn hashes_as_it_copies(&self) -> bool {
+        can_fold()
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault> {
