@@ -954,7 +954,7 @@ fn an_application_that_only_posts_still_takes_its_frames() {
     if !root_or_skip() {
         return;
     }
-    within_bounds_once_in_three(only_posting_run);
+    within_bounds_once_in_five(only_posting_run);
 }
 
 /// One run of [`an_application_that_only_posts_still_takes_its_frames`]: `Err` when the
@@ -1157,7 +1157,7 @@ fn ping_pong_batching(mode: SendCompletions) {
     if !root_or_skip() {
         return;
     }
-    within_bounds_once_in_three(|| ping_pong_batching_run(mode));
+    within_bounds_once_in_five(|| ping_pong_batching_run(mode));
 }
 
 /// One run of [`ping_pong_batching`]: panics when messages or ACKs go missing; `Err` when
@@ -1313,27 +1313,32 @@ fn multi_packet_write_ping_pong_sends_each_ack_with_the_answer() {
 /// The rounds of one [`write_ping_pong_run`].
 const WRITE_ROUNDS: usize = 2000;
 
-/// Runs [`write_ping_pong_run`] (see [`within_bounds_once_in_three`]); `max_by_thread`
+/// Runs [`write_ping_pong_run`] (see [`within_bounds_once_in_five`]); `max_by_thread`
 /// bounds the frames each side's progress thread may take in a run.
 fn write_ping_pong_spinning_on_memory(msg: usize, max_by_thread: usize) {
     if !root_or_skip() {
         return;
     }
-    within_bounds_once_in_three(|| write_ping_pong_run(msg, max_by_thread));
+    within_bounds_once_in_five(|| write_ping_pong_run(msg, max_by_thread));
 }
 
-/// Runs `run` until one run keeps within its bounds (`Ok`), at most three times; panics with
+/// Runs `run` until one run keeps within its bounds (`Ok`), at most five times; panics with
 /// every run's excess when none did.
 ///
 /// For counts that follow the host's scheduling (transmit batches, frames the progress
 /// threads took): on a busy host a run now and then exceeds its bound with nothing wrong,
-/// while a regression shows in every run. Noise comes in bursts (CI once had three runs in a
-/// row out of bounds, right after its build), so a run that failed is repeated after a pause.
-fn within_bounds_once_in_three(mut run: impl FnMut() -> Result<(), String>) {
+/// while a regression shows in every run. Noise comes in bursts: this binary's other tests
+/// run beside it on the host's two CPUs, and CI has had three runs in a row out of bounds
+/// (once right after its build, and once in stop 80, whose trials of the multi-packet WRITE
+/// ping-pong found a first run out of bounds about one time in five, with and without that
+/// stop's change alike). So a run that failed is repeated after a pause that grows, for the
+/// burst to pass.
+fn within_bounds_once_in_five(mut run: impl FnMut() -> Result<(), String>) {
+    const RUNS: u64 = 5;
     let mut failures = Vec::new();
-    for attempt in 0..3 {
+    for attempt in 0..RUNS {
         if attempt > 0 {
-            std::thread::sleep(Duration::from_secs(2));
+            std::thread::sleep(Duration::from_secs(2 * attempt));
         }
         match run() {
             Ok(()) => return,
@@ -1343,7 +1348,7 @@ fn within_bounds_once_in_three(mut run: impl FnMut() -> Result<(), String>) {
             }
         }
     }
-    panic!("three runs out of bounds:\n{}", failures.join("\n"));
+    panic!("{RUNS} runs out of bounds:\n{}", failures.join("\n"));
 }
 
 /// One run of [`write_ping_pong_spinning_on_memory`]: panics when data or ACKs go missing;
@@ -1687,7 +1692,7 @@ fn simultaneous_sends_do_not_stall_on_each_others_held_acks() {
     if !root_or_skip() {
         return;
     }
-    within_bounds_once_in_three(simultaneous_sends_run);
+    within_bounds_once_in_five(simultaneous_sends_run);
 }
 
 /// One run of [`simultaneous_sends_do_not_stall_on_each_others_held_acks`]: panics when a
@@ -1848,7 +1853,7 @@ fn a_receiver_that_never_answers_sends_its_acks_without_holding_them() {
     if !root_or_skip() {
         return;
     }
-    within_bounds_once_in_three(receiver_that_never_answers_run);
+    within_bounds_once_in_five(receiver_that_never_answers_run);
 }
 
 /// One run of [`a_receiver_that_never_answers_sends_its_acks_without_holding_them`]: panics
