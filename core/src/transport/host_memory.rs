@@ -15,7 +15,33 @@ pub struct MemFault {
 /// Payloads of at least this many bytes are hashed for the ICRC as they are copied into a frame
 /// ([`HostMemory::read_hashing`]). Below, the calls that continue a CRC cost more than a second
 /// pass over the bytes.
-pub(crate) const HASHED_COPY_MIN: usize = 512;
+const HASHED_COPY_MIN: usize = 512;
+
+/// Whether the payload of `writer`'s frame is to be hashed for its ICRC as it is copied in
+/// from `host`: if so, the CRC over its headers, which [`read_maybe_hashing`] continues and
+/// [`FrameWriter::finish_hashed`] completes. Only for long payloads, memory that
+/// [`HostMemory::hashes_as_it_copies`], and the carry-less CRC code.
+pub(crate) fn payload_hash_start(host: &dyn HostMemory, writer: &FrameWriter) -> Option<u32> {
+    (writer.payload_len() >= HASHED_COPY_MIN && host.hashes_as_it_copies())
+        .then(|| writer.crc_before_payload())
+        .flatten()
+}
+
+/// [`HostMemory::read`], or with `hash` [`HostMemory::read_hashing`] continuing it; the CRC
+/// after the bytes read, if one was given.
+pub(crate) fn read_maybe_hashing(
+    host: &dyn HostMemory,
+    addr: u64,
+    out: &mut [u8],
+    hash: Option<u32>,
+) -> Result<Option<u32>, MemFault> {
+    match hash {
+        Some(crc) => host.read_hashing(addr, out, crc).map(Some),
+        None => host.read(addr, out).map(|()| None),
+    }
+}
+
+use crate::wire::FrameWriter;
 
 /// The bytes behind memory regions, addressed by the virtual addresses applications use.
 pub trait HostMemory {

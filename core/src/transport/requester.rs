@@ -6,7 +6,7 @@
 //! go-back-N restart point after a retry.
 
 use super::device::{Shared, Transmit};
-use super::host_memory::{HostMemory, HASHED_COPY_MIN};
+use super::host_memory::{payload_hash_start, HostMemory};
 use super::memory::Access;
 use super::qp::{Qp, WqeState};
 use super::qp_state::{retransmit_timeout_ns, QpState, QpType};
@@ -391,11 +391,11 @@ impl Qp {
         let table = (w.checked_in != sh.mem.generation()).then_some(&sh.mem);
         // A long payload is hashed for the ICRC as it is copied in, in one pass over it
         // (`HostMemory::read_hashing`); a short one costs less copied and hashed whole.
-        let hashed_from = (w.inline.is_none()
-            && payload_len >= HASHED_COPY_MIN as u64
-            && host.hashes_as_it_copies())
-        .then(|| writer.crc_before_payload())
-        .flatten();
+        let hashed_from = w
+            .inline
+            .is_none()
+            .then(|| payload_hash_start(host, &writer))
+            .flatten();
         let gathered = match &w.inline {
             Some(data) => {
                 let s = offset as usize;
@@ -415,8 +415,7 @@ impl Qp {
             ),
         };
         let len = match gathered {
-            Ok(Some(crc)) => writer.finish_hashed(crc).ok()?,
-            Ok(None) => writer.finish().ok()?,
+            Ok(hashed) => writer.finish_hashed(hashed).ok()?,
             Err(_) => {
                 self.sq[idx].state = WqeState::Error(WcStatus::LocProtErr);
                 return None;

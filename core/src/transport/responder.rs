@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use super::device::{Shared, Transmit};
-use super::host_memory::{HostMemory, HASHED_COPY_MIN};
+use super::host_memory::{payload_hash_start, read_maybe_hashing, HostMemory};
 use super::memory::Access;
 use super::qp::Qp;
 use super::qp_state::{QpState, QpType};
@@ -1062,14 +1062,8 @@ impl Qp {
         let mut hashed = None;
         if let Some(r) = read {
             if payload_len > 0 {
-                let from = (payload_len >= HASHED_COPY_MIN && host.hashes_as_it_copies())
-                    .then(|| w.crc_before_payload())
-                    .flatten();
-                let copied = match from {
-                    Some(crc) => host.read_hashing(r.va, w.payload_mut(), crc).map(Some),
-                    None => host.read(r.va, w.payload_mut()).map(|()| None),
-                };
-                match copied {
+                let from = payload_hash_start(host, &w);
+                match read_maybe_hashing(host, r.va, w.payload_mut(), from) {
                     Ok(crc) => hashed = crc,
                     Err(_) => {
                         self.resp.out.pop_front();
@@ -1091,10 +1085,7 @@ impl Qp {
                 }
             }
         }
-        let len = match hashed {
-            Some(crc) => w.finish_hashed(crc).ok()?,
-            None => w.finish().ok()?,
-        };
+        let len = w.finish_hashed(hashed).ok()?;
         sh.counters.tx_responses += 1;
         Some(Transmit {
             len,

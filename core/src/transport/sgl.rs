@@ -1,7 +1,7 @@
 //! Gather from and scatter into scatter/gather lists, checking every element against the
 //! memory table (key, protection domain, bounds, rights) before the host memory is touched.
 
-use super::host_memory::HostMemory;
+use super::host_memory::{read_maybe_hashing, HostMemory};
 use super::memory::{Access, MemoryTable, PdId};
 use super::verbs::Sge;
 
@@ -69,12 +69,8 @@ pub(crate) fn gather(
 ) -> Result<Option<u32>, SglError> {
     let len = out.len();
     walk(table, pd, sges, offset, len, Access::NONE, |addr, r| {
-        let piece = &mut out[r];
-        let read = match hash {
-            Some(crc) => host.read_hashing(addr, piece, crc).map(Some),
-            None => host.read(addr, piece).map(|()| None),
-        };
-        hash = read.map_err(|_| SglError::Protection)?;
+        hash =
+            read_maybe_hashing(host, addr, &mut out[r], hash).map_err(|_| SglError::Protection)?;
         Ok(())
     })?;
     Ok(hash)

@@ -249,6 +249,11 @@ impl<'b> FrameWriter<'b> {
         })
     }
 
+    /// The payload's length.
+    pub fn payload_len(&self) -> usize {
+        self.payload_len
+    }
+
     /// The payload area, exactly `payload_len` bytes.
     pub fn payload_mut(&mut self) -> &mut [u8] {
         &mut self.buf[self.payload_start..self.payload_start + self.payload_len]
@@ -260,26 +265,30 @@ impl<'b> FrameWriter<'b> {
         icrc::crc_before_payload(&self.buf[self.ip_start..self.payload_start])
     }
 
-    /// [`finish`](Self::finish) for a payload whose bytes, with the headers before them,
-    /// hashed to `crc` ([`crc_before_payload`](Self::crc_before_payload)): the ICRC is
-    /// completed over the pad instead of computed over the whole packet.
-    pub fn finish_hashed(self, crc: u32) -> Result<usize> {
+    /// [`finish`](Self::finish), for a payload that may have been hashed as it was written:
+    /// with `hashed`, the CRC its bytes and the headers before them came to
+    /// ([`crc_before_payload`](Self::crc_before_payload) and on), the ICRC is completed over
+    /// the pad instead of computed over the whole packet.
+    pub fn finish_hashed(self, hashed: Option<u32>) -> Result<usize> {
         let pad_start = self.payload_start + self.payload_len;
         let pad = pad_for(self.payload_len);
         let end = pad_start + pad + ICRC_LEN;
         self.buf[pad_start..end - ICRC_LEN].fill(0);
-        let icrc = icrc::finish_after_payload(crc, pad);
-        self.buf[end - ICRC_LEN..end].copy_from_slice(&icrc.to_le_bytes());
+        match hashed {
+            Some(crc) => {
+                let icrc = icrc::finish_after_payload(crc, pad);
+                self.buf[end - ICRC_LEN..end].copy_from_slice(&icrc.to_le_bytes());
+            }
+            None => {
+                icrc::fill(&mut self.buf[self.ip_start..end])?;
+            }
+        }
         Ok(end)
     }
 
     /// Zeroes the pad, writes the ICRC and returns the frame length.
     pub fn finish(self) -> Result<usize> {
-        let pad_start = self.payload_start + self.payload_len;
-        let end = pad_start + pad_for(self.payload_len) + ICRC_LEN;
-        self.buf[pad_start..end - ICRC_LEN].fill(0);
-        icrc::fill(&mut self.buf[self.ip_start..end])?;
-        Ok(end)
+        self.finish_hashed(None)
     }
 }
 
