@@ -1,5 +1,6 @@
 //! Wire-layer micro-benchmarks: ICRC alone, parse + full verification, and frame building, for
-//! RC SEND_ONLY packets carrying 64 B, 1 KiB and 4 KiB of payload.
+//! RC SEND_ONLY packets carrying 64 B, 1 KiB and 4 KiB of payload; and a payload copied out of
+//! the application's memory and hashed, each way the CPU can.
 //!
 //! Run: `cargo bench -p xroce-bench --bench wire`. Figures are recorded in
 //! `bench/results/wire.md`; compare runs on the same machine only.
@@ -12,6 +13,7 @@ use xroce_core::wire::{
     emit_frame, BthRepr, EtherType, EthernetAddress, EthernetRepr, FrameHeaders, IpRepr,
     Ipv4Address, Ipv4Repr, Opcode, RoceFrame, TransportRepr, UdpRepr, ROCEV2_UDP_PORT,
 };
+use xroce_datapath::engine::hashing_copy::{copy_slice_hashing, Fold};
 
 const SIZES: [usize; 3] = [64, 1024, 4096];
 
@@ -96,5 +98,34 @@ fn bench_build(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_icrc, bench_parse_verify, bench_build);
+/// A payload copied and hashed: a copy then crc32fast, and each fused loop the CPU runs.
+fn bench_copy_and_hash(c: &mut Criterion) {
+    let mut g = c.benchmark_group("copy_and_hash");
+    for size in SIZES {
+        let src: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let mut out = vec![0u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        for (name, fold) in [
+            ("copy then crc32fast", None),
+            ("narrow fold", Some(Fold::Narrow)),
+            ("wide fold", Some(Fold::Wide)),
+        ] {
+            if fold.is_some_and(|fold| !fold.runs_here()) {
+                continue;
+            }
+            g.bench_function(BenchmarkId::new(name, size), |b| {
+                b.iter(|| copy_slice_hashing(fold, black_box(&src), &mut out, 0))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_icrc,
+    bench_parse_verify,
+    bench_build,
+    bench_copy_and_hash
+);
 criterion_main!(benches);

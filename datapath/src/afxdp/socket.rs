@@ -272,6 +272,8 @@ pub enum XskError {
         iface_label(*ifindex)
     )]
     ZeroCopyUnsupported { ifindex: u32 },
+    #[error("{0}")]
+    UnknownEviction(String),
     #[error(
         "cannot bind the AF_XDP socket to queue {queue} of {}: {source}",
         iface_label(*ifindex)
@@ -496,6 +498,11 @@ impl XskSocket {
                 });
             }
         }
+        let eviction = if config.leave_received_lines {
+            LineEviction::Off
+        } else {
+            LineEviction::for_copy_mode().map_err(XskError::UnknownEviction)?
+        };
         // Before the socket: on an error below, the socket (dropped first) is closed before
         // the area it registered is unmapped.
         let umem = Umem::new(config.frames)?;
@@ -607,8 +614,8 @@ impl XskSocket {
         }
         let opts: XdpOptions = getsockopt(s, libc::XDP_OPTIONS, "query options")?;
         sock.zero_copy = opts.0 & libc::XDP_OPTIONS_ZEROCOPY != 0;
-        if !sock.zero_copy && !config.leave_received_lines {
-            sock.taken = TakenFrames::new(LineEviction::for_copy_mode());
+        if !sock.zero_copy {
+            sock.taken = TakenFrames::new(eviction);
         }
         Ok(sock)
     }

@@ -10,7 +10,7 @@
 
 mod addressing;
 mod capture;
-mod hashing_copy;
+pub mod hashing_copy;
 mod home_netns;
 mod keep_alive;
 mod memory;
