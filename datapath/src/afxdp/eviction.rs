@@ -45,7 +45,7 @@ impl std::str::FromStr for EvictionSetting {
     fn from_str(s: &str) -> Result<EvictionSetting, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(EvictionSetting::Auto),
-            "clflush" | "on" => Ok(EvictionSetting::Clflush),
+            "clflush" => Ok(EvictionSetting::Clflush),
             "off" => Ok(EvictionSetting::Off),
             other => Err(format!(
                 "unknown eviction {other:?} in {EVICTION_ENV}: use auto (the default: clflush \
@@ -75,13 +75,12 @@ impl LineEviction {
 
     /// The eviction `setting` picks on a CPU that is AMD's or not.
     fn chosen(setting: EvictionSetting, amds: bool) -> LineEviction {
-        match setting {
-            #[cfg(target_arch = "x86_64")]
-            EvictionSetting::Clflush => LineEviction::Clflush,
-            #[cfg(target_arch = "x86_64")]
-            EvictionSetting::Auto if amds => LineEviction::Clflush,
-            _ => LineEviction::Off,
+        #[cfg(target_arch = "x86_64")]
+        if setting == EvictionSetting::Clflush || (setting == EvictionSetting::Auto && amds) {
+            return LineEviction::Clflush;
         }
+        let _ = (setting, amds);
+        LineEviction::Off
     }
 
     /// Evicts every cache line that `len` bytes from `start` touch.
@@ -106,19 +105,26 @@ impl LineEviction {
     }
 }
 
-/// Whether this CPU is AMD's (CPUID's vendor string).
+/// Whether this CPU is AMD's.
 fn cpu_is_amds() -> bool {
+    cpu_vendor().is_some_and(|vendor| &vendor == b"AuthenticAMD")
+}
+
+/// CPUID's vendor string ("AuthenticAMD", "GenuineIntel", ...); none off x86-64.
+fn cpu_vendor() -> Option<[u8; 12]> {
     #[cfg(target_arch = "x86_64")]
     {
-        let id = std::arch::x86_64::__cpuid(0);
-        let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
-            .iter()
-            .flat_map(|word| word.to_le_bytes())
-            .collect();
-        vendor == b"AuthenticAMD"
+        // SAFETY: every x86-64 CPU has CPUID (an `unsafe fn` before Rust 1.94, safe since).
+        #[allow(unused_unsafe)]
+        let id = unsafe { std::arch::x86_64::__cpuid(0) };
+        let mut vendor = [0u8; 12];
+        for (at, word) in [id.ebx, id.edx, id.ecx].into_iter().enumerate() {
+            vendor[at * 4..at * 4 + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        Some(vendor)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    None
 }
 
 /// The addresses of the cache lines that `len` bytes from address `start` touch.
@@ -235,6 +241,22 @@ mod tests {
         assert_eq!("off".parse(), Ok(Off));
         let refused = "clflushopt".parse::<EvictionSetting>().unwrap_err();
         assert!(refused.contains(EVICTION_ENV), "{refused}");
+    }
+
+    /// CPUID's vendor string is read as the kernel reads it (`vendor_id` in `/proc/cpuinfo`).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn the_cpu_vendor_is_the_one_the_kernel_names() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let vendor = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("vendor_id"))
+            .and_then(|rest| rest.split(':').nth(1))
+            .map(str::trim)
+            .expect("a vendor_id line");
+        let ours = cpu_vendor().expect("x86-64 has a vendor");
+        assert_eq!(String::from_utf8_lossy(&ours), vendor);
+        assert_eq!(cpu_is_amds(), vendor == "AuthenticAMD");
     }
 
     /// `clflush` over ranges of any alignment and length inside mapped memory does not fault.

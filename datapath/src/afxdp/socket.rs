@@ -447,6 +447,13 @@ impl XskSocket {
                 && (config.frames >= 2 * config.ring_size
                     || (config.receive_only && config.frames >= config.ring_size))
         );
+        // Once, before any bind: a word it does not know is the caller's error, whichever
+        // mode the socket ends in.
+        let eviction = if config.leave_received_lines {
+            LineEviction::Off
+        } else {
+            LineEviction::for_copy_mode().map_err(XskError::UnknownEviction)?
+        };
         let attempts = bind_attempts(config.mode, config.multi_buffer(), config.fits_one_frame);
         let bind = |a: &BindAttempt| {
             let config = XskConfig {
@@ -458,10 +465,10 @@ impl XskSocket {
             } else {
                 libc::XDP_COPY
             };
-            Self::open_with(ifindex, config, flag)
+            Self::open_with(ifindex, config, flag, eviction)
         };
         let Some((last, first)) = attempts.split_last() else {
-            return Self::open_with(ifindex, config, libc::XDP_COPY);
+            return Self::open_with(ifindex, config, libc::XDP_COPY, eviction);
         };
         for a in first {
             match bind(a) {
@@ -484,7 +491,13 @@ impl XskSocket {
         bind(last)
     }
 
-    fn open_with(ifindex: u32, config: XskConfig, copy_flag: u16) -> Result<Self, XskError> {
+    /// One bind; a socket that ends in copy mode evicts its received lines as `eviction` says.
+    fn open_with(
+        ifindex: u32,
+        config: XskConfig,
+        copy_flag: u16,
+        eviction: LineEviction,
+    ) -> Result<Self, XskError> {
         // Copy mode only: its transmit path skips a queue past the interface's transmit queues
         // and reports success. (Zero-copy sends through the driver, and some drivers number
         // their zero-copy queues past the channel count.)
@@ -498,11 +511,6 @@ impl XskSocket {
                 });
             }
         }
-        let eviction = if config.leave_received_lines {
-            LineEviction::Off
-        } else {
-            LineEviction::for_copy_mode().map_err(XskError::UnknownEviction)?
-        };
         // Before the socket: on an error below, the socket (dropped first) is closed before
         // the area it registered is unmapped.
         let umem = Umem::new(config.frames)?;

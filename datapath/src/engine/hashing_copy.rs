@@ -8,8 +8,9 @@
 //! against 416 ns for the copy and crc32fast one after the other, on this project's AMD EPYC
 //! hosts (`docs/decisions.md`, "Stop 80"), with 128-bit lanes ([`Fold::Narrow`]). CPUs with
 //! VPCLMULQDQ and AVX-512 fold 512 bits per multiply ([`Fold::Wide`]), as crc32fast does there:
-//! on this project's Intel Xeon hosts 4 KiB in 61 ns against 80 for a copy and crc32fast, and
-//! 1 KiB in 22 against 46 (crc32fast takes its 512-bit code from 2 KiB on), "Stop 81".
+//! on this project's Intel Xeon hosts 4 KiB in 51-61 ns against 67-80 for a copy and
+//! crc32fast, and 1 KiB in 22 against 33-46 (crc32fast takes its 512-bit code from 2 KiB on),
+//! "Stop 81".
 //!
 //! The fold is the one of Intel's "Fast CRC Computation for Generic Polynomials Using
 //! PCLMULQDQ Instruction" (2009), for zlib's reflected CRC-32: four lanes, each multiplied
@@ -64,6 +65,7 @@ impl Fold {
     }
 
     /// The bytes one turn of the loop takes: the least a payload needs to take it.
+    #[cfg(target_arch = "x86_64")]
     fn step(self) -> usize {
         match self {
             Fold::Wide => 256,
@@ -125,8 +127,10 @@ pub fn copy_slice_hashing(fold: Option<Fold>, src: &[u8], out: &mut [u8], crc: u
     Some(unsafe { copy_hashing_by(fold, src.as_ptr(), out, crc) })
 }
 
-/// [`copy_hashing`] with the loop `fold`: the loop over the whole turns it can take, the
-/// narrow loop over the whole 64-byte blocks left, then a copy and crc32fast over the tail.
+/// [`copy_hashing`] with the loop `fold`: the loop over the whole turns it can take, then a
+/// copy and crc32fast over the rest. Under 256 bytes crc32fast's own 128-bit fold after the
+/// copy is as fast as the narrow loop or faster (`bench/results/wire.md`), so the wide loop's
+/// rest, and a payload too short for it, go there.
 ///
 /// # Safety
 /// The CPU runs `fold`; `src` as for [`copy_hashing`].
@@ -143,10 +147,8 @@ unsafe fn copy_hashing_by(fold: Option<Fold>, src: *const u8, out: &mut [u8], cr
                 Fold::Narrow => fold_copy_narrow(src, whole, crc),
             }
         };
-        // The narrow loop runs wherever the wide one does (PCLMULQDQ is part of `Wide`).
-        let next = (fold == Fold::Wide).then_some(Fold::Narrow);
         // SAFETY: as above, for the bytes after the folded ones.
-        return unsafe { copy_hashing_by(next, src.add(folded), rest, after) };
+        return unsafe { copy_hashing_by(None, src.add(folded), rest, after) };
     }
     let _ = fold;
     // SAFETY: the caller's promise covers `out.len()` bytes at `src`.
