@@ -1068,6 +1068,28 @@ fn a_stalled_program_reports_its_state_on_the_dump_signal() {
     }
 }
 
+/// `XROCE_EVICT_RECEIVED_LINES` with a word it does not know stops the device's start with an
+/// error naming the variable and the words it takes, rather than running with a guess.
+#[test]
+fn an_eviction_setting_it_does_not_know_is_refused_naming_the_variable() {
+    if !root_or_skip() {
+        return;
+    }
+    let rig = Rig::new("xev", 1500);
+    let mut cmd = rig.exec(1, &["ibv_rc_pingpong", "-g", "1", "-n", "10", "127.0.0.1"]);
+    cmd.env("XROCE_EVICT_RECEIVED_LINES", "clflushopt");
+    let out = run_bounded(cmd, PROGRAM_TIMEOUT).expect("run ibv_rc_pingpong");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && text.contains("xroce: cannot start device")
+            && text.contains("unknown eviction \"clflushopt\" in XROCE_EVICT_RECEIVED_LINES")
+            && text.contains("clflush or off"),
+        "{}\n{text}",
+        out.status
+    );
+}
+
 /// `XROCE_BIND_MODE` picks how a program's engines bind their AF_XDP sockets: `zero-copy` on a
 /// veth, whose driver has none, fails with the kernel's refusal and how to do without it; a
 /// name it does not know fails naming the ones it does; `copy` runs (on a veth auto mode binds
