@@ -4,6 +4,8 @@
 //! see [`super::memory`]); a [`HostMemory`] performs it. The engine implements it over the
 //! application's address space; the simulator and tests use [`VecMemory`].
 
+use crate::wire::FrameWriter;
+
 /// An access the host could not perform (an address nothing backs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("no host memory at {addr:#x}+{len}")]
@@ -40,8 +42,6 @@ pub(crate) fn read_maybe_hashing(
         None => host.read(addr, out).map(|()| None),
     }
 }
-
-use crate::wire::FrameWriter;
 
 /// The bytes behind memory regions, addressed by the virtual addresses applications use.
 pub trait HostMemory {

@@ -94,11 +94,6 @@ pub fn fold_here() -> Option<Fold> {
     })
 }
 
-/// Whether [`copy_hashing`] takes a fused loop on this CPU.
-pub(crate) fn can_fold() -> bool {
-    fold_here().is_some()
-}
-
 /// Copies `out.len()` bytes from `src` into `out` and returns the CRC-32 of `crc`'s message
 /// followed by them.
 ///

@@ -10,7 +10,7 @@
 
 use xroce_core::transport::{HostMemory, MemFault};
 
-use super::hashing_copy::{can_fold, copy_hashing};
+use super::hashing_copy::{copy_hashing, fold_here};
 
 /// Registered address ranges of this process, with how many registrations cover each.
 #[derive(Debug, Default)]
@@ -134,7 +134,7 @@ impl HostMemory for ProcessMemory {
     }
 
     fn hashes_as_it_copies(&self) -> bool {
-        can_fold()
+        fold_here().is_some()
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFault> {
