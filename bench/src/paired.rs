@@ -4,9 +4,10 @@
 //! (raw AF_XDP's 64 B packet rate moved between 0.39 and 0.60 M/s in five rounds of one run).
 //! A ratio of two numbers measured minutes apart carries that drift as if it were a
 //! difference between the two methods; a ratio of two numbers measured one after the other
-//! mostly does not. So the goals that compare xroce with raw AF_XDP are measured in rounds,
-//! each round running both back to back, and a goal's ratio is the median of the rounds'
-//! ratios. The order inside a round alternates, so that neither method always runs second.
+//! mostly does not. So the goals that compare xroce with raw AF_XDP or kernel UDP are measured
+//! in rounds, each round running both back to back, and a goal's ratio is the median of the
+//! rounds' ratios. The order inside a round alternates, so that neither method always runs
+//! second.
 
 /// xroce's number and its baseline's from one round.
 #[derive(Debug, Clone, Copy, PartialEq)]

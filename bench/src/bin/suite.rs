@@ -140,7 +140,7 @@ fn run() {
         (RAW_ONE_WAY, median_rt(&b2b.raw_one_frame)),
         (RAW_TWO_FRAMES, median_rt(&b2b.raw_two_frames)),
         (RAW_TWO_CHECKED, median_rt(&b2b.raw_two_checked)),
-        ("kernel UDP", udp_rt),
+        ("kernel UDP", median_rt(&b2b.udp_64_rt)),
         ("kernel TCP", tcp_rt),
     ] {
         r.rows.push(one_way(LAT, 64, method, rt));
@@ -169,7 +169,12 @@ fn run() {
             RAW_READING,
             raw_median(&b2b.raw_4k_reading, |s| s.mb_per_s),
         ),
-        ("4 KiB datagrams", 4096, "kernel UDP", udp_4k.mb_per_s),
+        (
+            "4 KiB datagrams",
+            4096,
+            "kernel UDP",
+            raw_median(&b2b.udp_4k, |s| s.mb_per_s),
+        ),
         ("64 KiB writes", 65536, "kernel TCP", tcp_64k.mb_per_s),
     ] {
         r.rows.push(Row::new(
@@ -813,6 +818,9 @@ struct BackToBack {
     raw_4k_reading: Vec<baseline::Stream>,
     /// 64 KiB `ib_write_bw`.
     write_bw_64k: Vec<BwLine>,
+    /// Kernel UDP's 64 B ping-pong and 4 KiB stream, measured in the rounds.
+    udp_64_rt: Vec<RoundTrip>,
+    udp_4k: Vec<baseline::Stream>,
     /// `ib_send_lat` one-way against raw's one-frame one-way, per round.
     latency: Paired,
     /// `ib_send_lat` against raw's two frames per turn (RC's floor).
@@ -828,6 +836,10 @@ struct BackToBack {
     rate: Paired,
     /// 64 KiB `ib_write_bw` against raw's 4 KiB frames.
     write: Paired,
+    /// 64 B `ib_send_lat` one-way against kernel UDP's 64 B ping-pong one-way, per round.
+    udp_latency: Paired,
+    /// 64 KiB `ib_write_bw` against kernel UDP's 4 KiB datagrams, per round.
+    udp_write: Paired,
     /// 64 KiB `ib_write_bw` against raw's 4 KiB frames to a reading receiver.
     write_vs_reading: Paired,
 }
@@ -851,7 +863,7 @@ fn back_to_back(
             round + 1
         ));
         let first = paired::xroce_first(round);
-        let (lat, (one, two, checked)) = paired::in_order(
+        let (lat, (one, two, checked, udp)) = paired::in_order(
             first,
             || perftest_line(x, "ib_send_lat", &["-s", "64", "-n", &lat_iters], parse_lat),
             || {
@@ -859,6 +871,7 @@ fn back_to_back(
                     baseline::xsk_pingpong(&x.pair, 64, pings),
                     baseline::xsk_pingpong_turns(&x.pair, 64, pings, 2),
                     baseline::xsk_pingpong_checked(&x.pair, 64, pings),
+                    baseline::udp_pingpong(&x.pair, 64, pings),
                 )
             },
         );
@@ -867,14 +880,14 @@ fn back_to_back(
             || perftest_line(x, "ib_send_bw", &["-s", "64", "-D", &secs], parse_bw),
             || baseline::xsk_stream(&x.pair, 64, stream_for, Sink::Counting),
         );
-        let (write_bw, (raw_4k, raw_4k_reading)) = paired::in_order(
+        let (write_bw, (raw_4k, raw_4k_reading, udp_4k)) = paired::in_order(
             first,
             || perftest_line(x, "ib_write_bw", &["-s", "65536", "-D", &secs], parse_bw),
             || {
                 // Which receiver goes first alternates too.
                 let run = |sink| baseline::xsk_stream(&x.pair, 4096, stream_for, sink);
                 let (a, b) = paired::in_order(first, || run(Sink::Counting), || run(Sink::Reading));
-                (a, b)
+                (a, b, baseline::udp_stream(&x.pair, 4096, stream_for))
             },
         );
         let lat = lat.map_err(|e| r.notes.push(e)).ok();
@@ -891,6 +904,12 @@ fn back_to_back(
             .push(write_bw.map(|l| l.mb_per_s), Some(raw_4k.mb_per_s));
         b.write_vs_reading
             .push(write_bw.map(|l| l.mb_per_s), Some(raw_4k_reading.mb_per_s));
+        b.udp_latency
+            .push(lat.map(|l| l.typical), Some(udp.p50 / 2.0));
+        b.udp_write
+            .push(write_bw.map(|l| l.mb_per_s), Some(udp_4k.mb_per_s));
+        b.udp_64_rt.push(udp);
+        b.udp_4k.push(udp_4k);
         b.raw_4k_reading.push(raw_4k_reading);
         b.raw_one_frame.push(one);
         b.raw_two_frames.push(two);
@@ -903,12 +922,14 @@ fn back_to_back(
     }
     r.notes.push(format!(
         "Back to back: the goals that compare xroce with raw AF_XDP (64 B latency, 64 B message \
-         rate, 64 KiB WRITE) come from {rounds} rounds, each running xroce and raw AF_XDP one \
-         after the other (xroce second in the first round, first in the second, and so on); a \
-         goal's ratio is the median of the rounds' ratios. This host's path drifts by tens of \
-         percent within minutes, which a ratio of two numbers measured minutes apart would \
-         carry. The tables show the medians of the rounds for raw AF_XDP and for those xroce \
-         tests (for ib_send_lat, ib_send_bw and ib_write_bw, the round with the median)."
+         rate, 64 KiB WRITE) and with kernel UDP (64 B latency, 64 KiB WRITE) come from \
+         {rounds} rounds, each running xroce and the baselines one after the other (xroce \
+         second in the first round, first in the second, and so on); a goal's ratio is the \
+         median of the rounds' ratios. This host's path drifts by tens of percent within \
+         minutes, which a ratio of two numbers measured minutes apart would carry. The tables \
+         show the medians of the rounds for raw AF_XDP, for kernel UDP's 64 B ping-pong and \
+         4 KiB stream, and for those xroce tests (for ib_send_lat, ib_send_bw and ib_write_bw, \
+         the round with the median)."
     ));
     b
 }
@@ -1208,23 +1229,24 @@ fn goals(
         false,
         "µs",
     );
-    let send_lat = r_value(r, LAT, "ib_send_lat", 64);
-    r.notes.push(
-        "The goals against kernel UDP divide xroce's number by kernel UDP's single measurement, \
-         taken before the back-to-back rounds: unlike the goals against raw AF_XDP, they carry \
-         the host's drift between the two."
-            .to_string(),
-    );
-    ratio_goal(
+    // Kernel UDP's blocking ping-pong waits on the host's wake-ups, whose speed changes by
+    // ten times from one hour to the next here (2 µs one-way in one run, 32 µs an hour
+    // earlier): measured in every round, next to ib_send_lat.
+    paired_goal(
         &mut out,
         "64 B ib_send_lat vs kernel UDP one-way",
-        (send_lat, Some(udp_rt.p50 / 2.0)),
+        &b2b.udp_latency,
         1.0,
         false,
         "µs",
     );
+    let send_lat = r_value(r, LAT, "ib_send_lat", 64);
     if let Some(events) = r_value(r, LAT, EVENT_LATENCY, 64) {
-        let udp = udp_rt.p50 / 2.0;
+        // Kernel UDP's one-way: the median of the rounds where there were any.
+        let udp = b2b
+            .udp_latency
+            .median_baseline()
+            .unwrap_or(udp_rt.p50 / 2.0);
         r.notes.push(format!(
             "64 B ib_send_lat with completion events (-e), each side asleep in \
              ibv_get_cq_event until each event (measured once, not back to back): {} µs, \
@@ -1330,13 +1352,10 @@ fn goals(
             b2b.write_vs_reading.ratios_text(),
         ));
     }
-    ratio_goal(
+    paired_goal(
         &mut out,
         "ib_write_bw 64 KiB vs kernel UDP 4 KiB datagrams",
-        (
-            r_value(r, BW4096, "ib_write_bw", 65536),
-            r.value(BW4096, "4 KiB datagrams", 4096, "kernel UDP"),
-        ),
+        &b2b.udp_write,
         1.5,
         true,
         "MB/s",
@@ -1344,11 +1363,11 @@ fn goals(
     if let (Some(raw), Some(reading), Some(udp)) = (
         b2b.write.median_baseline(),
         b2b.write_vs_reading.median_baseline(),
-        r.value(BW4096, "4 KiB datagrams", 4096, "kernel UDP"),
+        b2b.udp_write.median_baseline(),
     ) {
         r.notes.push(format!(
             "For scale, the goal against kernel UDP: raw AF_XDP's 4 KiB stream (median of the \
-             rounds, {raw:.0} MB/s) is {:.2}× kernel UDP's single measurement ({udp:.0} MB/s), \
+             rounds, {raw:.0} MB/s) is {:.2}× kernel UDP's (median of the rounds, {udp:.0} MB/s), \
              {:.2}× with a receiver that reads each frame as a RoCE receiver must \
              ({reading:.0} MB/s). Neither bounds xroce: on this veth pair its engines send runs \
              of frames through a UDP socket in batches (UDP GSO), not through AF_XDP's copy \
