@@ -123,7 +123,6 @@ fn run() {
         .exec(0, &format!("ping -c 1 -W 1 {}", x.pair.ipv4(1)));
 
     p.say("baselines: kernel UDP and TCP");
-    let udp_rt = baseline::udp_pingpong(&x.pair, 64, pings);
     let tcp_rt = baseline::tcp_pingpong(&x.pair, 64, pings);
     let udp_4k = baseline::udp_stream(&x.pair, 4096, stream_for);
     let tcp_64k = baseline::tcp_stream(&x.pair, 65536, stream_for);
@@ -668,7 +667,7 @@ fn run() {
             .push("QEMU guest comparison skipped (--quick or --no-guests)".into());
     }
 
-    goals(&mut r, &b2b, &scale, udp_rt, &guest_rounds);
+    goals(&mut r, &b2b, &scale, &guest_rounds);
     r.notes.push(format!(
         "Baselines: raw AF_XDP is xroce's own AF_XDP socket code sending the same prebuilt \
          UDP frame (no protocol, no checksum) as fast as the ring takes it, round trips \
@@ -1213,13 +1212,7 @@ struct GuestRounds {
 }
 
 /// The issue's goals, each a ratio of two numbers of this run.
-fn goals(
-    r: &mut Report,
-    b2b: &BackToBack,
-    scale: &Paired,
-    udp_rt: RoundTrip,
-    guests: &[GuestRounds],
-) {
+fn goals(r: &mut Report, b2b: &BackToBack, scale: &Paired, guests: &[GuestRounds]) {
     let mut out = Vec::new();
     paired_goal(
         &mut out,
@@ -1241,12 +1234,9 @@ fn goals(
         "µs",
     );
     let send_lat = r_value(r, LAT, "ib_send_lat", 64);
-    if let Some(events) = r_value(r, LAT, EVENT_LATENCY, 64) {
-        // Kernel UDP's one-way: the median of the rounds where there were any.
-        let udp = b2b
-            .udp_latency
-            .median_baseline()
-            .unwrap_or(udp_rt.p50 / 2.0);
+    // Kernel UDP's one-way as the latency table gives it: the median of the rounds.
+    let udp_one_way = paired::median(b2b.udp_64_rt.iter().map(|t| t.p50 / 2.0).collect());
+    if let (Some(events), Some(udp)) = (r_value(r, LAT, EVENT_LATENCY, 64), udp_one_way) {
         r.notes.push(format!(
             "64 B ib_send_lat with completion events (-e), each side asleep in \
              ibv_get_cq_event until each event (measured once, not back to back): {} µs, \
