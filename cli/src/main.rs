@@ -10,7 +10,13 @@ use xroce_datapath::xdp::XdpMode;
 
 /// xroce: RDMA over Converged Ethernet v2 in userspace, on AF_XDP.
 #[derive(Parser)]
-#[command(name = "xroce", version, about)]
+#[command(
+    name = "xroce",
+    version,
+    about,
+    after_help = "Environment: XROCE_LOG=off|error|warn|info|debug|trace sets how much xroce \
+                  logs to stderr (default warn: what needs attention)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -48,7 +54,10 @@ enum Command {
     /// `kill -USR1 PID` write what every engine is doing (a line per QP and CQ: PSNs, timers,
     /// queues) to stderr, for a program that seems stuck; XROCE_BACKEND=dpdk moves the frames
     /// through DPDK's net_af_packet driver instead of AF_XDP sockets (an xroce built with
-    /// `--features dpdk`; extra DPDK arguments in XROCE_DPDK_EAL_ARGS).
+    /// `--features dpdk`; extra DPDK arguments in XROCE_DPDK_EAL_ARGS); XROCE_LOG=debug
+    /// logs the transport's events to stderr (retransmissions, NAKs, QPs failing, address
+    /// changes), each line with the time of day and the process (the default, warn, says only
+    /// what needs attention; off, error, info and trace too).
     ///
     /// Example: `xroce exec -- ibv_rc_pingpong -d xroce0 -g 1`
     #[command(override_usage = "xroce exec -- PROGRAM [ARGS]...")]
@@ -202,6 +211,7 @@ enum PcapCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    xroce_datapath::stderr_log::install();
     match cli.command {
         Command::Engine {
             iface,

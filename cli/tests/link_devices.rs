@@ -342,6 +342,50 @@ fn link_add_writes_the_tree_show_lists_it_and_del_removes_it() {
 /// written again (`xroce exec` does, as `link add` and `link del` do): the first IPv4 address
 /// removed leaves its slot empty, and the second stays at index 2 instead of moving up, as in
 /// the kernel's GID table of an rdma_rxe device. `link show` lists the same table.
+/// What the registry code notices and a user should hear of reaches stderr: a link record
+/// that cannot be read is skipped with a warning (before `XROCE_LOG` existed, no logger was
+/// installed and such warnings went nowhere). `XROCE_LOG=error` silences it; an unknown
+/// level is said and the default kept.
+#[test]
+fn a_link_record_without_its_netdev_is_skipped_with_a_warning() {
+    if !root_or_skip() {
+        return;
+    }
+    let pair = NetnsPair::new("xrlw", 1500).expect("namespaces");
+    let name = unique_name();
+    let (_guard, _) = add_link(&pair, 0, &name);
+    let broken = unique_name();
+    let record = run_dir(&pair, 0).join("links").join(&broken);
+    std::fs::write(&record, "mtu=1500\n").expect("write a broken record");
+    let warning = format!(
+        "xroce: warning: ignoring {}: no netdev= line",
+        record.display()
+    );
+
+    let o = xroce(&pair, 0, &["link", "show"]);
+    assert_ok(&o, "link show");
+    assert!(
+        stdout(&o).contains(&format!("link {name} netdev")) && !stdout(&o).contains(&broken),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(stderr(&o).trim_end(), warning);
+
+    let quiet = xroce_env(&pair, 0, &[("XROCE_LOG", "error")], &["link", "show"]);
+    assert_ok(&quiet, "link show with XROCE_LOG=error");
+    assert_eq!(stderr(&quiet), "");
+
+    let typo = xroce_env(&pair, 0, &[("XROCE_LOG", "loud")], &["link", "show"]);
+    assert_ok(&typo, "link show with XROCE_LOG=loud");
+    let err = stderr(&typo);
+    assert!(
+        err.contains("XROCE_LOG=\"loud\" is not one of off, error, warn, info, debug, trace")
+            && err.contains(&warning),
+        "{err}"
+    );
+    std::fs::remove_file(&record).expect("remove the broken record");
+}
+
 #[test]
 fn gid_indices_stay_put_when_the_tree_is_written_again() {
     if !root_or_skip() {

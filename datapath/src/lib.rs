@@ -12,6 +12,8 @@
 //! - [`engine`]: the progress loop joining a port, the kernel's addressing and the transport.
 //! - [`cpu_time`]: CPU time of threads and processes from `/proc`.
 //! - [`registry`]: xroce RDMA devices (`xroce link`) and the sysfs tree libibverbs finds them by.
+//! - [`stderr_log`]: the logger that writes xroce's `log` records to standard error
+//!   (`XROCE_LOG`).
 //! - [`netns`], [`test_support`]: fixtures for the end-to-end tests of this and other crates.
 
 pub mod afxdp;
@@ -24,6 +26,7 @@ pub mod netlink;
 pub mod netns;
 pub mod port;
 pub mod registry;
+pub mod stderr_log;
 pub mod test_support;
 pub mod udp_gso;
 pub mod xdp;

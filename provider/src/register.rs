@@ -86,6 +86,7 @@ pub fn device_ops() -> *const verbs_device_ops {
 static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_load() {
+    xroce_datapath::stderr_log::install();
     if let Err(Some(why)) = register() {
         REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
         xroce_datapath::stderr_line!("{why}");

@@ -42,6 +42,8 @@ struct Rig {
     transmits: [&'static str; 2],
     /// `XROCE_BIND_MODE` for programs on each side ("": the default, auto).
     bind_modes: [&'static str; 2],
+    /// `XROCE_LOG` for programs on each side ("": the default, warn).
+    logs: [&'static str; 2],
     /// Released last, after the namespaces are gone (fields drop in order).
     _serial: std::sync::MutexGuard<'static, ()>,
 }
@@ -92,6 +94,7 @@ impl Rig {
             backends: ["", ""],
             transmits: ["", ""],
             bind_modes: ["", ""],
+            logs: ["", ""],
             _serial: serial,
         };
         for side in 0..2 {
@@ -147,6 +150,7 @@ impl Rig {
             backends: ["", ""],
             transmits: ["", ""],
             bind_modes: ["", ""],
+            logs: ["", ""],
             _serial: serial,
         };
         let mut printed: [String; 2] = Default::default();
@@ -197,6 +201,9 @@ impl Rig {
         }
         if !self.bind_modes[side].is_empty() {
             cmd.env("XROCE_BIND_MODE", self.bind_modes[side]);
+        }
+        if !self.logs[side].is_empty() {
+            cmd.env("XROCE_LOG", self.logs[side]);
         }
         cmd
     }
@@ -392,6 +399,66 @@ fn device_listing_does_not_ask_the_kernel_under_xroce_exec() {
     assert!(
         String::from_utf8_lossy(&plain.stderr).contains("NETLINK_RDMA"),
         "plain ibv_devices did not open a NETLINK_RDMA socket: {plain:?}"
+    );
+}
+
+/// `XROCE_LOG=debug` is how a user sees what the transport did. With one RoCE frame in five
+/// dropped on its way into the server, `ibv_rc_pingpong` still finishes, and its stderr carries
+/// the recoveries (the client resending after sequence NAKs and timeouts, the server's NAKs),
+/// each line stamped with the time of day and the process. At the default level the same lossy
+/// run says nothing of them.
+#[test]
+fn the_transport_logs_its_recoveries_at_debug_and_keeps_quiet_by_default() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut rig = Rig::new("xpl", 1500);
+    let iface = rig.pair.iface(0).to_string();
+    rig.pair.run_in(0, move || {
+        xroce_datapath::xdp::set_drop_one_in(&iface, 5).expect("set the drop knob");
+    });
+    let args = ["ibv_rc_pingpong", "-g", "1", "-s", "4096", "-n", "50"];
+    let (s, c) = rig.server_client(&args);
+    for text in [&s, &c] {
+        assert!(text.contains("iters in"), "no result:\n{text}");
+        assert!(
+            !text.contains("xroce: debug"),
+            "debug lines by default:\n{text}"
+        );
+    }
+    rig.logs = ["debug", "debug"];
+    let (s, c) = rig.server_client(&args);
+    assert!(c.contains("iters in"), "no result:\n{c}");
+    let debug_lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("xroce: debug "))
+            .map(String::from)
+            .collect()
+    };
+    let (server_lines, client_lines) = (debug_lines(&s), debug_lines(&c));
+    let resent = client_lines
+        .iter()
+        .find(|l| l.contains("resending from there"))
+        .unwrap_or_else(|| panic!("the client logged no retransmission:\n{c}"));
+    // "xroce: debug HH:MM:SS.uuuuuu pid N xroce_core::transport::completer: QP 0x...: ..."
+    let words: Vec<&str> = resent.split(' ').collect();
+    let clock: Vec<&str> = words[2].split([':', '.']).collect();
+    assert!(
+        clock.len() == 4 && clock.iter().all(|p| p.parse::<u32>().is_ok()) && clock[3].len() == 6,
+        "no time of day in {resent:?}"
+    );
+    assert_eq!(words[3], "pid", "{resent:?}");
+    assert!(words[4].parse::<u32>().is_ok(), "{resent:?}");
+    assert_eq!(words[5], "xroce_core::transport::completer:", "{resent:?}");
+    assert!(words[6] == "QP" && words[7].starts_with("0x"), "{resent:?}");
+    assert!(
+        server_lines.iter().any(|l| l.contains("NAK sent")),
+        "the server, whose incoming frames were dropped, logged no NAK:\n{s}"
+    );
+    assert_ne!(
+        words[4],
+        server_lines[0].split(' ').nth(4).unwrap_or_default(),
+        "client and server lines carry the same pid"
     );
 }
 

@@ -181,6 +181,7 @@ fn main() -> ExitCode {
 
 #[cfg(feature = "xdp")]
 fn run_xdp(root: &Path, command: XdpCommand) -> Result<(), String> {
+    xroce_datapath::stderr_log::install();
     xdp::run(root, command)
 }
 

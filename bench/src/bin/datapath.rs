@@ -93,6 +93,8 @@ fn main() {
 }
 
 fn run() {
+    // The loader's warnings (and `XROCE_LOG`'s more) reach stderr.
+    xroce_datapath::stderr_log::install();
     match std::env::args().nth(1).as_deref() {
         None => {}
         Some("-h" | "--help") => {

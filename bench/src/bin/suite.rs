@@ -92,6 +92,8 @@ fn main() {
 }
 
 fn run() {
+    // The loader's warnings (and `XROCE_LOG`'s more) reach stderr.
+    xroce_datapath::stderr_log::install();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("suite: needs root (network namespaces, XDP)");

@@ -12,6 +12,36 @@ use crate::wire::{AethSyndrome, NakCode, Operation, Position, RoceFrame};
 /// rdma_rxe treats a retry count of 7 as infinite, for `retry_cnt` as for `rnr_retry`.
 pub const INFINITE_RETRY: u8 = 7;
 
+/// Why a QP goes back N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// The retransmission timer ran out.
+    Timeout,
+    /// The responder NAKed a PSN it did not expect.
+    SequenceNak,
+    /// A response beyond a READ or atomic's PSNs came: its own response was lost.
+    LostResponse,
+}
+
+impl std::fmt::Display for Retry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Retry::Timeout => "no response in time",
+            Retry::SequenceNak => "sequence NAK",
+            Retry::LostResponse => "a READ or atomic response lost",
+        })
+    }
+}
+
+/// How many retries a QP has left, as a log line says it.
+fn retries_left(count: u8) -> String {
+    if count == INFINITE_RETRY {
+        "retrying forever".into()
+    } else {
+        format!("{count} retries left")
+    }
+}
+
 /// The completion status for the head WQE that an error NAK fails.
 fn nak_status(code: NakCode) -> WcStatus {
     match code {
@@ -74,7 +104,7 @@ impl Qp {
             }
             if w.wr.op.is_read_or_atomic() {
                 // The READ/atomic response was lost: retry it.
-                self.start_retry(sh, false);
+                self.start_retry(sh, Retry::LostResponse);
                 return;
             }
             // A NAK or RNR NAK beyond this WQE acknowledges it too; so does an ACK.
@@ -106,6 +136,12 @@ impl Qp {
             let in_read = psn::diff(p, first_psn) >= 0 && psn::diff(p, last_psn) <= 0;
             if in_read && code != NakCode::PsnSequenceError && d != 0 {
                 sh.counters.error_naks_received += 1;
+                log::debug!(
+                    "QP {:#x}: NAK {code:?} for PSN {p:#x} of a READ: the work request fails \
+                     with {:?}",
+                    self.qpn,
+                    nak_status(code)
+                );
                 self.fail_head(sh, nak_status(code));
                 return;
             }
@@ -159,7 +195,19 @@ impl Qp {
                         self.comp.rnr_deadline = Some(now + us * 1000);
                         self.comp.retrans_deadline = None;
                         self.req.need_retry = true;
+                        log::debug!(
+                            "QP {:#x}: RNR NAK for PSN {p:#x} (no receive ready at the peer); \
+                             resending in {us} µs ({})",
+                            self.qpn,
+                            retries_left(self.comp.rnr_retry)
+                        );
                     } else {
+                        log::debug!(
+                            "QP {:#x}: RNR NAK for PSN {p:#x} with no RNR retries left \
+                             (rnr_retry {}): the work request fails with RNR_RETRY_EXC_ERR",
+                            self.qpn,
+                            self.attr.rnr_retry
+                        );
                         self.fail_head(sh, WcStatus::RnrRetryExcErr);
                     }
                 }
@@ -181,10 +229,15 @@ impl Qp {
                     if d > 0 {
                         self.comp.psn = p;
                     }
-                    self.start_retry(sh, false);
+                    self.start_retry(sh, Retry::SequenceNak);
                 }
                 Some(AethSyndrome::Nak(code)) => {
                     sh.counters.error_naks_received += 1;
+                    log::debug!(
+                        "QP {:#x}: NAK {code:?} for PSN {p:#x}: the work request fails with {:?}",
+                        self.qpn,
+                        nak_status(code)
+                    );
                     self.fail_head(sh, nak_status(code));
                 }
                 Some(AethSyndrome::Reserved(_)) | None => self.fail_head(sh, WcStatus::BadRespErr),
@@ -298,14 +351,14 @@ impl Qp {
 
     /// A sequence NAK, a lost response or a timeout: count a retry and go back N, or give up
     /// with RETRY_EXC_ERR. A NAK during a retry already under way is ignored; a timeout is not.
-    fn start_retry(&mut self, sh: &mut Shared, timeout: bool) {
+    fn start_retry(&mut self, sh: &mut Shared, cause: Retry) {
         let Some(w) = self.sq.front() else {
             return;
         };
         if w.state == WqeState::Posted {
             return;
         }
-        if self.comp.started_retry && !timeout {
+        if self.comp.started_retry && cause != Retry::Timeout {
             return;
         }
         if self.comp.retry_cnt > 0 {
@@ -316,9 +369,22 @@ impl Qp {
                 self.req.need_retry = true;
                 self.comp.started_retry = true;
                 self.comp.retrans_deadline = None;
+                log::debug!(
+                    "QP {:#x}: {cause} at PSN {:#x}; resending from there ({})",
+                    self.qpn,
+                    self.comp.psn,
+                    retries_left(self.comp.retry_cnt)
+                );
             }
         } else {
             sh.counters.retry_exceeded += 1;
+            log::debug!(
+                "QP {:#x}: {cause} at PSN {:#x} with no retries left (retry_cnt {}): the work \
+                 request fails with RETRY_EXC_ERR",
+                self.qpn,
+                self.comp.psn,
+                self.attr.retry_cnt
+            );
             self.fail_head(sh, WcStatus::RetryExcErr);
         }
     }
@@ -368,7 +434,7 @@ impl Qp {
                     && matches!(self.attr.state, QpState::Rts | QpState::Sqd)
                 {
                     sh.counters.timeouts += 1;
-                    self.start_retry(sh, true);
+                    self.start_retry(sh, Retry::Timeout);
                 }
             }
         }

@@ -558,6 +558,10 @@ impl Qp {
             return;
         }
         self.attr.state = QpState::Error;
+        log::debug!(
+            "QP {:#x}: in the error state; its work requests are flushed",
+            self.qpn
+        );
         self.flush(sh, failed);
     }
 

@@ -296,6 +296,10 @@ impl Qp {
                 self.resp
                     .nak(expected, AethSyndrome::Nak(NakCode::PsnSequenceError));
                 sh.counters.seq_naks_sent += 1;
+                log::debug!(
+                    "QP {:#x}: PSN {p:#x} came while {expected:#x} was expected; sequence NAK sent",
+                    self.qpn
+                );
             }
             return;
         }
@@ -342,6 +346,10 @@ impl Qp {
                     let timer = self.attr.min_rnr_timer;
                     self.resp.nak(p, AethSyndrome::RnrNak { timer });
                     sh.counters.rnr_naks_sent += 1;
+                    log::debug!(
+                        "QP {:#x}: no receive posted for PSN {p:#x}; RNR NAK sent",
+                        self.qpn
+                    );
                     return;
                 }
             }
@@ -767,6 +775,11 @@ impl Qp {
     fn class_c(&mut self, sh: &mut Shared, p: u32, f: Fault) {
         self.resp.nak(p, AethSyndrome::Nak(f.nak()));
         sh.counters.error_naks_sent += 1;
+        log::debug!(
+            "QP {:#x}: request at PSN {p:#x} refused; NAK {:?} sent",
+            self.qpn,
+            f.nak()
+        );
         self.fail_recv_in_progress(sh, f.status());
         self.resp.cur = None;
         self.enter_error_owing(sh, Some(p));

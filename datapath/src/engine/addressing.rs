@@ -310,6 +310,11 @@ impl Neighbours {
         if found.changes_at != self.changes {
             return;
         }
+        log::debug!(
+            "{dst} is reached through {} at {}",
+            found.hop,
+            mac_text(found.mac)
+        );
         self.routes_version += 1;
         self.cache.insert(
             dst,
@@ -474,6 +479,10 @@ impl Neighbours {
     /// on-link (it has a neighbour entry), so it is cached as its own next hop.
     fn neighbour_changed(&mut self, ip: IpAddress, mac: Option<[u8; 6]>) {
         match mac {
+            Some(mac) => log::debug!("neighbour {ip} is now at {}", mac_text(mac)),
+            None => log::debug!("neighbour {ip} is gone or failed"),
+        }
+        match mac {
             Some(mac) => {
                 for e in self.cache.values_mut() {
                     if let Entry::Known { hop, mac: m, .. } = e {
@@ -538,6 +547,11 @@ impl Neighbours {
             let gids = merge_gids(dev.gids(), &now);
             if gids != dev.gids() {
                 self.write_gid_mirror(&gids);
+                log::debug!(
+                    "{}: the GID table is now {}",
+                    self.iface.name,
+                    gid_list(&gids)
+                );
             }
             dev.set_gids(gids);
             self.steer_addresses(&now);
@@ -617,7 +631,15 @@ impl Neighbours {
         };
         self.link_unread = false;
         if iface.mtu != self.iface.mtu {
-            dev.set_port_mtu(crate::afxdp::port_path_mtu(iface.mtu, self.multi_buffer));
+            let port_mtu = crate::afxdp::port_path_mtu(iface.mtu, self.multi_buffer);
+            log::debug!(
+                "{}: MTU {} (was {}): the port's active MTU is now {}",
+                iface.name,
+                iface.mtu,
+                self.iface.mtu,
+                port_mtu.bytes()
+            );
+            dev.set_port_mtu(port_mtu);
         }
         let mac_changed = iface.mac != self.iface.mac;
         self.iface = iface;
@@ -626,6 +648,32 @@ impl Neighbours {
             self.refresh_gids(dev);
         }
         Applied::Done
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`, for log lines.
+fn mac_text(mac: [u8; 6]) -> String {
+    let [a, b, c, d, e, f] = mac;
+    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
+}
+
+/// `0 fe80::1, 1 ::ffff:10.0.0.1` (the filled slots of a GID table), for log lines.
+fn gid_list(gids: &[Option<IpAddress>]) -> String {
+    let filled: Vec<String> = gids
+        .iter()
+        .enumerate()
+        .filter_map(|(i, g)| {
+            g.map(|g| match g {
+                // As `xroce link show` and `ibv_devinfo -v` write an IPv4 GID.
+                IpAddress::V4(a) => format!("{i} ::ffff:{a}"),
+                IpAddress::V6(a) => format!("{i} {a}"),
+            })
+        })
+        .collect();
+    if filled.is_empty() {
+        "empty".into()
+    } else {
+        filled.join(", ")
     }
 }
 
@@ -648,6 +696,21 @@ mod tests {
     /// The keep-alive takes each used next hop once (destinations behind one gateway share
     /// it), at most `max` a time, and leaves the rest marked for the next period; hops not
     /// used since, and this namespace's own interfaces, are not taken.
+    #[test]
+    fn log_lines_write_gids_and_macs_as_the_tools_do() {
+        let v4 = core_address(ip("10.77.0.1"));
+        let v6 = core_address(ip("fe80::1"));
+        assert_eq!(
+            gid_list(&[Some(v6), None, Some(v4)]),
+            "0 fe80::1, 2 ::ffff:10.77.0.1"
+        );
+        assert_eq!(gid_list(&[None, None]), "empty");
+        assert_eq!(
+            mac_text([0x02, 0, 0xab, 0x10, 0xff, 9]),
+            "02:00:ab:10:ff:09"
+        );
+    }
+
     #[test]
     fn keep_alives_take_each_used_hop_once_and_at_most_max() {
         let known = |hop: &str, owner, used| Entry::Known {
