@@ -436,6 +436,12 @@ fn the_transport_logs_its_recoveries_at_debug_and_keeps_quiet_by_default() {
             .collect()
     };
     let (server_lines, client_lines) = (debug_lines(&s), debug_lines(&c));
+    // `info`'s line, which `debug` includes: the path the engine took.
+    assert!(
+        c.lines().any(|l| l.starts_with("xroce: ")
+            && l.contains(": engine started: af_xdp, receiving on queue 0, ")),
+        "the client's engine did not say how it started:\n{c}"
+    );
     let resent = client_lines
         .iter()
         .find(|l| l.contains("resending from there"))

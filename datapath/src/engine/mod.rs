@@ -765,6 +765,7 @@ impl Engine {
             queues_check_due: AtomicBool::new(false),
             config,
         });
+        let xsks_bound = xsks.is_some();
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("xroce-progress-{ifindex}-{queue}"))
@@ -773,6 +774,30 @@ impl Engine {
                 move || progress::run(thread_shared, watchers, xsks, queues, wait_fd, doorbell)
             })
             .map_err(EngineError::Thread)?;
+        log::info!(
+            "{}: engine started: {}, receiving on queue{} {}, {}, transmitting {}; path MTU up \
+             to {}",
+            shared.config.iface,
+            shared.config.backend,
+            if queues.len() == 1 { "" } else { "s" },
+            queues
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            match (xsks_bound, zero_copy, zero_copy_avoided) {
+                (false, ..) => "no AF_XDP sockets".to_string(),
+                (true, true, _) => "zero-copy sockets".to_string(),
+                (true, false, Some(why)) => format!("copy-mode sockets ({why})"),
+                (true, false, None) => "copy-mode sockets".to_string(),
+            },
+            if udp_gso.is_some() {
+                "runs of IPv4 frames through a UDP socket (UDP GSO), the rest through the port"
+            } else {
+                "through the port"
+            },
+            crate::afxdp::port_path_mtu(mtu, multi_buffer).bytes()
+        );
         Ok(Engine {
             shared,
             thread: Mutex::new(Some(thread)),
