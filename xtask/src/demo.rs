@@ -3,8 +3,8 @@
 //! Installs what is missing, builds `xroce` and the provider, creates two namespaces joined by
 //! a veth pair, an xroce device in each (`xroce link add`), runs `ibv_rc_pingpong` and
 //! `ib_write_bw` between them (`xroce exec --`), prints their results, traces a short run with
-//! `XROCE_PCAP` and checks the capture with `xroce pcap check`, and removes everything
-//! again, also after a failure or Ctrl-C.
+//! `XROCE_PCAP` (and `XROCE_LOG=info`) and checks the capture with `xroce pcap check`, and
+//! removes everything again, also after a failure or Ctrl-C.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -139,10 +139,13 @@ impl Demo {
         self.server_client(&["ib_write_bw", "-s", "65536", "-n", "2000"])?;
 
         println!(
-            "\n==> the wire, traced: ibv_rc_pingpong -s 64 -n 20 again, the client with XROCE_PCAP={}",
+            "\n==> the wire, traced: ibv_rc_pingpong -s 64 -n 20 again, the client with XROCE_PCAP={} \
+             and XROCE_LOG=info",
             self.capture.display()
         );
-        println!("    (tcpdump on the veth sees none of xroce's frames: AF_XDP bypasses its taps)");
+        println!("    (tcpdump on the veth sees none of xroce's frames: AF_XDP bypasses its taps;");
+        println!("    XROCE_LOG=info has each engine say the path its frames take, debug adds the");
+        println!("    transport's retransmissions and NAKs)");
         self.client_capture = true;
         let traced = self.server_client(&["ibv_rc_pingpong", "-g", "1", "-s", "64", "-n", "20"]);
         self.client_capture = false;
@@ -192,7 +195,8 @@ impl Demo {
             .args(args)
             .env("XROCE_PROVIDER", &self.provider);
         if side == 1 && self.client_capture {
-            cmd.env("XROCE_PCAP", &self.capture);
+            cmd.env("XROCE_PCAP", &self.capture)
+                .env("XROCE_LOG", "info");
         }
         cmd
     }
