@@ -108,8 +108,9 @@ impl Log for StderrLog {
 
     fn log(&self, record: &Record<'_>) {
         if self.enabled(record.metadata()) {
-            let text = line(record.level(), record.target(), record.args(), time_of_day);
-            crate::stderr_line!("{text}");
+            let mut text = line(record.level(), record.target(), record.args(), time_of_day);
+            text.push('\n');
+            crate::write_stderr(text.as_bytes());
         }
     }
 

@@ -479,11 +479,8 @@ impl Neighbours {
     /// on-link (it has a neighbour entry), so it is cached as its own next hop.
     fn neighbour_changed(&mut self, ip: IpAddress, mac: Option<[u8; 6]>) {
         match mac {
-            Some(mac) => log::debug!("neighbour {ip} is now at {}", mac_text(mac)),
-            None => log::debug!("neighbour {ip} is gone or failed"),
-        }
-        match mac {
             Some(mac) => {
+                log::debug!("neighbour {ip} is now at {}", mac_text(mac));
                 for e in self.cache.values_mut() {
                     if let Entry::Known { hop, mac: m, .. } = e {
                         if *hop == ip {
@@ -501,9 +498,11 @@ impl Neighbours {
                     },
                 );
             }
-            None => self
-                .cache
-                .retain(|_, e| !matches!(e, Entry::Known { hop, .. } if *hop == ip)),
+            None => {
+                log::debug!("neighbour {ip} is gone or failed");
+                self.cache
+                    .retain(|_, e| !matches!(e, Entry::Known { hop, .. } if *hop == ip));
+            }
         }
         // Resolutions under way may have finished with this change: ask again at once.
         self.cache

@@ -698,9 +698,10 @@ impl Engine {
                 .map(|old| crate::registry::merge_gid_table(&old, &gids))
         });
         let gids = tree.unwrap_or_else(|| gids.into_iter().map(Some).collect());
+        let port_mtu = crate::afxdp::port_path_mtu(mtu, multi_buffer);
         let dev = Device::new(DeviceConfig {
             gids: gids.into_iter().map(|g| g.map(core_address)).collect(),
-            port_mtu: crate::afxdp::port_path_mtu(mtu, multi_buffer),
+            port_mtu,
             key_seed,
             first_qpn: random_first_qpn(u32::from_le_bytes(qpn_seed)),
         });
@@ -796,7 +797,7 @@ impl Engine {
             } else {
                 "through the port"
             },
-            crate::afxdp::port_path_mtu(mtu, multi_buffer).bytes()
+            port_mtu.bytes()
         );
         Ok(Engine {
             shared,
