@@ -900,7 +900,7 @@ const MESSAGE_FRAME: usize = 4096;
 /// buffers stay in the caches; with `messages` = 256 (16 MiB each side) they do not, which is
 /// what `ib_write_bw -q 256` against `-q 1` asks of any stack that copies.
 pub fn xsk_message_stream(pair: &NetnsPair, messages: usize, duration: Duration) -> Stream {
-    let mut placer = MessagePlacer::new(messages);
+    let mut placer = MessagePlacer::new(messages, 0);
     let mut source = MessageSource::new(messages);
     raw_stream(
         pair,
@@ -911,6 +911,40 @@ pub fn xsk_message_stream(pair: &NetnsPair, messages: usize, duration: Duration)
             let headers = udp_frame(end.mac, end.peer_mac, own, peer, MESSAGE_FRAME);
             let headers = &headers[..UDP_HEADERS];
             send_for(&mut end, duration, &mut |buf| source.build(headers, buf))
+        },
+    )
+}
+
+/// [`xsk_message_stream`]'s messages sent the way xroce's engines send a WRITE's packets:
+/// through the kernel UDP socket they batch through ([`GsoSocket`]), copied and CRC-32'd as
+/// the AF_XDP sender does, each message as its first frame alone and a batch of the other 15
+/// (`UDP_SEGMENT`). A RoCE stack cannot send fewer: a WRITE's first packet carries its RETH,
+/// 16 bytes more than the rest, and a batch's segments are all of one size but the last (and
+/// 16 frames of 4 KiB would not fit a UDP datagram's 64 KiB anyway). The kernel writes the
+/// headers, so the CRC-32 covers the UDP payload. The receiver is the same.
+pub fn udp_gso_message_stream(pair: &NetnsPair, messages: usize, duration: Duration) -> Stream {
+    let mut placer = MessagePlacer::new(messages, UDP_HEADERS);
+    let mut source = MessageSource::new(messages);
+    raw_stream(
+        pair,
+        true,
+        move |f| placer.take(f),
+        move |iface, _own, peer| {
+            let s = gso_socket(iface, peer, MESSAGE_FRAME)?;
+            let mut message = vec![0u8; MESSAGE];
+            let t = Instant::now();
+            let cpu = CpuTime::thread();
+            while t.elapsed() < duration {
+                for frame in message.chunks_exact_mut(MESSAGE_FRAME) {
+                    source
+                        .build(&[], frame)
+                        .ok_or("a frame shorter than its payload")?;
+                }
+                let (first, rest) = message.split_at(MESSAGE_FRAME);
+                send_batch(&s, first)?;
+                send_batch(&s, rest)?;
+            }
+            Ok((t.elapsed(), CpuTime::thread().minus(cpu)))
         },
     )
 }
@@ -958,12 +992,16 @@ impl MessageSource {
 /// payload where its slot says.
 struct MessagePlacer {
     memory: Vec<u8>,
+    /// Where the CRC-32 starts: the frame's first byte, or its UDP payload's when the kernel
+    /// wrote the headers.
+    crc_from: usize,
 }
 
 impl MessagePlacer {
-    fn new(messages: usize) -> Self {
+    fn new(messages: usize, crc_from: usize) -> Self {
         MessagePlacer {
             memory: (0..messages.max(1) * MESSAGE).map(|i| i as u8).collect(),
+            crc_from,
         }
     }
 
@@ -976,7 +1014,10 @@ impl MessagePlacer {
         let (Some(slot), Some(crc)) = (payload.first_chunk::<4>(), frame.last_chunk::<4>()) else {
             return false;
         };
-        if crc32fast::hash(&frame[..frame.len() - 4]) != u32::from_le_bytes(*crc) {
+        let Some(covered) = frame.get(self.crc_from..frame.len() - 4) else {
+            return false;
+        };
+        if crc32fast::hash(covered) != u32::from_le_bytes(*crc) {
             return false;
         }
         let at = u32::from_le_bytes(*slot) as usize * MESSAGE_FRAME;
@@ -1301,7 +1342,7 @@ mod tests {
     fn messages_go_out_in_turn_and_land_in_the_same_message_on_the_other_side() {
         let headers = [0xee; UDP_HEADERS];
         let mut source = MessageSource::new(2);
-        let mut placer = MessagePlacer::new(2);
+        let mut placer = MessagePlacer::new(2, 0);
         let mut buf = vec![0u8; UDP_HEADERS + MESSAGE_FRAME + 100];
         let mut slots = Vec::new();
         // Three messages' worth: both buffers, then the first again.
@@ -1351,6 +1392,32 @@ mod tests {
             source.build(&headers, &mut [0u8; 100]).is_none(),
             "no room, no frame"
         );
+    }
+
+    #[test]
+    fn batched_frames_are_checked_from_the_udp_payload_the_sender_built() {
+        // The sender builds a frame's payload alone; the kernel writes the headers, which the
+        // CRC-32 cannot cover.
+        let mut source = MessageSource::new(1);
+        let mut payload = vec![0u8; MESSAGE_FRAME];
+        assert_eq!(source.build(&[], &mut payload), Some(MESSAGE_FRAME));
+        let mut frame = vec![0x11u8; UDP_HEADERS];
+        frame.extend_from_slice(&payload);
+        let mut placer = MessagePlacer::new(1, UDP_HEADERS);
+        assert!(placer.take(&frame), "an intact datagram");
+        assert_eq!(
+            &placer.memory[4..MESSAGE_FRAME - 4],
+            &payload[4..MESSAGE_FRAME - 4]
+        );
+        frame[..UDP_HEADERS].fill(0x22);
+        assert!(placer.take(&frame), "whatever headers the kernel wrote");
+        assert!(
+            !MessagePlacer::new(1, 0).take(&frame),
+            "checked from the frame's first byte, the headers would count"
+        );
+        frame[UDP_HEADERS + 9] ^= 4;
+        assert!(!placer.take(&frame), "a damaged payload");
+        assert!(!placer.take(&frame[..UDP_HEADERS + 2]), "a runt");
     }
 
     #[test]

@@ -72,10 +72,13 @@ Environment:
                      CPU per frame (next to `ib_send_bw -s 64`);
                      raw-messages-1, raw-messages-256: raw AF_XDP moving 64 KiB
                      messages between 1 or 256 pairs of buffers, copied and
-                     checked as a RoCE stack must (next to `ib_write_bw -q 1/256`)";
+                     checked as a RoCE stack must (next to `ib_write_bw -q 1/256`);
+                     gso-messages-1, gso-messages-256: the same messages sent as
+                     xroce's engines send a WRITE's packets (the first alone, then
+                     15 in a UDP GSO batch) to a raw AF_XDP receiver";
 
 /// The parts `XROCE_BENCH_ONLY` can pick.
-const BENCH_PARTS: [&str; 8] = [
+const BENCH_PARTS: [&str; 10] = [
     "pingpong",
     "stream-4k",
     "stream-64k",
@@ -83,6 +86,8 @@ const BENCH_PARTS: [&str; 8] = [
     "raw-stream-4k-reading",
     "raw-messages-1",
     "raw-messages-256",
+    "gso-messages-1",
+    "gso-messages-256",
     "raw-stream-64",
 ];
 
@@ -184,6 +189,17 @@ fn run() {
                 eprintln!(
                     "raw AF_XDP 64 KiB messages between {messages} pair(s) of buffers {:.0} MB/s \
                      ({} damaged frames); {}",
+                    s.mb_per_s,
+                    s.damaged,
+                    per_frame(s.sender_cpu, s.mb_per_s)
+                );
+            }
+            "gso-messages-1" | "gso-messages-256" => {
+                let messages = if only == "gso-messages-1" { 1 } else { 256 };
+                let s = baseline::udp_gso_message_stream(&pair, messages, stream_for());
+                eprintln!(
+                    "UDP GSO batches to raw AF_XDP, 64 KiB messages between {messages} pair(s) \
+                     of buffers {:.0} MB/s ({} damaged frames); {}",
                     s.mb_per_s,
                     s.damaged,
                     per_frame(s.sender_cpu, s.mb_per_s)
