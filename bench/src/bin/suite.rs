@@ -1429,10 +1429,14 @@ fn goals(r: &mut Report, b2b: &BackToBack, scale: &Paired, guests: &[GuestRounds
                      by the receiver, and no protocol: {floor:.0} MB/s (median of the rounds). \
                      ib_write_bw 64 KiB is {xroce:.2}× it (rounds {}). The better of the two \
                      floors is {best:.2}× kernel UDP (median of the rounds' ratios: {}); the \
-                     1.5× goal is {} it.",
+                     {UDP_WRITE_TARGET}× goal is {} it.",
                     b2b.write_vs_gso_floor.ratios_text(),
                     b2b.best_floor_vs_udp.ratios_text(),
-                    if best < 1.5 { "above" } else { "at or below" },
+                    if best < UDP_WRITE_TARGET {
+                        "above"
+                    } else {
+                        "at or below"
+                    },
                 ),
                 _ => String::new(),
             }
