@@ -183,23 +183,22 @@ fn run() {
                     s.sender_cpu.sys_s * 1e6 / frames
                 );
             }
-            "raw-messages-1" | "raw-messages-256" => {
-                let messages = if only == "raw-messages-1" { 1 } else { 256 };
-                let s = baseline::xsk_message_stream(&pair, messages, stream_for());
+            "raw-messages-1" | "raw-messages-256" | "gso-messages-1" | "gso-messages-256" => {
+                let messages = if only.ends_with("-1") { 1 } else { 256 };
+                let (s, how) = if only.starts_with("raw") {
+                    (
+                        baseline::xsk_message_stream(&pair, messages, stream_for()),
+                        "raw AF_XDP",
+                    )
+                } else {
+                    (
+                        baseline::udp_gso_message_stream(&pair, messages, stream_for()),
+                        "UDP GSO batches to raw AF_XDP,",
+                    )
+                };
                 eprintln!(
-                    "raw AF_XDP 64 KiB messages between {messages} pair(s) of buffers {:.0} MB/s \
+                    "{how} 64 KiB messages between {messages} pair(s) of buffers {:.0} MB/s \
                      ({} damaged frames); {}",
-                    s.mb_per_s,
-                    s.damaged,
-                    per_frame(s.sender_cpu, s.mb_per_s)
-                );
-            }
-            "gso-messages-1" | "gso-messages-256" => {
-                let messages = if only == "gso-messages-1" { 1 } else { 256 };
-                let s = baseline::udp_gso_message_stream(&pair, messages, stream_for());
-                eprintln!(
-                    "UDP GSO batches to raw AF_XDP, 64 KiB messages between {messages} pair(s) \
-                     of buffers {:.0} MB/s ({} damaged frames); {}",
                     s.mb_per_s,
                     s.damaged,
                     per_frame(s.sender_cpu, s.mb_per_s)
