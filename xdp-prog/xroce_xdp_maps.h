@@ -36,8 +36,14 @@
  *                  XROCE_LOCAL_ADDRS_ENTRIES entries. Written by the engine:
  *                  its GID table, kept up to date as addresses change.
  *
- *   "steer_config" BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value u32
- *                  flags. XROCE_STEER_ONLY_LOCAL: a RoCEv2 frame whose
+ *   "steer_config" BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value u32:
+ *                  flags in the low XROCE_STEER_GENERATION_SHIFT bits, and
+ *                  above them the generation of local_addrs, which the
+ *                  engine steps (skipping 0) after every change it makes to
+ *                  local_addrs. The program remembers its last answers from
+ *                  local_addrs per CPU ("steer_memo", not pinned) under the
+ *                  generation they were read in; generation 0 is never
+ *                  remembered. XROCE_STEER_ONLY_LOCAL: a RoCEv2 frame whose
  *                  destination address is not in local_addrs goes to the
  *                  kernel (counted PASSED): RoCE for a macvlan or VLAN device
  *                  on this interface, for an address on another device, or
@@ -111,9 +117,13 @@
 /* The single key of drop_config. */
 #define XROCE_DROP_CONFIG_KEY 0
 
-/* The single key of steer_config, and its flag. */
+/* The single key of steer_config, its flag, and where its generation starts. */
 #define XROCE_STEER_CONFIG_KEY 0
 #define XROCE_STEER_ONLY_LOCAL 1
+#define XROCE_STEER_GENERATION_SHIFT 8
+
+/* Destinations the program remembers per CPU (in "steer_memo"). */
+#define XROCE_STEER_MEMO_SLOTS 2
 
 /*
  * Program names and ELF sections of the two builds of xroce_xdp.c.

@@ -48,6 +48,14 @@ pub const STEER_CONFIG_KEY: u32 = 0;
 /// `steer_config` flag: steer only RoCEv2 frames to an address in `local_addrs`
 /// (`XROCE_STEER_ONLY_LOCAL`).
 pub const STEER_ONLY_LOCAL: u32 = 1;
+/// `steer_config`'s value holds the flags below this bit and, from it up, the generation of
+/// `local_addrs`: the engine steps it (skipping 0) after each change it makes there, and the
+/// program forgets the answers it remembered from an older one
+/// (`XROCE_STEER_GENERATION_SHIFT`).
+pub const STEER_GENERATION_SHIFT: u32 = 8;
+/// Destinations the program remembers per CPU, with their answers from `local_addrs`
+/// (`XROCE_STEER_MEMO_SLOTS`; the program's own, userspace never reads them).
+pub const STEER_MEMO_SLOTS: u32 = 2;
 
 /// Program name of the single-buffer build (`XROCE_PROG_NAME_PLAIN`).
 pub const PROG_NAME_PLAIN: &str = "xroce_xdp";
@@ -153,6 +161,14 @@ mod tests {
             number(&d, "XROCE_STEER_ONLY_LOCAL"),
             u64::from(STEER_ONLY_LOCAL)
         );
+        assert_eq!(
+            number(&d, "XROCE_STEER_GENERATION_SHIFT"),
+            u64::from(STEER_GENERATION_SHIFT)
+        );
+        assert_eq!(
+            number(&d, "XROCE_STEER_MEMO_SLOTS"),
+            u64::from(STEER_MEMO_SLOTS)
+        );
         assert_eq!(string(&d, "XROCE_PROG_NAME_PLAIN"), PROG_NAME_PLAIN);
         assert_eq!(string(&d, "XROCE_PROG_SEC_PLAIN"), PROG_SEC_PLAIN);
         assert_eq!(string(&d, "XROCE_PROG_NAME_FRAGS"), PROG_NAME_FRAGS);
@@ -182,6 +198,8 @@ mod tests {
             "XROCE_LOCAL_ADDRS_ENTRIES",
             "XROCE_STEER_CONFIG_KEY",
             "XROCE_STEER_ONLY_LOCAL",
+            "XROCE_STEER_GENERATION_SHIFT",
+            "XROCE_STEER_MEMO_SLOTS",
             "XROCE_PROG_NAME_PLAIN",
             "XROCE_PROG_SEC_PLAIN",
             "XROCE_PROG_NAME_FRAGS",

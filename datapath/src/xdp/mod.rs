@@ -952,24 +952,30 @@ impl LocalAddrs {
                 abi::LOCAL_ADDRS_ENTRIES
             );
         }
-        let flags = if full { 0 } else { abi::STEER_ONLY_LOCAL };
-        sys::map_update(
-            self.config.as_fd(),
-            abi::STEER_CONFIG_KEY,
-            &flags.to_ne_bytes(),
-        )
-        .map_err(|e| self.error("setting steer_config", e))
+        self.set_flags(if full { 0 } else { abi::STEER_ONLY_LOCAL })
     }
 
     /// Steers every RoCEv2 frame again (the state after load), for whoever uses the program
     /// after this engine.
     pub fn steer_all(&mut self) -> Result<(), XdpError> {
+        self.set_flags(0)
+    }
+
+    /// Writes `flags` with the next generation of local_addrs, after the changes made to it:
+    /// the program forgets what it remembered from them. The generation goes on from the one
+    /// there (another engine's, an earlier one's before it steered all again), so no answer
+    /// remembered before is taken for one of the new generation.
+    fn set_flags(&mut self, flags: u32) -> Result<(), XdpError> {
+        let mut value = [0u8; 4];
+        sys::map_lookup(self.config.as_fd(), abi::STEER_CONFIG_KEY, &mut value)
+            .map_err(|e| self.error("reading steer_config", e))?;
+        let generation = next_generation(u32::from_ne_bytes(value));
         sys::map_update(
             self.config.as_fd(),
             abi::STEER_CONFIG_KEY,
-            &0u32.to_ne_bytes(),
+            &(flags | generation << abi::STEER_GENERATION_SHIFT).to_ne_bytes(),
         )
-        .map_err(|e| self.error("clearing steer_config", e))
+        .map_err(|e| self.error("setting steer_config", e))
     }
 
     /// Enters one address; false when the map is full.
@@ -983,6 +989,16 @@ impl LocalAddrs {
 
     fn error(&self, what: &str, e: io::Error) -> XdpError {
         XdpError::kernel(&self.iface, what, e)
+    }
+}
+
+/// The generation of `local_addrs` after the one in `steer_config`'s value `config`: the
+/// next in the bits above the flags, skipping 0 (which the program never remembers under).
+fn next_generation(config: u32) -> u32 {
+    let mask = u32::MAX >> abi::STEER_GENERATION_SHIFT;
+    match (config >> abi::STEER_GENERATION_SHIFT).wrapping_add(1) & mask {
+        0 => 1,
+        g => g,
     }
 }
 
@@ -1367,6 +1383,11 @@ fn probe_xsk_queues(dir: &Path, ifindex: u32) -> Option<Vec<u32>> {
 
 /// A minimal IPv4 UDP frame to port 4791 (the program reads no further).
 fn roce_probe_frame() -> [u8; 64] {
+    roce_frame_to(std::net::Ipv4Addr::LOCALHOST)
+}
+
+/// A minimal IPv4 UDP frame to port 4791 of `to`.
+fn roce_frame_to(to: std::net::Ipv4Addr) -> [u8; 64] {
     let mut f = [0u8; 64];
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     let ip = &mut f[14..34];
@@ -1375,7 +1396,7 @@ fn roce_probe_frame() -> [u8; 64] {
     ip[8] = 64;
     ip[9] = 17;
     ip[12..16].copy_from_slice(&[127, 0, 0, 1]);
-    ip[16..20].copy_from_slice(&[127, 0, 0, 1]);
+    ip[16..20].copy_from_slice(&to.octets());
     let udp = &mut f[34..42];
     udp[0..2].copy_from_slice(&49152u16.to_be_bytes());
     udp[2..4].copy_from_slice(&abi::ROCE_UDP_PORT.to_be_bytes());
@@ -1566,6 +1587,121 @@ fn require_capabilities(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The generation of local_addrs steps by one above the flags, whatever the flags, and
+    /// skips 0 when it wraps.
+    #[test]
+    fn the_generation_of_local_addrs_steps_and_skips_zero() {
+        let g = |config: u32| next_generation(config);
+        assert_eq!(g(0), 1);
+        assert_eq!(g(abi::STEER_ONLY_LOCAL), 1);
+        assert_eq!(
+            g(7 << abi::STEER_GENERATION_SHIFT | abi::STEER_ONLY_LOCAL),
+            8
+        );
+        assert_eq!(g(u32::MAX), 1);
+        assert_eq!(g(u32::MAX - abi::STEER_ONLY_LOCAL), 1);
+    }
+
+    /// The program remembers, per CPU, what local_addrs said of a frame's destination, and
+    /// forgets it when an engine's `LocalAddrs::set` writes the next generation: every
+    /// change of the device's addresses is followed at once. Run on a private copy of the
+    /// program (`BPF_PROG_TEST_RUN`, on one CPU); its maps pinned in a directory of its own.
+    #[test]
+    fn the_programs_memo_of_local_addresses_follows_every_change() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: loading a BPF program needs root");
+            return;
+        }
+        struct Dir(PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        // The memo is per CPU, and a test run runs on the caller's CPU: stay on one.
+        // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity get a valid one.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(libc::sched_getcpu().max(0) as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        let dir = Dir(PathBuf::from(format!(
+            "/sys/fs/bpf/xroce-memo-test-{}",
+            std::process::id()
+        )));
+        std::fs::create_dir_all(&dir.0).expect("a directory in /sys/fs/bpf");
+        let ebpf = load_program("(test)", ProgramBuild::Plain, None).expect("load");
+        for name in [
+            abi::COUNTERS_MAP_NAME,
+            abi::LOCAL_ADDRS_MAP_NAME,
+            abi::STEER_CONFIG_MAP_NAME,
+        ] {
+            ebpf.map(name)
+                .expect("map")
+                .pin(dir.0.join(name))
+                .expect("pin");
+        }
+        let open = |name| open_pinned_map("(test)", &dir.0, name).expect("open");
+        let counters = open(abi::COUNTERS_MAP_NAME);
+        let mut addrs = LocalAddrs {
+            addrs: open(abi::LOCAL_ADDRS_MAP_NAME),
+            config: open(abi::STEER_CONFIG_MAP_NAME),
+            iface: "(test)".into(),
+        };
+        let prog = program_fd(&ebpf, "(test)", ProgramBuild::Plain).expect("fd");
+        // Whether the program took a frame to `to` for the engine: with no socket in
+        // xsks_map it goes to the kernel either way, counted as the engine's without one
+        // (ROCE_NO_SOCKET) or as not the engine's (PASSED).
+        let for_engine = |to: [u8; 4]| {
+            let before = counters_from("(test)", &counters).expect("counters");
+            let frame = roce_frame_to(to.into());
+            sys::xdp_test_run(prog.as_fd(), &frame, 1, 0).expect("test run");
+            let after = counters_from("(test)", &counters).expect("counters");
+            match (
+                after.roce_no_socket - before.roce_no_socket,
+                after.passed - before.passed,
+            ) {
+                (1, 0) => true,
+                (0, 1) => false,
+                other => panic!("counted {other:?} for one frame"),
+            }
+        };
+        let ip = |a: [u8; 4]| std::net::IpAddr::from(a);
+        let (a, b, c, d) = ([10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 3], [10, 0, 0, 4]);
+        // Each twice: the second answer comes from the memo.
+        let steered = |to| [for_engine(to), for_engine(to)];
+        addrs.set(&[ip(a)]).expect("set");
+        assert_eq!((steered(a), steered(b)), ([true; 2], [false; 2]));
+        // An engine leaving, another coming with other addresses.
+        addrs.steer_all().expect("steer all");
+        assert_eq!([a, b, c, d].map(for_engine), [true; 4]);
+        addrs.set(&[ip(b)]).expect("set");
+        assert_eq!((steered(a), steered(b)), ([false; 2], [true; 2]));
+        addrs.set(&[ip(a)]).expect("set");
+        assert_eq!((steered(a), steered(b)), ([true; 2], [false; 2]));
+        addrs.set(&[ip(b)]).expect("set");
+        assert_eq!((steered(a), steered(b)), ([false; 2], [true; 2]));
+        // More destinations than the memo has slots, in turns.
+        addrs.set(&[ip(a), ip(b), ip(c)]).expect("set");
+        for _ in 0..3 {
+            for (to, local) in [(a, true), (d, false), (b, true), (c, true)] {
+                assert_eq!(steered(to), [local; 2], "{to:?}");
+            }
+        }
+        addrs.set(&[]).expect("set");
+        assert_eq!([a, b, c, d].map(for_engine), [false; 4]);
+        addrs.set(&[ip(c)]).expect("set");
+        assert_eq!([a, b, c, d].map(for_engine), [false, false, true, false]);
+        // The contract: a change to local_addrs is seen with the next generation. One made
+        // behind the program's back (no step) is not, while the memo holds the address.
+        assert!(for_engine(c));
+        sys::map_delete_key(addrs.addrs.as_fd(), &address_key(ip(c))).expect("delete");
+        assert!(for_engine(c), "the memo answered for c");
+        addrs.set(&[]).expect("set");
+        assert!(!for_engine(c));
+    }
 
     /// An interface `eth0` of this MTU, as rtnetlink would describe it.
     fn eth0(mtu: u32) -> rtnl::Link {
