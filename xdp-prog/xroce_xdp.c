@@ -15,8 +15,8 @@
  *           any extension header) is not steered;
  *   then UDP with destination port 4791 (RoCEv2) and, once the engine has
  *   set XROCE_STEER_ONLY_LOCAL in steer_config, a destination address in
- *   local_addrs (the xroce device's own; RoCE for other devices and hosts
- *   stays the kernel's):
+ *   local_addrs, or in local_list while XROCE_STEER_BY_LIST is set (the xroce
+ *   device's own; RoCE for other devices and hosts stays the kernel's):
  *     -> bpf_redirect_map(&xsks_map, ctx->rx_queue_index, XDP_PASS)
  *        i.e. to the AF_XDP socket registered for the receive queue, or to
  *        the kernel (XDP_PASS) when that slot is empty.
@@ -31,8 +31,8 @@
  * 1 passed, 2 malformed, 3 dropped_by_knob, 4 roce_no_socket; each frame
  * bumps exactly one), "drop_config" (array, 1 u32: drop 1 in N RoCEv2
  * frames, 0 = never), "local_addrs" (hash of the device's addresses),
- * "steer_config" (array, 1 u32: flags and local_addrs' generation) and
- * "steer_memo" (per-CPU, the program's own: its last answers from local_addrs).
+ * "local_list" (array, 1 entry: the same addresses as a short list, when they
+ * fit) and "steer_config" (array, 1 u32 of flags).
  *
  * Two builds come from this file (see build.sh):
  *   default       SEC("xdp")        program "xroce_xdp"
@@ -95,10 +95,13 @@ struct {
 } drop_config SEC(".maps");
 
 /* The xroce device's addresses (IPv4 as ::ffff:a.b.c.d), written by its engine.
- * Aligned so that two addresses compare as two 8-byte words. */
+ * Also seen as two 8-byte words, so that two compare in two steps. */
 struct xroce_addr {
-	__u8 bytes[16];
-} __attribute__((aligned(8)));
+	union {
+		__u8 bytes[16];
+		__u64 words[2];
+	};
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -107,7 +110,7 @@ struct {
 	__type(value, __u32);
 } local_addrs SEC(".maps");
 
-/* Flags (XROCE_STEER_ONLY_LOCAL), 0 after load. */
+/* Flags (XROCE_STEER_ONLY_LOCAL, XROCE_STEER_BY_LIST), 0 after load. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -116,29 +119,23 @@ struct {
 } steer_config SEC(".maps");
 
 /*
- * The last destinations looked up in local_addrs on this CPU, and the answers,
- * valid for one generation of local_addrs (see xroce_xdp_maps.h). A hash
- * lookup hashes the 16-byte address on every frame (about 15 ns of the
- * program's 30-45 on a veth, bpf_stats); a stream goes to one or two
- * addresses, which two compares answer. Per CPU, so no locking; XDP does not
- * nest on one CPU. Not pinned: no one else reads it.
+ * The addresses of local_addrs again, as a list, when there are at most
+ * XROCE_LOCAL_LIST_ENTRIES of them (a device's usual one to four): comparing
+ * a destination with each is cheaper than hashing it for local_addrs (about
+ * 15 ns of the program's 43-45 per frame on a veth pair, bpf_stats).
  */
-struct xroce_steer_memo_slot {
-	struct xroce_addr addr;
-	__u32 generation; /* 0: empty */
-	__u32 local;
-};
-
-struct xroce_steer_memo {
-	struct xroce_steer_memo_slot slot[XROCE_STEER_MEMO_SLOTS];
+struct xroce_local_list {
+	__u32 count;
+	__u32 reserved;
+	struct xroce_addr addrs[XROCE_LOCAL_LIST_ENTRIES];
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct xroce_steer_memo);
-} steer_memo SEC(".maps");
+	__type(value, struct xroce_local_list);
+} local_list SEC(".maps");
 
 /* 802.1Q / 802.1ad tag as it follows the outer EtherType (not in uapi). */
 struct xroce_vlan_hdr {
@@ -250,62 +247,42 @@ static __always_inline int xroce_knob_drops(void)
 	return bpf_get_prandom_u32() % n == 0;
 }
 
-static __always_inline int xroce_same_addr(const struct xroce_addr *a,
-					   const struct xroce_addr *b)
+/* True when dst is one of the list's addresses. */
+static __always_inline int xroce_in_list(const struct xroce_local_list *list,
+					 const struct xroce_addr *dst)
 {
-	const __u64 *x = (const __u64 *)a->bytes;
-	const __u64 *y = (const __u64 *)b->bytes;
+	__u32 count = list->count;
 
-	return x[0] == y[0] && x[1] == y[1];
+	for (__u32 i = 0; i < XROCE_LOCAL_LIST_ENTRIES; i++) {
+		if (i >= count)
+			break;
+		if (list->addrs[i].words[0] == dst->words[0] &&
+		    list->addrs[i].words[1] == dst->words[1])
+			return 1;
+	}
+	return 0;
 }
 
 /* False when the engine asked for its own addresses only and dst is not one. */
 static __always_inline int xroce_for_engine(const struct xroce_addr *dst)
 {
 	__u32 key = XROCE_STEER_CONFIG_KEY;
-	__u32 zero = 0;
 	__u32 *config = bpf_map_lookup_elem(&steer_config, &key);
-	struct xroce_steer_memo *memo = NULL;
-	__u32 flags, generation;
-	int local;
+	struct xroce_local_list *list;
+	__u32 flags;
 
 	if (!config)
 		return 1;
-	/* Read once, and before local_addrs: the engine changes local_addrs,
-	 * then writes the next generation here. An answer remembered under
-	 * the generation read here is then never newer than local_addrs was
-	 * when that generation was written. */
-	flags = *(volatile __u32 *)config;
+	flags = *(volatile __u32 *)config; /* read once: an engine writes it */
 	if (!(flags & XROCE_STEER_ONLY_LOCAL))
 		return 1;
-	/* Generation 0 (an engine that does not count them) is never remembered. */
-	generation = flags >> XROCE_STEER_GENERATION_SHIFT;
-	if (generation)
-		memo = bpf_map_lookup_elem(&steer_memo, &zero);
-	if (memo) {
-#pragma unroll
-		for (int i = 0; i < XROCE_STEER_MEMO_SLOTS; i++) {
-			struct xroce_steer_memo_slot *slot = &memo->slot[i];
-
-			if (slot->generation == generation &&
-			    xroce_same_addr(&slot->addr, dst))
-				return slot->local;
-		}
+	if (flags & XROCE_STEER_BY_LIST) {
+		key = XROCE_LOCAL_LIST_KEY;
+		list = bpf_map_lookup_elem(&local_list, &key);
+		if (list)
+			return xroce_in_list(list, dst);
 	}
-	local = bpf_map_lookup_elem(&local_addrs, dst) != NULL;
-	if (memo) {
-		/* The first slot keeps the generation's first destination;
-		 * the others take turns in the last. */
-		struct xroce_steer_memo_slot *slot =
-			&memo->slot[memo->slot[0].generation == generation ?
-					    XROCE_STEER_MEMO_SLOTS - 1 :
-					    0];
-
-		slot->addr = *dst;
-		slot->generation = generation;
-		slot->local = local;
-	}
-	return local;
+	return bpf_map_lookup_elem(&local_addrs, dst) != NULL;
 }
 
 static __always_inline int xroce_steer(struct xdp_md *ctx)

@@ -35,22 +35,30 @@
  *                  IPv4 address as ::ffff:a.b.c.d), value u32 (ignored),
  *                  XROCE_LOCAL_ADDRS_ENTRIES entries. Written by the engine:
  *                  its GID table, kept up to date as addresses change.
- *
- *   "steer_config" BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value u32:
- *                  flags in the low XROCE_STEER_GENERATION_SHIFT bits, and
- *                  above them the generation of local_addrs, which the
- *                  engine steps (skipping 0) after every change it makes to
- *                  local_addrs. The program remembers its last answers from
- *                  local_addrs per CPU ("steer_memo", not pinned) under the
- *                  generation they were read in; generation 0 is never
- *                  remembered. XROCE_STEER_ONLY_LOCAL: a RoCEv2 frame whose
+ *   "local_list"   BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value: u32
+ *                  count, u32 reserved (0), then XROCE_LOCAL_LIST_ENTRIES
+ *                  addresses of 16 bytes (as local_addrs keys them), the
+ *                  first `count` of them in use. Written by the engine with
+ *                  the same addresses as local_addrs when they fit; the
+ *                  program looks there instead of local_addrs only while
+ *                  XROCE_STEER_BY_LIST is set.
+ *   "steer_config" BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value u32
+ *                  flags. XROCE_STEER_ONLY_LOCAL: a RoCEv2 frame whose
  *                  destination address is not in local_addrs goes to the
  *                  kernel (counted PASSED): RoCE for a macvlan or VLAN device
  *                  on this interface, for an address on another device, or
  *                  routed through this host is not the engine's. 0 (the
  *                  value after load) steers every RoCEv2 frame, as raw
  *                  AF_XDP users of the program expect; an engine sets the
- *                  flag once it has filled local_addrs.
+ *                  flag once it has filled local_addrs. XROCE_STEER_BY_LIST
+ *                  (with XROCE_STEER_ONLY_LOCAL): local_list holds every
+ *                  address of local_addrs, and the program compares the
+ *                  destination with those instead of hashing it for
+ *                  local_addrs. An engine sets it after writing local_list,
+ *                  and writes the flags without it before local_list stops
+ *                  holding them all. Whoever writes plain
+ *                  XROCE_STEER_ONLY_LOCAL (an xroce from before the list)
+ *                  gets local_addrs looked up for every frame, as before.
  */
 #ifndef XROCE_XDP_MAPS_H
 #define XROCE_XDP_MAPS_H
@@ -68,9 +76,13 @@
 #define XROCE_DROP_CONFIG_MAP_NAME "drop_config"
 #define XROCE_LOCAL_ADDRS_MAP_NAME "local_addrs"
 #define XROCE_STEER_CONFIG_MAP_NAME "steer_config"
+#define XROCE_LOCAL_LIST_MAP_NAME "local_list"
 
 /* local_addrs size: the addresses of one interface (a GID table's worth). */
 #define XROCE_LOCAL_ADDRS_ENTRIES 64
+
+/* local_list size: addresses compared one by one; more go by local_addrs alone. */
+#define XROCE_LOCAL_LIST_ENTRIES 8
 
 /* xsks_map size: queue indices 0 .. 63 can be steered. */
 #define XROCE_XSKS_MAP_ENTRIES 64
@@ -117,13 +129,13 @@
 /* The single key of drop_config. */
 #define XROCE_DROP_CONFIG_KEY 0
 
-/* The single key of steer_config, its flag, and where its generation starts. */
+/* The single key of steer_config, and its flags. */
 #define XROCE_STEER_CONFIG_KEY 0
 #define XROCE_STEER_ONLY_LOCAL 1
-#define XROCE_STEER_GENERATION_SHIFT 8
+#define XROCE_STEER_BY_LIST 2
 
-/* Destinations the program remembers per CPU (in "steer_memo"). */
-#define XROCE_STEER_MEMO_SLOTS 2
+/* The single key of local_list. */
+#define XROCE_LOCAL_LIST_KEY 0
 
 /*
  * Program names and ELF sections of the two builds of xroce_xdp.c.

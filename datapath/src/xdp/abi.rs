@@ -21,6 +21,14 @@ pub const DROP_CONFIG_MAP_NAME: &str = "drop_config";
 pub const LOCAL_ADDRS_MAP_NAME: &str = "local_addrs";
 /// `BPF_MAP_TYPE_ARRAY`, one `u32` of flags (`XROCE_STEER_CONFIG_MAP_NAME`).
 pub const STEER_CONFIG_MAP_NAME: &str = "steer_config";
+/// `BPF_MAP_TYPE_ARRAY`, one entry: the addresses of `local_addrs` as a list (a `u32` count,
+/// a `u32` 0, then [`LOCAL_LIST_ENTRIES`] 16-byte addresses), written by the engine when they
+/// fit (`XROCE_LOCAL_LIST_MAP_NAME`).
+pub const LOCAL_LIST_MAP_NAME: &str = "local_list";
+/// Addresses `local_list` holds (`XROCE_LOCAL_LIST_ENTRIES`).
+pub const LOCAL_LIST_ENTRIES: u32 = 8;
+/// The single key of `local_list` (`XROCE_LOCAL_LIST_KEY`).
+pub const LOCAL_LIST_KEY: u32 = 0;
 /// Entries of `local_addrs` (`XROCE_LOCAL_ADDRS_ENTRIES`).
 pub const LOCAL_ADDRS_ENTRIES: u32 = 64;
 
@@ -48,14 +56,10 @@ pub const STEER_CONFIG_KEY: u32 = 0;
 /// `steer_config` flag: steer only RoCEv2 frames to an address in `local_addrs`
 /// (`XROCE_STEER_ONLY_LOCAL`).
 pub const STEER_ONLY_LOCAL: u32 = 1;
-/// `steer_config`'s value holds the flags below this bit and, from it up, the generation of
-/// `local_addrs`: the engine steps it (skipping 0) after each change it makes there, and the
-/// program forgets the answers it remembered from an older one
-/// (`XROCE_STEER_GENERATION_SHIFT`).
-pub const STEER_GENERATION_SHIFT: u32 = 8;
-/// Destinations the program remembers per CPU, with their answers from `local_addrs`
-/// (`XROCE_STEER_MEMO_SLOTS`; the program's own, userspace never reads them).
-pub const STEER_MEMO_SLOTS: u32 = 2;
+/// `steer_config` flag, with [`STEER_ONLY_LOCAL`]: `local_list` holds every address of
+/// `local_addrs`, and the program compares with those instead of hashing for `local_addrs`
+/// (`XROCE_STEER_BY_LIST`).
+pub const STEER_BY_LIST: u32 = 2;
 
 /// Program name of the single-buffer build (`XROCE_PROG_NAME_PLAIN`).
 pub const PROG_NAME_PLAIN: &str = "xroce_xdp";
@@ -161,14 +165,16 @@ mod tests {
             number(&d, "XROCE_STEER_ONLY_LOCAL"),
             u64::from(STEER_ONLY_LOCAL)
         );
+        assert_eq!(string(&d, "XROCE_LOCAL_LIST_MAP_NAME"), LOCAL_LIST_MAP_NAME);
         assert_eq!(
-            number(&d, "XROCE_STEER_GENERATION_SHIFT"),
-            u64::from(STEER_GENERATION_SHIFT)
+            number(&d, "XROCE_LOCAL_LIST_ENTRIES"),
+            u64::from(LOCAL_LIST_ENTRIES)
         );
         assert_eq!(
-            number(&d, "XROCE_STEER_MEMO_SLOTS"),
-            u64::from(STEER_MEMO_SLOTS)
+            number(&d, "XROCE_LOCAL_LIST_KEY"),
+            u64::from(LOCAL_LIST_KEY)
         );
+        assert_eq!(number(&d, "XROCE_STEER_BY_LIST"), u64::from(STEER_BY_LIST));
         assert_eq!(string(&d, "XROCE_PROG_NAME_PLAIN"), PROG_NAME_PLAIN);
         assert_eq!(string(&d, "XROCE_PROG_SEC_PLAIN"), PROG_SEC_PLAIN);
         assert_eq!(string(&d, "XROCE_PROG_NAME_FRAGS"), PROG_NAME_FRAGS);
@@ -198,8 +204,10 @@ mod tests {
             "XROCE_LOCAL_ADDRS_ENTRIES",
             "XROCE_STEER_CONFIG_KEY",
             "XROCE_STEER_ONLY_LOCAL",
-            "XROCE_STEER_GENERATION_SHIFT",
-            "XROCE_STEER_MEMO_SLOTS",
+            "XROCE_LOCAL_LIST_MAP_NAME",
+            "XROCE_LOCAL_LIST_ENTRIES",
+            "XROCE_LOCAL_LIST_KEY",
+            "XROCE_STEER_BY_LIST",
             "XROCE_PROG_NAME_PLAIN",
             "XROCE_PROG_SEC_PLAIN",
             "XROCE_PROG_NAME_FRAGS",

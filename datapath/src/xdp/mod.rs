@@ -7,7 +7,7 @@
 //!
 //! - [`load`] attaches it to an interface through a BPF link pinned in bpffs, so it stays
 //!   attached after the loading process exits, and pins its maps next to the link:
-//!   `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config,local_addrs,steer_config}`, where
+//!   `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config,local_addrs,steer_config,local_list}`, where
 //!   `<netns-id>` is the inode number of the caller's network namespace (interface names repeat
 //!   across namespaces; bpffs does not). Loading what is already loaded changes nothing.
 //! - [`unload`] detaches it and removes the pins. [`status`] reports what is attached and the
@@ -546,6 +546,7 @@ fn attach_and_pin(
         abi::DROP_CONFIG_MAP_NAME,
         abi::LOCAL_ADDRS_MAP_NAME,
         abi::STEER_CONFIG_MAP_NAME,
+        abi::LOCAL_LIST_MAP_NAME,
     ] {
         let map = ebpf.map(name).ok_or_else(|| XdpError::Load {
             iface: iface.to_string(),
@@ -871,12 +872,16 @@ pub fn drop_one_in(iface: &str) -> Result<u32, XdpError> {
 pub struct LocalAddrs {
     addrs: OwnedFd,
     config: OwnedFd,
+    /// `None` for a program from before the list.
+    list: Option<OwnedFd>,
     iface: String,
 }
 
 impl LocalAddrs {
     /// Opens the maps of xroce's program on `iface`. `None` when that program has none: it
     /// was loaded by an xroce before them, and steers every RoCEv2 frame until reloaded.
+    /// `local_list` is looked for too; without it (a program of an xroce from before it) every
+    /// frame's destination is looked up in `local_addrs`.
     pub fn open(iface: &str) -> Result<Option<LocalAddrs>, XdpError> {
         let open = |name| match open_loaded_map(iface, name) {
             Ok(fd) => Ok(Some(fd)),
@@ -893,9 +898,11 @@ impl LocalAddrs {
             );
             return Ok(None);
         };
+        let list = open(abi::LOCAL_LIST_MAP_NAME)?;
         Ok(Some(LocalAddrs {
             addrs,
             config,
+            list,
             iface: iface.to_string(),
         }))
     }
@@ -903,9 +910,22 @@ impl LocalAddrs {
     /// Makes `addrs` the device's addresses and steers only frames to them. Addresses are
     /// entered before stale ones leave, so no frame of the device goes to the kernel
     /// meanwhile (those that do not fit beside the stale ones wait with the filter off).
-    /// More addresses than the map holds: every RoCEv2 frame is steered again.
+    /// More addresses than the map holds: every RoCEv2 frame is steered again. No more than
+    /// `local_list` holds: they are written there too, and the program compares each frame's
+    /// destination with them instead of hashing it for `local_addrs`.
     pub fn set(&mut self, addrs: &[std::net::IpAddr]) -> Result<(), XdpError> {
-        let keys: Vec<[u8; 16]> = addrs.iter().map(|a| address_key(*a)).collect();
+        let mut keys: Vec<[u8; 16]> = addrs.iter().map(|a| address_key(*a)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let by_list = self.list.is_some() && keys.len() <= abi::LOCAL_LIST_ENTRIES as usize;
+        if !by_list {
+            // The program goes back to local_addrs (still the old addresses, as the list
+            // is) before local_addrs changes.
+            let flags = self.current_flags()?;
+            if flags & abi::STEER_BY_LIST != 0 {
+                self.set_flags(flags & !abi::STEER_BY_LIST)?;
+            }
+        }
         // Those that did not fit beside the stale ones: tried again once these are out.
         let mut left = Vec::new();
         for key in &keys {
@@ -952,7 +972,16 @@ impl LocalAddrs {
                 abi::LOCAL_ADDRS_ENTRIES
             );
         }
-        self.set_flags(if full { 0 } else { abi::STEER_ONLY_LOCAL })
+        if full {
+            return self.set_flags(0);
+        }
+        if let (true, Some(list)) = (by_list, &self.list) {
+            // One write: the program goes from the old list to the new one.
+            sys::map_update(list.as_fd(), abi::LOCAL_LIST_KEY, &local_list_value(&keys))
+                .map_err(|e| self.error("writing local_list", e))?;
+            return self.set_flags(abi::STEER_ONLY_LOCAL | abi::STEER_BY_LIST);
+        }
+        self.set_flags(abi::STEER_ONLY_LOCAL)
     }
 
     /// Steers every RoCEv2 frame again (the state after load), for whoever uses the program
@@ -961,19 +990,18 @@ impl LocalAddrs {
         self.set_flags(0)
     }
 
-    /// Writes `flags` with the next generation of local_addrs, after the changes made to it:
-    /// the program forgets what it remembered from them. The generation goes on from the one
-    /// there (another engine's, an earlier one's before it steered all again), so no answer
-    /// remembered before is taken for one of the new generation.
-    fn set_flags(&mut self, flags: u32) -> Result<(), XdpError> {
+    fn current_flags(&self) -> Result<u32, XdpError> {
         let mut value = [0u8; 4];
         sys::map_lookup(self.config.as_fd(), abi::STEER_CONFIG_KEY, &mut value)
             .map_err(|e| self.error("reading steer_config", e))?;
-        let generation = next_generation(u32::from_ne_bytes(value));
+        Ok(u32::from_ne_bytes(value))
+    }
+
+    fn set_flags(&mut self, flags: u32) -> Result<(), XdpError> {
         sys::map_update(
             self.config.as_fd(),
             abi::STEER_CONFIG_KEY,
-            &(flags | generation << abi::STEER_GENERATION_SHIFT).to_ne_bytes(),
+            &flags.to_ne_bytes(),
         )
         .map_err(|e| self.error("setting steer_config", e))
     }
@@ -992,14 +1020,17 @@ impl LocalAddrs {
     }
 }
 
-/// The generation of `local_addrs` after the one in `steer_config`'s value `config`: the
-/// next in the bits above the flags, skipping 0 (which the program never remembers under).
-fn next_generation(config: u32) -> u32 {
-    let mask = u32::MAX >> abi::STEER_GENERATION_SHIFT;
-    match (config >> abi::STEER_GENERATION_SHIFT).wrapping_add(1) & mask {
-        0 => 1,
-        g => g,
+/// `local_list`'s value holding `keys` (at most `LOCAL_LIST_ENTRIES`): their count, a
+/// reserved 0, the addresses, and zeros for the unused entries.
+fn local_list_value(keys: &[[u8; 16]]) -> Vec<u8> {
+    let entries = abi::LOCAL_LIST_ENTRIES as usize;
+    let mut value = vec![0u8; 8 + 16 * entries];
+    let keys = &keys[..keys.len().min(entries)];
+    value[..4].copy_from_slice(&(keys.len() as u32).to_ne_bytes());
+    for (slot, key) in value[8..].chunks_exact_mut(16).zip(keys) {
+        slot.copy_from_slice(key);
     }
+    value
 }
 
 /// An address as `local_addrs` keys it: IPv6 as is, IPv4 mapped (`::ffff:a.b.c.d`).
@@ -1588,66 +1619,30 @@ fn require_capabilities(
 mod tests {
     use super::*;
 
-    /// The generation of local_addrs steps by one above the flags, whatever the flags, and
-    /// skips 0 when it wraps.
+    /// The program steers only frames to the device's addresses, and follows every change
+    /// of them: through `local_list` while they fit there (compared one by one), through
+    /// `local_addrs` (hashed) when there are more, or for an xroce that writes the flag
+    /// without the list's. Run on a private copy of the program with `BPF_PROG_TEST_RUN`.
     #[test]
-    fn the_generation_of_local_addrs_steps_and_skips_zero() {
-        let g = |config: u32| next_generation(config);
-        assert_eq!(g(0), 1);
-        assert_eq!(g(abi::STEER_ONLY_LOCAL), 1);
-        assert_eq!(
-            g(7 << abi::STEER_GENERATION_SHIFT | abi::STEER_ONLY_LOCAL),
-            8
-        );
-        assert_eq!(g(u32::MAX), 1);
-        assert_eq!(g(u32::MAX - abi::STEER_ONLY_LOCAL), 1);
-    }
-
-    /// The program remembers, per CPU, what local_addrs said of a frame's destination, and
-    /// forgets it when an engine's `LocalAddrs::set` writes the next generation: every
-    /// change of the device's addresses is followed at once. Run on a private copy of the
-    /// program (`BPF_PROG_TEST_RUN`, on one CPU); its maps pinned in a directory of its own.
-    #[test]
-    fn the_programs_memo_of_local_addresses_follows_every_change() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: loading a BPF program needs root");
+    fn the_program_steers_to_the_devices_addresses_by_list_or_by_hash() {
+        if !crate::netns::root_or_skip() {
             return;
         }
-        struct Dir(PathBuf);
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-        // The memo is per CPU, and a test run runs on the caller's CPU: stay on one.
-        // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity get a valid one.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(libc::sched_getcpu().max(0) as usize, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
-        let dir = Dir(PathBuf::from(format!(
-            "/sys/fs/bpf/xroce-memo-test-{}",
-            std::process::id()
-        )));
-        std::fs::create_dir_all(&dir.0).expect("a directory in /sys/fs/bpf");
         let ebpf = load_program("(test)", ProgramBuild::Plain, None).expect("load");
-        for name in [
-            abi::COUNTERS_MAP_NAME,
-            abi::LOCAL_ADDRS_MAP_NAME,
-            abi::STEER_CONFIG_MAP_NAME,
-        ] {
-            ebpf.map(name)
-                .expect("map")
-                .pin(dir.0.join(name))
-                .expect("pin");
-        }
-        let open = |name| open_pinned_map("(test)", &dir.0, name).expect("open");
-        let counters = open(abi::COUNTERS_MAP_NAME);
+        let fd = |name| {
+            let data = match ebpf.map(name).expect("map") {
+                aya::maps::Map::Array(d)
+                | aya::maps::Map::HashMap(d)
+                | aya::maps::Map::PerCpuArray(d) => d,
+                other => panic!("{name}: unexpected map {other:?}"),
+            };
+            data.fd().as_fd().try_clone_to_owned().expect("dup")
+        };
+        let counters = fd(abi::COUNTERS_MAP_NAME);
         let mut addrs = LocalAddrs {
-            addrs: open(abi::LOCAL_ADDRS_MAP_NAME),
-            config: open(abi::STEER_CONFIG_MAP_NAME),
+            addrs: fd(abi::LOCAL_ADDRS_MAP_NAME),
+            config: fd(abi::STEER_CONFIG_MAP_NAME),
+            list: Some(fd(abi::LOCAL_LIST_MAP_NAME)),
             iface: "(test)".into(),
         };
         let prog = program_fd(&ebpf, "(test)", ProgramBuild::Plain).expect("fd");
@@ -1668,39 +1663,62 @@ mod tests {
                 other => panic!("counted {other:?} for one frame"),
             }
         };
-        let ip = |a: [u8; 4]| std::net::IpAddr::from(a);
-        let (a, b, c, d) = ([10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 3], [10, 0, 0, 4]);
-        // Each twice: the second answer comes from the memo.
-        let steered = |to| [for_engine(to), for_engine(to)];
-        addrs.set(&[ip(a)]).expect("set");
-        assert_eq!((steered(a), steered(b)), ([true; 2], [false; 2]));
-        // An engine leaving, another coming with other addresses.
+        let flags = |addrs: &LocalAddrs| addrs.current_flags().expect("flags");
+        let host = |n: u8| [10, 0, 0, n];
+        let ips = |ns: &[u8]| -> Vec<std::net::IpAddr> {
+            ns.iter()
+                .map(|&n| std::net::IpAddr::from(host(n)))
+                .collect()
+        };
+        // Which of hosts 1..=12 the program steers.
+        let steered = || -> Vec<u8> { (1..=12).filter(|&n| for_engine(host(n))).collect() };
+        let entries = abi::LOCAL_LIST_ENTRIES as u8;
+
+        assert_eq!(steered(), (1..=12).collect::<Vec<_>>(), "after load");
+        addrs.set(&ips(&[1])).expect("set");
+        assert_eq!(flags(&addrs), abi::STEER_ONLY_LOCAL | abi::STEER_BY_LIST);
+        assert_eq!(steered(), [1]);
+        addrs.set(&ips(&[2, 3, 3])).expect("set");
+        assert_eq!(steered(), [2, 3]);
+        let full: Vec<u8> = (1..=entries).collect();
+        addrs.set(&ips(&full)).expect("set");
+        assert_eq!(steered(), full);
+        // One more than the list holds: by local_addrs alone.
+        let more: Vec<u8> = (2..=entries + 2).collect();
+        addrs.set(&ips(&more)).expect("set");
+        assert_eq!(flags(&addrs), abi::STEER_ONLY_LOCAL);
+        assert_eq!(steered(), more);
+        addrs.set(&ips(&[4])).expect("set");
+        assert_eq!(flags(&addrs), abi::STEER_ONLY_LOCAL | abi::STEER_BY_LIST);
+        assert_eq!(steered(), [4]);
+        // The list is what the program reads while the flag says so...
+        sys::map_update_key(
+            addrs.addrs.as_fd(),
+            &address_key(ips(&[5])[0]),
+            &[1, 0, 0, 0],
+        )
+        .expect("enter");
+        assert_eq!(steered(), [4]);
+        // ... and local_addrs when an xroce from before the list writes its flag alone.
+        addrs.set_flags(abi::STEER_ONLY_LOCAL).expect("flags");
+        assert_eq!(steered(), [4, 5]);
+        addrs.set(&[]).expect("set");
+        assert_eq!(steered(), Vec::<u8>::new());
         addrs.steer_all().expect("steer all");
-        assert_eq!([a, b, c, d].map(for_engine), [true; 4]);
-        addrs.set(&[ip(b)]).expect("set");
-        assert_eq!((steered(a), steered(b)), ([false; 2], [true; 2]));
-        addrs.set(&[ip(a)]).expect("set");
-        assert_eq!((steered(a), steered(b)), ([true; 2], [false; 2]));
-        addrs.set(&[ip(b)]).expect("set");
-        assert_eq!((steered(a), steered(b)), ([false; 2], [true; 2]));
-        // More destinations than the memo has slots, in turns.
-        addrs.set(&[ip(a), ip(b), ip(c)]).expect("set");
-        for _ in 0..3 {
-            for (to, local) in [(a, true), (d, false), (b, true), (c, true)] {
-                assert_eq!(steered(to), [local; 2], "{to:?}");
-            }
-        }
-        addrs.set(&[]).expect("set");
-        assert_eq!([a, b, c, d].map(for_engine), [false; 4]);
-        addrs.set(&[ip(c)]).expect("set");
-        assert_eq!([a, b, c, d].map(for_engine), [false, false, true, false]);
-        // The contract: a change to local_addrs is seen with the next generation. One made
-        // behind the program's back (no step) is not, while the memo holds the address.
-        assert!(for_engine(c));
-        sys::map_delete_key(addrs.addrs.as_fd(), &address_key(ip(c))).expect("delete");
-        assert!(for_engine(c), "the memo answered for c");
-        addrs.set(&[]).expect("set");
-        assert!(!for_engine(c));
+        assert_eq!(steered(), (1..=12).collect::<Vec<_>>());
+    }
+
+    /// `local_list`'s value: the count, a reserved word, the addresses in order, zeros after.
+    #[test]
+    fn the_local_list_value_is_laid_out_as_the_program_reads_it() {
+        let keys = [[1u8; 16], [2u8; 16]];
+        let v = local_list_value(&keys);
+        assert_eq!(v.len(), 8 + 16 * abi::LOCAL_LIST_ENTRIES as usize);
+        assert_eq!(v[..4], 2u32.to_ne_bytes());
+        assert_eq!(v[4..8], [0; 4]);
+        assert_eq!(v[8..24], [1; 16]);
+        assert_eq!(v[24..40], [2; 16]);
+        assert!(v[40..].iter().all(|&b| b == 0));
     }
 
     /// An interface `eth0` of this MTU, as rtnetlink would describe it.
@@ -1855,6 +1873,7 @@ mod tests {
                 abi::DROP_CONFIG_MAP_NAME,
                 abi::LOCAL_ADDRS_MAP_NAME,
                 abi::STEER_CONFIG_MAP_NAME,
+                abi::LOCAL_LIST_MAP_NAME,
             ] {
                 assert!(has(map), "{build} lacks {map}");
             }

@@ -1,6 +1,6 @@
 //! Where the pins live, and getting to a bpffs that outlives this process.
 //!
-//! Layout: `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config,local_addrs,steer_config}`.
+//! Layout: `/sys/fs/bpf/xroce/<netns-id>/<ifname>/{link,prog,xsks_map,counters,drop_config,local_addrs,steer_config,local_list}`.
 //! `<netns-id>` is the inode number of the calling thread's network namespace: interface names
 //! repeat across namespaces while bpffs is shared by all of them.
 //!
