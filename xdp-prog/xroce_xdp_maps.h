@@ -35,6 +35,7 @@
  *                  IPv4 address as ::ffff:a.b.c.d), value u32 (ignored),
  *                  XROCE_LOCAL_ADDRS_ENTRIES entries. Written by the engine:
  *                  its GID table, kept up to date as addresses change.
+ *
  *   "local_list"   BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value: u32
  *                  count, u32 reserved (0), then XROCE_LOCAL_LIST_ENTRIES
  *                  addresses of 16 bytes (as local_addrs keys them), the
@@ -42,6 +43,7 @@
  *                  the same addresses as local_addrs when they fit; the
  *                  program looks there instead of local_addrs only while
  *                  XROCE_STEER_BY_LIST is set.
+ *
  *   "steer_config" BPF_MAP_TYPE_ARRAY, 1 entry, key u32 = 0, value u32
  *                  flags. XROCE_STEER_ONLY_LOCAL: a RoCEv2 frame whose
  *                  destination address is not in local_addrs goes to the

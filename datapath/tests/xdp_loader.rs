@@ -269,7 +269,14 @@ fn load_is_idempotent_shows_in_status_and_unloads() {
     assert_eq!(loaded.mode, XdpMode::Native);
     assert!(loaded.prog_id != 0 && loaded.link_id != 0);
     assert!(loaded.pin_dir.join("link").exists(), "{loaded:?}");
-    for map in ["xsks_map", "counters", "drop_config"] {
+    for map in [
+        "xsks_map",
+        "counters",
+        "drop_config",
+        "local_addrs",
+        "steer_config",
+        "local_list",
+    ] {
         assert!(loaded.pin_dir.join(map).exists(), "{map} is not pinned");
     }
 

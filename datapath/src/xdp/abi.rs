@@ -53,7 +53,8 @@ pub const CNT_MAX: u32 = 5;
 pub const DROP_CONFIG_KEY: u32 = 0;
 /// The single key of `steer_config` (`XROCE_STEER_CONFIG_KEY`).
 pub const STEER_CONFIG_KEY: u32 = 0;
-/// `steer_config` flag: steer only RoCEv2 frames to an address in `local_addrs`
+/// `steer_config` flag: steer only RoCEv2 frames to an address in `local_addrs` (or in
+/// `local_list`, with [`STEER_BY_LIST`])
 /// (`XROCE_STEER_ONLY_LOCAL`).
 pub const STEER_ONLY_LOCAL: u32 = 1;
 /// `steer_config` flag, with [`STEER_ONLY_LOCAL`]: `local_list` holds every address of

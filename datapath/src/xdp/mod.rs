@@ -864,9 +864,9 @@ pub fn drop_one_in(iface: &str) -> Result<u32, XdpError> {
     drop_knob_from(iface, &map)
 }
 
-/// The pinned `local_addrs` and `steer_config` of an interface's program: an engine enters
-/// its device's addresses, then asks the program to steer only RoCEv2 frames addressed to
-/// them. The rest (RoCE for a macvlan or VLAN device on the interface, for an address of
+/// The pinned `local_addrs`, `steer_config` and `local_list` of an interface's program: an
+/// engine enters its device's addresses, then asks the program to steer only RoCEv2 frames
+/// addressed to them. The rest (RoCE for a macvlan or VLAN device on the interface, for an address of
 /// another device, or routed through the host) stays with the kernel, as before the engine.
 #[derive(Debug)]
 pub struct LocalAddrs {
@@ -898,7 +898,7 @@ impl LocalAddrs {
             );
             return Ok(None);
         };
-        let list = open(abi::LOCAL_LIST_MAP_NAME)?;
+        let list = open_local_list(iface);
         Ok(Some(LocalAddrs {
             addrs,
             config,
@@ -907,9 +907,10 @@ impl LocalAddrs {
         }))
     }
 
-    /// Makes `addrs` the device's addresses and steers only frames to them. Addresses are
-    /// entered before stale ones leave, so no frame of the device goes to the kernel
-    /// meanwhile (those that do not fit beside the stale ones wait with the filter off).
+    /// Makes `addrs` the device's addresses and steers only frames to them. In `local_addrs`
+    /// addresses are entered before stale ones leave, so no frame of the device goes to the
+    /// kernel meanwhile (those that do not fit beside the stale ones wait with the filter
+    /// off); `local_list` goes from the old addresses to the new ones in one write.
     /// More addresses than the map holds: every RoCEv2 frame is steered again. No more than
     /// `local_list` holds: they are written there too, and the program compares each frame's
     /// destination with them instead of hashing it for `local_addrs`.
@@ -977,8 +978,13 @@ impl LocalAddrs {
         }
         if let (true, Some(list)) = (by_list, &self.list) {
             // One write: the program goes from the old list to the new one.
-            sys::map_update(list.as_fd(), abi::LOCAL_LIST_KEY, &local_list_value(&keys))
-                .map_err(|e| self.error("writing local_list", e))?;
+            if let Err(e) =
+                sys::map_update(list.as_fd(), abi::LOCAL_LIST_KEY, &local_list_value(&keys))
+            {
+                // local_addrs holds the addresses: the program goes there.
+                let _ = self.set_flags(abi::STEER_ONLY_LOCAL);
+                return Err(self.error("writing local_list", e));
+            }
             return self.set_flags(abi::STEER_ONLY_LOCAL | abi::STEER_BY_LIST);
         }
         self.set_flags(abi::STEER_ONLY_LOCAL)
@@ -1017,6 +1023,44 @@ impl LocalAddrs {
 
     fn error(&self, what: &str, e: io::Error) -> XdpError {
         XdpError::kernel(&self.iface, what, e)
+    }
+}
+
+/// The pinned `local_list` of the program on `iface`, when it is the one this xroce writes.
+/// `None` (the program then hashes every frame's destination for `local_addrs`) when the
+/// program predates it (loaded by an older xroce, and kept by `link add`), or the map is not
+/// laid out as [`local_list_value`] writes it (a newer xroce's): said once, at info level.
+fn open_local_list(iface: &str) -> Option<OwnedFd> {
+    let fd = match open_loaded_map(iface, abi::LOCAL_LIST_MAP_NAME) {
+        Ok(fd) => fd,
+        Err(XdpError::NotLoaded { .. }) => {
+            log::info!(
+                "the XDP program on {iface} predates local_list: it hashes every RoCEv2 \
+                 frame's destination (`xroce link del` and `link add` reload it)"
+            );
+            return None;
+        }
+        Err(e) => {
+            log::info!("{e}: the XDP program on {iface} hashes every frame's destination");
+            return None;
+        }
+    };
+    let expected = local_list_value(&[]).len() as u32;
+    match sys::obj_info::<sys::MapInfo>(fd.as_fd()) {
+        Ok(info) if info.key_size == 4 && info.value_size == expected => Some(fd),
+        Ok(info) => {
+            log::info!(
+                "local_list of the XDP program on {iface} has keys of {} and values of {} \
+                 bytes where 4 and {expected} were expected: not written",
+                info.key_size,
+                info.value_size
+            );
+            None
+        }
+        Err(e) => {
+            log::info!("reading local_list's shape on {iface}: {e}: not written");
+            None
+        }
     }
 }
 
@@ -1417,6 +1461,22 @@ fn roce_probe_frame() -> [u8; 64] {
     roce_frame_to(std::net::Ipv4Addr::LOCALHOST)
 }
 
+/// A minimal IPv6 UDP frame to port 4791 of `to`.
+#[cfg(test)]
+fn roce_frame_to_v6(to: std::net::Ipv6Addr) -> [u8; 80] {
+    let mut f = [0u8; 80];
+    f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    let ip = &mut f[14..54];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&26u16.to_be_bytes());
+    ip[6] = 17;
+    ip[7] = 64;
+    ip[8..24].copy_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+    ip[24..40].copy_from_slice(&to.octets());
+    roce_udp_header(&mut f[54..62], 26);
+    f
+}
+
 /// A minimal IPv4 UDP frame to port 4791 of `to`.
 fn roce_frame_to(to: std::net::Ipv4Addr) -> [u8; 64] {
     let mut f = [0u8; 64];
@@ -1428,11 +1488,15 @@ fn roce_frame_to(to: std::net::Ipv4Addr) -> [u8; 64] {
     ip[9] = 17;
     ip[12..16].copy_from_slice(&[127, 0, 0, 1]);
     ip[16..20].copy_from_slice(&to.octets());
-    let udp = &mut f[34..42];
+    roce_udp_header(&mut f[34..42], 30);
+    f
+}
+
+/// A UDP header from an ephemeral port to 4791, `len` bytes long with its payload.
+fn roce_udp_header(udp: &mut [u8], len: u16) {
     udp[0..2].copy_from_slice(&49152u16.to_be_bytes());
     udp[2..4].copy_from_slice(&abi::ROCE_UDP_PORT.to_be_bytes());
-    udp[4..6].copy_from_slice(&30u16.to_be_bytes());
-    f
+    udp[4..6].copy_from_slice(&len.to_be_bytes());
 }
 
 /// Parses the object and loads the program into the kernel (not attached). With `xsks_pin`,
@@ -1649,10 +1713,17 @@ mod tests {
         // Whether the program took a frame to `to` for the engine: with no socket in
         // xsks_map it goes to the kernel either way, counted as the engine's without one
         // (ROCE_NO_SOCKET) or as not the engine's (PASSED).
-        let for_engine = |to: [u8; 4]| {
+        let for_engine_ip = |to: std::net::IpAddr| {
             let before = counters_from("(test)", &counters).expect("counters");
-            let frame = roce_frame_to(to.into());
-            sys::xdp_test_run(prog.as_fd(), &frame, 1, 0).expect("test run");
+            match to {
+                std::net::IpAddr::V4(v4) => {
+                    sys::xdp_test_run(prog.as_fd(), &roce_frame_to(v4), 1, 0)
+                }
+                std::net::IpAddr::V6(v6) => {
+                    sys::xdp_test_run(prog.as_fd(), &roce_frame_to_v6(v6), 1, 0)
+                }
+            }
+            .expect("test run");
             let after = counters_from("(test)", &counters).expect("counters");
             match (
                 after.roce_no_socket - before.roce_no_socket,
@@ -1663,6 +1734,7 @@ mod tests {
                 other => panic!("counted {other:?} for one frame"),
             }
         };
+        let for_engine = |to: [u8; 4]| for_engine_ip(to.into());
         let flags = |addrs: &LocalAddrs| addrs.current_flags().expect("flags");
         let host = |n: u8| [10, 0, 0, n];
         let ips = |ns: &[u8]| -> Vec<std::net::IpAddr> {
@@ -1702,10 +1774,36 @@ mod tests {
         // ... and local_addrs when an xroce from before the list writes its flag alone.
         addrs.set_flags(abi::STEER_ONLY_LOCAL).expect("flags");
         assert_eq!(steered(), [4, 5]);
+        // IPv6: both halves of an address count (fd01::1 differs from fd00::1 in the first
+        // eight bytes only, fd00::2 in the last eight).
+        let v6 = |s: &str| std::net::IpAddr::from(s.parse::<std::net::Ipv6Addr>().expect("v6"));
+        addrs.set(&[v6("fd00::1"), ips(&[1])[0]]).expect("set");
+        assert_eq!(flags(&addrs), abi::STEER_ONLY_LOCAL | abi::STEER_BY_LIST);
+        assert_eq!(
+            ["fd00::1", "fd01::1", "fd00::2"].map(|a| for_engine_ip(v6(a))),
+            [true, false, false]
+        );
+        assert_eq!(steered(), [1]);
+        // Only the first `count` entries are the device's.
+        let mut value = local_list_value(&[address_key(ips(&[6])[0]), address_key(ips(&[7])[0])]);
+        value[..4].copy_from_slice(&1u32.to_ne_bytes());
+        let list = addrs.list.as_ref().expect("list");
+        sys::map_update(list.as_fd(), abi::LOCAL_LIST_KEY, &value).expect("write list");
+        assert_eq!(steered(), [6]);
         addrs.set(&[]).expect("set");
         assert_eq!(steered(), Vec::<u8>::new());
         addrs.steer_all().expect("steer all");
         assert_eq!(steered(), (1..=12).collect::<Vec<_>>());
+        // An engine that finds no list (a program from before it) goes by local_addrs.
+        let mut without_list = LocalAddrs {
+            addrs: fd(abi::LOCAL_ADDRS_MAP_NAME),
+            config: fd(abi::STEER_CONFIG_MAP_NAME),
+            list: None,
+            iface: "(test)".into(),
+        };
+        without_list.set(&ips(&[8, 9])).expect("set");
+        assert_eq!(flags(&without_list), abi::STEER_ONLY_LOCAL);
+        assert_eq!(steered(), [8, 9]);
     }
 
     /// `local_list`'s value: the count, a reserved word, the addresses in order, zeros after.
