@@ -1461,22 +1461,6 @@ fn roce_probe_frame() -> [u8; 64] {
     roce_frame_to(std::net::Ipv4Addr::LOCALHOST)
 }
 
-/// A minimal IPv6 UDP frame to port 4791 of `to`.
-#[cfg(test)]
-fn roce_frame_to_v6(to: std::net::Ipv6Addr) -> [u8; 80] {
-    let mut f = [0u8; 80];
-    f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
-    let ip = &mut f[14..54];
-    ip[0] = 0x60;
-    ip[4..6].copy_from_slice(&26u16.to_be_bytes());
-    ip[6] = 17;
-    ip[7] = 64;
-    ip[8..24].copy_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
-    ip[24..40].copy_from_slice(&to.octets());
-    roce_udp_header(&mut f[54..62], 26);
-    f
-}
-
 /// A minimal IPv4 UDP frame to port 4791 of `to`.
 fn roce_frame_to(to: std::net::Ipv4Addr) -> [u8; 64] {
     let mut f = [0u8; 64];
@@ -1804,6 +1788,21 @@ mod tests {
         without_list.set(&ips(&[8, 9])).expect("set");
         assert_eq!(flags(&without_list), abi::STEER_ONLY_LOCAL);
         assert_eq!(steered(), [8, 9]);
+    }
+
+    /// A minimal IPv6 UDP frame to port 4791 of `to`.
+    fn roce_frame_to_v6(to: std::net::Ipv6Addr) -> [u8; 80] {
+        let mut f = [0u8; 80];
+        f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+        let ip = &mut f[14..54];
+        ip[0] = 0x60;
+        ip[4..6].copy_from_slice(&26u16.to_be_bytes());
+        ip[6] = 17;
+        ip[7] = 64;
+        ip[8..24].copy_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+        ip[24..40].copy_from_slice(&to.octets());
+        roce_udp_header(&mut f[54..62], 26);
+        f
     }
 
     /// `local_list`'s value: the count, a reserved word, the addresses in order, zeros after.
