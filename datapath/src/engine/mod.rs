@@ -887,7 +887,7 @@ impl Engine {
     /// The transport's and the engine's counters as `name=value` pairs separated by spaces.
     pub fn stats_line(&self) -> String {
         let st = self.lock();
-        let transport = (st.dev.counters().fields().to_vec(), st.io.port.rx_drops());
+        let transport = (st.dev.counters().fields().to_vec(), st.io.rx_drops());
         drop(st);
         self.format_stats(Some(transport))
     }
@@ -900,7 +900,7 @@ impl Engine {
         let deadline = Instant::now() + patience;
         let transport = loop {
             if let Some(st) = self.shared.try_state() {
-                break Some((st.dev.counters().fields().to_vec(), st.io.port.rx_drops()));
+                break Some((st.dev.counters().fields().to_vec(), st.io.rx_drops()));
             }
             if Instant::now() >= deadline {
                 break None;
@@ -2115,7 +2115,7 @@ impl Engine {
         let mut st = self.lock();
         // Frames built go, as a round's flush would have sent them.
         let _ = st.io.port.send_kept();
-        st.io.port = Box::new(crate::port::ClosedPort);
+        st.io.close();
         st.queue_claims.clear();
         st.io.capture = None;
         st.neighbours.stop_keep_alive();

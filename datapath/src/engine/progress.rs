@@ -12,7 +12,7 @@ use super::capture::Capture;
 use super::home_netns::{run_at_home, HomeNetns};
 use super::{Deferred, Shared, State};
 use crate::netlink::Change;
-use crate::port::Port;
+use crate::port::{Port, RxDrops};
 use crate::xdp::{PinWatch, XsksMap};
 
 /// Frames taken from the port per lock hold.
@@ -131,6 +131,9 @@ pub(crate) struct PortState {
     route: RouteMemo,
     /// Engine time of the last look at the receive ring ([`receive`]).
     pub(crate) received_at: u64,
+    /// What the port had dropped when it was closed ([`Self::close`]): the counters of a
+    /// stopped engine, written to `XROCE_STATS_FILE` after the stop, are the closed port's.
+    drops_at_close: RxDrops,
 }
 
 /// How often at most [`SteeringWatch`] asks the kernel.
@@ -260,7 +263,25 @@ impl PortState {
             steering,
             route: RouteMemo::default(),
             received_at: 0,
+            drops_at_close: RxDrops::default(),
         }
+    }
+
+    /// Frames the kernel dropped on the way into this engine's port: the open port's count,
+    /// or, once the port is closed, its count at the close.
+    pub(crate) fn rx_drops(&self) -> RxDrops {
+        let open = self.port.rx_drops();
+        RxDrops {
+            ring_full: self.drops_at_close.ring_full + open.ring_full,
+            other: self.drops_at_close.other + open.other,
+        }
+    }
+
+    /// Closes the port (the engine stops: its queue is free for the next engine), keeping
+    /// what it dropped for the counters reported after the stop.
+    pub(crate) fn close(&mut self) {
+        self.drops_at_close = self.rx_drops();
+        self.port = Box::new(crate::port::ClosedPort);
     }
 
     /// Hands buffered captured frames to the file.
@@ -1565,44 +1586,50 @@ mod tests {
         assert!(!carries_rocev2(&[]));
     }
 
+    /// A port that moves no frames and records what it is told.
+    #[derive(Default)]
+    struct RecordingPort {
+        drops: RxDrops,
+        links: Vec<Option<u32>>,
+        addresses: usize,
+    }
+    impl Port for RecordingPort {
+        fn recv(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> usize {
+            0
+        }
+        fn send(&mut self, _: &[u8]) -> bool {
+            false
+        }
+        fn send_with(&mut self, _: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
+            false
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn tx_pending(&self) -> bool {
+            false
+        }
+        fn wait_fd(&self) -> Option<RawFd> {
+            None
+        }
+        fn link_changed(&mut self, ifindex: Option<u32>) {
+            self.links.push(ifindex);
+        }
+        fn addresses_changed(&mut self) {
+            self.addresses += 1;
+        }
+        fn rx_drops(&self) -> RxDrops {
+            self.drops
+        }
+    }
+
     /// The port's side of every kind of notification: a link's with its interface, addresses'
     /// and routes' as such, both when notifications were lost, nothing for a neighbour or the
     /// program's pins.
     #[test]
     fn the_port_hears_of_the_changes_that_make_its_answers_stale() {
-        #[derive(Default)]
-        struct Recording {
-            links: Vec<Option<u32>>,
-            addresses: usize,
-        }
-        impl Port for Recording {
-            fn recv(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> usize {
-                0
-            }
-            fn send(&mut self, _: &[u8]) -> bool {
-                false
-            }
-            fn send_with(&mut self, _: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
-                false
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-            fn tx_pending(&self) -> bool {
-                false
-            }
-            fn wait_fd(&self) -> Option<RawFd> {
-                None
-            }
-            fn link_changed(&mut self, ifindex: Option<u32>) {
-                self.links.push(ifindex);
-            }
-            fn addresses_changed(&mut self) {
-                self.addresses += 1;
-            }
-        }
         let heard = |noticed: Noticed| {
-            let mut port = Recording::default();
+            let mut port = RecordingPort::default();
             tell_port(&mut port, &noticed);
             (port.links, port.addresses)
         };
@@ -1616,6 +1643,28 @@ mod tests {
             (vec![], 0)
         );
         assert_eq!(heard(Noticed::PinsRemoved), (vec![], 0));
+    }
+
+    /// The kernel's receive drops outlive the port: a stopped engine closes its socket before
+    /// `XROCE_STATS_FILE` is written, and the line then reported the closed port's zeros.
+    #[test]
+    fn receive_drops_are_kept_when_the_port_closes() {
+        let drops = RxDrops {
+            ring_full: 3,
+            other: 76_785,
+        };
+        let mut io = PortState::new(
+            Box::new(RecordingPort {
+                drops,
+                ..RecordingPort::default()
+            }),
+            None,
+            SteeringWatch::none("veth-test"),
+        );
+        assert_eq!(io.rx_drops(), drops);
+        io.close();
+        assert_eq!(io.rx_drops(), drops, "the count at the close is kept");
+        assert_eq!(io.port.rx_drops(), RxDrops::default(), "the port is closed");
     }
 
     /// Untagged, one tag, two tags (802.1Q and 802.1ad, as the steering program accepts them);

@@ -63,7 +63,7 @@ impl Engine {
             );
             return out;
         };
-        let drops = st.io.port.rx_drops();
+        let drops = st.io.rx_drops();
         let _ = writeln!(
             out,
             "deferred {:?}, transmit ring full {}, frames waiting for the kernel {}, interface \
