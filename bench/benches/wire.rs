@@ -1,6 +1,6 @@
 //! Wire-layer micro-benchmarks: ICRC alone, parse + full verification, and frame building, for
 //! RC SEND_ONLY packets carrying 64 B, 1 KiB and 4 KiB of payload; and a payload copied out of
-//! the application's memory and hashed, each way the CPU can.
+//! the application's memory and hashed, each way the CPU can; a plain CRC-32 in each code.
 //!
 //! Run: `cargo bench -p xroce-bench --bench wire`. Figures are recorded in
 //! `bench/results/wire.md`; compare runs on the same machine only.
@@ -121,11 +121,28 @@ fn bench_copy_and_hash(c: &mut Criterion) {
     g.finish();
 }
 
+/// A plain CRC-32 in each code the ICRC can take (`icrc::Crc32Code`): crc32fast's carry-less
+/// multiplication and the tables, which engines choose where the multiply is emulated (TCG).
+fn bench_crc32_codes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("crc32_codes");
+    for size in SIZES {
+        let bytes: Vec<u8> = (0..size).map(|i| (i * 7) as u8).collect();
+        g.throughput(Throughput::Bytes(size as u64));
+        for code in [icrc::Crc32Code::CarryLess, icrc::Crc32Code::Table] {
+            g.bench_function(BenchmarkId::new(code.name(), size), |b| {
+                b.iter(|| icrc::crc32(code, black_box(&bytes)))
+            });
+        }
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_icrc,
     bench_parse_verify,
     bench_build,
-    bench_copy_and_hash
+    bench_copy_and_hash,
+    bench_crc32_codes
 );
 criterion_main!(benches);
