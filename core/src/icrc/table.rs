@@ -2,14 +2,16 @@
 //! a step: the code the ICRC takes where carry-less multiplication is slow, as under QEMU's TCG,
 //! which emulates each multiply bit by bit.
 //!
-//! Written here rather than taken from the `crc` crate, whose 16-table loop was used before:
-//! under TCG every guest load goes through the emulator's soft TLB, and that loop loads each of
-//! the sixteen bytes on its own beside its sixteen table look-ups. This one reads a step as four
-//! little-endian words (four loads instead of sixteen), and looks up the twelve bytes that do not
-//! depend on the register first, so that the host CPU running the emulated code (or a CPU
-//! without PCLMULQDQ running it natively) has them ready when the register is. 1 KiB in a
-//! Debian 13 guest under TCG: 1.24-1.31 µs against 1.82-2.10 for the crate's loop (and 1.6-1.7
-//! for crc32fast's own tables); natively 191 against 235 ns (`docs/decisions.md`, "Stop 87").
+//! Written here rather than taken from the `crc` crate, whose 16-table loop was used before.
+//! That loop checks its byte indices against the slice, five compares and branches a step, and
+//! under TCG each branch ends a translation block; this one has none inside a step (the
+//! compiler sees a 16-byte chunk), and fewer instructions. It also looks up the twelve bytes
+//! that do not depend on the register first, so that they are ready when the register is (on
+//! the host CPU that runs the emulated code, or on a CPU without PCLMULQDQ running it
+//! natively). 1 KiB in a Debian 13 guest under TCG: 1.24-1.31 µs against 1.82-2.10 for the
+//! crate's loop (and 1.4-1.7 for crc32fast's own tables); natively 191 against 235 ns. Reading
+//! a step as two 64-bit words and shifting the bytes out was slower under TCG (1.4-1.7 µs):
+//! `docs/decisions.md`, "Stop 87".
 
 /// `TABLES[0]` is the byte-at-a-time table; `TABLES[k][b]` is the register change of byte `b`
 /// followed by `k` zero bytes, so that the byte `k` places before the end of a step is looked
