@@ -2,17 +2,21 @@
 //! namespaces, the way a user does (`xroce link add`, `xroce exec --`), and reading its
 //! result lines.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use xroce_datapath::netns::{run_bounded, NetnsPair};
+use xroce_datapath::test_support::read_stats;
 
 use crate::cpu::CpuTime;
 
 /// The xroce device name on both sides.
 pub const DEV: &str = "xr0";
+/// Where each process of a run writes its engine's counters (the provider's `XROCE_STATS_FILE`).
+const STATS_FILE_ENV: &str = "XROCE_STATS_FILE";
 /// perftest's default TCP port.
 const PORT: u16 = 18515;
 
@@ -31,6 +35,20 @@ pub struct Run {
     /// CPU seconds (user + system) both processes used, all threads.
     pub cpu_s: f64,
     pub wall_s: f64,
+    /// The engine counters each side's process reported at its exit (`XROCE_STATS_FILE`):
+    /// where frames were lost, retransmissions, batches.
+    pub server_stats: BTreeMap<String, u64>,
+    pub client_stats: BTreeMap<String, u64>,
+}
+
+impl Run {
+    /// Frames the kernel dropped on their way into the server's engine (its socket had no room).
+    pub fn server_receive_drops(&self) -> u64 {
+        ["rx_dropped_ring_full", "rx_dropped_other"]
+            .iter()
+            .map(|k| self.server_stats.get(*k).copied().unwrap_or(0))
+            .sum()
+    }
 }
 
 impl XrocePair {
@@ -88,12 +106,16 @@ impl XrocePair {
     pub fn run(&self, program: &str, args: &[String], timeout: Duration) -> io::Result<Run> {
         let cpu0 = CpuTime::children();
         let start = Instant::now();
-        let server_cmd = self.exec(1, program, args);
+        let stats = StatsFiles::new();
+        let mut server_cmd = self.exec(1, program, args);
+        server_cmd.env(STATS_FILE_ENV, &stats.server);
         let server = std::thread::spawn(move || run_bounded(server_cmd, timeout));
         self.wait_listening(1)?;
         let mut client_args = args.to_vec();
         client_args.push(self.pair.ipv4(1).to_string());
-        let client = run_bounded(self.exec(0, program, &client_args), timeout);
+        let mut client_cmd = self.exec(0, program, &client_args);
+        client_cmd.env(STATS_FILE_ENV, &stats.client);
+        let client = run_bounded(client_cmd, timeout);
         let server = server
             .join()
             .map_err(|_| io::Error::other("server thread panicked"))?;
@@ -116,11 +138,14 @@ impl XrocePair {
                 text(&client)
             )));
         }
+        let (server_stats, client_stats) = (read_stats(&stats.server), read_stats(&stats.client));
         Ok(Run {
             server: text(&server),
             client: text(&client),
             cpu_s: CpuTime::children().minus(cpu0).total_s(),
             wall_s,
+            server_stats,
+            client_stats,
         })
     }
 
@@ -138,6 +163,43 @@ impl XrocePair {
         Err(io::Error::other(format!(
             "nothing listened on {PORT} within 30 s"
         )))
+    }
+}
+
+/// The files a run's two processes write their engine counters to: this process's own (both
+/// namespaces share the file system), empty at the start (the provider appends), removed at
+/// the end.
+struct StatsFiles {
+    server: PathBuf,
+    client: PathBuf,
+}
+
+impl StatsFiles {
+    fn new() -> StatsFiles {
+        let file = |side: &str| {
+            std::env::temp_dir().join(format!(
+                "xroce-bench-{}-{side}-stats.txt",
+                std::process::id()
+            ))
+        };
+        let files = StatsFiles {
+            server: file("server"),
+            client: file("client"),
+        };
+        files.remove();
+        files
+    }
+
+    fn remove(&self) {
+        for f in [&self.server, &self.client] {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+impl Drop for StatsFiles {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use xroce_bench::baseline::{self, RoundTrip, Sink};
 use xroce_bench::paired::{self, Paired};
-use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, XrocePair, DEV};
+use xroce_bench::perftest::{parse_bw, parse_lat, BwLine, LatLine, Run, XrocePair, DEV};
 use xroce_bench::report::{number, size_text, Goal, Kind, Report, Row};
 use xroce_bench::{guests, plot};
 use xroce_datapath::afxdp;
@@ -349,14 +349,20 @@ fn run() {
     // Many QPs. The goal compares 256 QPs with 1 QP, so those two run back to back in rounds
     // like the goals against raw AF_XDP (measured once each, minutes apart, their ratio
     // carried the host's drift: 0.98 in one run, 0.75 in the next of the same build).
+    // Each run's losses too: many QPs can overrun the receiving engine's socket (README,
+    // "Known limits"), which its counters show.
+    let losses: std::cell::RefCell<Vec<(u32, Loss)>> = Default::default();
     let write_qps = |q: u32| {
-        perftest_line(
+        perftest_run_line(
             &x,
             "ib_write_bw",
             &["-q", &q.to_string(), "-D", &secs.to_string()],
             parse_bw,
         )
-        .map(|l| l.mb_per_s)
+        .map(|(l, run)| {
+            losses.borrow_mut().push((q, Loss::of(&run)));
+            l.mb_per_s
+        })
         .map_err(|e| format!("ib_write_bw -q {q}: {e}"))
     };
     // In the same rounds, raw AF_XDP moves 64 KiB messages between 256 pairs of buffers and
@@ -428,6 +434,17 @@ fn run() {
          16 QPs ran once.",
         scale.rounds.len()
     ));
+    for q in [1, 256] {
+        let runs: Vec<Loss> = losses
+            .borrow()
+            .iter()
+            .filter(|(n, _)| *n == q)
+            .map(|(_, l)| *l)
+            .collect();
+        if let Some(note) = Loss::note(q, &runs) {
+            r.notes.push(note);
+        }
+    }
     if damaged.get() > 0 {
         r.notes.push(format!(
             "Scale: raw AF_XDP's message streams received {} damaged frames (a CRC-32 that did \
@@ -786,13 +803,88 @@ fn perftest_line<T: Copy>(
     args: &[&str],
     parse: fn(&str) -> Vec<T>,
 ) -> Result<T, String> {
+    perftest_run_line(x, program, args, parse).map(|(line, _)| line)
+}
+
+/// [`perftest_line`], and the run it came from (its engines' counters).
+fn perftest_run_line<T: Copy>(
+    x: &XrocePair,
+    program: &str,
+    args: &[&str],
+    parse: fn(&str) -> Vec<T>,
+) -> Result<(T, Run), String> {
     let run = x
         .run(program, &perftest_args(args), Duration::from_secs(300))
         .map_err(|e| format!("{program} {args:?} failed: {e}"))?;
-    parse(&run.client)
+    let line = parse(&run.client)
         .first()
         .copied()
-        .ok_or_else(|| format!("{program} {args:?}: no result line"))
+        .ok_or_else(|| format!("{program} {args:?}: no result line"))?;
+    Ok((line, run))
+}
+
+/// What a run lost on the way, from its engines' counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Loss {
+    /// Frames the kernel dropped on their way into the receiving engine's socket.
+    dropped: u64,
+    /// Frames the receiving engine took.
+    received: u64,
+    /// The sender's go-back-N restarts on a sequence NAK, and its retransmission timeouts.
+    seq_naks: u64,
+    timeouts: u64,
+}
+
+impl Loss {
+    fn of(run: &Run) -> Loss {
+        let client = |k: &str| run.client_stats.get(k).copied().unwrap_or(0);
+        Loss {
+            dropped: run.server_receive_drops(),
+            received: run.server_stats.get("rx_frames").copied().unwrap_or(0),
+            seq_naks: client("seq_naks_received"),
+            timeouts: client("timeouts"),
+        }
+    }
+
+    /// The share of the frames that reached the receiving socket's door that it dropped.
+    fn dropped_share(&self) -> f64 {
+        let arrived = self.dropped + self.received;
+        if arrived == 0 {
+            0.0
+        } else {
+            self.dropped as f64 / arrived as f64
+        }
+    }
+
+    /// A note on the losses of the runs with `qps` QPs (medians over the runs), if any ran.
+    fn note(qps: u32, runs: &[Loss]) -> Option<String> {
+        if runs.is_empty() {
+            return None;
+        }
+        let median = |f: &dyn Fn(&Loss) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let shares: Vec<String> = runs
+            .iter()
+            .map(|l| format!("{:.2} %", 100.0 * l.dropped_share()))
+            .collect();
+        Some(format!(
+            "Scale, losses with {qps} QP{s} (the engines' counters, medians of {n} run{rs}): the \
+             receiving engine's socket dropped {:.0} frames a run, {:.2} % of those that reached \
+             it (runs: {}), when it had no room for them; the sender went back on {:.0} \
+             sequence NAKs and {:.0} retransmission timeouts a run.",
+            median(&|l| l.dropped as f64),
+            100.0 * median(&|l| l.dropped_share()),
+            shares.join(", "),
+            median(&|l| l.seq_naks as f64),
+            median(&|l| l.timeouts as f64),
+            s = if qps == 1 { "" } else { "s" },
+            n = runs.len(),
+            rs = if runs.len() == 1 { "" } else { "s" },
+        ))
+    }
 }
 
 /// The latency row of `ib_send_lat` with completion events.
@@ -1651,6 +1743,87 @@ mod tests {
             write_bw_mb_s: f64::NAN,
             write_bw_vcpu_cores: [f64::NAN; 2],
         }
+    }
+
+    /// A run's losses come from the receiver's socket drops (both kinds) and frames, and the
+    /// sender's NAKs and timeouts; the note gives medians over the runs and each run's share.
+    #[test]
+    fn the_scale_note_tells_what_the_receiving_socket_dropped() {
+        let stats = |pairs: &[(&str, u64)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let run = Run {
+            server: String::new(),
+            client: String::new(),
+            cpu_s: 0.0,
+            wall_s: 0.0,
+            server_stats: stats(&[
+                ("rx_dropped_other", 7),
+                ("rx_dropped_ring_full", 3),
+                ("rx_frames", 90),
+                ("seq_naks_sent", 2),
+            ]),
+            client_stats: stats(&[("seq_naks_received", 2), ("timeouts", 1), ("rx_frames", 5)]),
+        };
+        let loss = Loss::of(&run);
+        assert_eq!(
+            loss,
+            Loss {
+                dropped: 10,
+                received: 90,
+                seq_naks: 2,
+                timeouts: 1
+            }
+        );
+        assert!((loss.dropped_share() - 0.1).abs() < 1e-12);
+        assert_eq!(Loss::default().dropped_share(), 0.0);
+
+        assert_eq!(Loss::note(256, &[]), None);
+        let runs = [
+            Loss {
+                dropped: 10,
+                received: 990,
+                seq_naks: 5,
+                timeouts: 0,
+            },
+            Loss {
+                dropped: 30,
+                received: 970,
+                seq_naks: 9,
+                timeouts: 4,
+            },
+            Loss {
+                dropped: 20,
+                received: 980,
+                seq_naks: 7,
+                timeouts: 2,
+            },
+        ];
+        let note = Loss::note(256, &runs).expect("a note");
+        assert!(note.contains("with 256 QPs"), "{note}");
+        assert!(note.contains("medians of 3 runs"), "{note}");
+        assert!(note.contains("dropped 20 frames a run, 2.00 %"), "{note}");
+        assert!(note.contains("(runs: 1.00 %, 3.00 %, 2.00 %)"), "{note}");
+        assert!(
+            note.contains("on 7 sequence NAKs and 2 retransmission timeouts"),
+            "{note}"
+        );
+        let one = Loss::note(
+            1,
+            &[Loss {
+                received: 500,
+                ..Loss::default()
+            }],
+        )
+        .expect("a note");
+        assert!(
+            one.contains("with 1 QP (the engines' counters, medians of 1 run)"),
+            "{one}"
+        );
+        assert!(one.contains("dropped 0 frames a run, 0.00 %"), "{one}");
     }
 
     fn floor(p50: f64) -> Option<(PingTimes, &'static str)> {
