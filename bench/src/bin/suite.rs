@@ -861,11 +861,8 @@ impl Loss {
         if runs.is_empty() {
             return None;
         }
-        let median = |f: &dyn Fn(&Loss) -> f64| {
-            let mut v: Vec<f64> = runs.iter().map(f).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
+        let median =
+            |f: &dyn Fn(&Loss) -> f64| paired::median(runs.iter().map(f).collect()).unwrap_or(0.0);
         let shares: Vec<String> = runs
             .iter()
             .map(|l| format!("{:.2} %", 100.0 * l.dropped_share()))
