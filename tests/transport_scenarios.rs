@@ -7,6 +7,7 @@ use std::cell::Cell;
 use std::collections::HashSet;
 use std::rc::Rc;
 
+use xroce_core::transport::qp_state::TAIL_PROBE_NS;
 use xroce_core::transport::requester::MAX_UNACKED_PSNS;
 use xroce_core::transport::{
     Access, AddressVector, AhId, AsyncEvent, AttrMask, Counters, CqId, Event, MemoryRegion, Nanos,
@@ -545,6 +546,252 @@ fn lost_acks_are_covered_by_later_acks_or_re_acked_duplicates() {
             assert_eq!((c0.timeouts, c0.retransmissions, c1.duplicates), (1, 1, 1));
         }
     }
+}
+
+/// Which packets of a 4-packet WRITE a tail-loss test loses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TailLost {
+    LastPacket,
+    LastTwo,
+    TheAck,
+    LastAndBothProbes,
+    LastWithAShortTimer,
+}
+
+/// A lost tail draws no sequence NAK (nothing comes behind it). The requester probes for it
+/// after `TAIL_PROBE_NS` of silence, sending its oldest unacknowledged packet and its newest
+/// again, both asking for an ACK, instead of waiting for the retransmission timer (67 ms at
+/// `timeout` 14). A lost last packet is then taken in order; when the packets before it are
+/// lost too, the newest draws the sequence NAK that starts go-back-N; when only the ACK was
+/// lost, both duplicates are ACKed again. A probe that is lost too leaves the loss to the
+/// timer. A QP whose timer is short (`timeout` below 12) does not probe.
+#[test]
+fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
+    use TailLost::*;
+    for lost in [
+        LastPacket,
+        LastTwo,
+        TheAck,
+        LastAndBothProbes,
+        LastWithAShortTimer,
+    ] {
+        let mut sim = Sim::new(27, 2, LinkConfig::default());
+        let o = ConnectOptions {
+            timeout: if lost == LastWithAShortTimer { 8 } else { 14 },
+            ..ConnectOptions::default()
+        };
+        let (a, _b) = connect(&mut sim, 0, 1, &o);
+        let src = sim.nodes[0].alloc(4096, RW);
+        let dst = sim.nodes[1].alloc(4096, RW);
+        let data = pattern(4000, 27);
+        sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
+        // Four packets at path MTU 1024; only the last asks for an ACK, so the probe is the
+        // first and the last.
+        let (first, last) = (o.psn.0, o.psn.0 + 3);
+        let (dropped, losses) = match lost {
+            LastPacket | LastWithAShortTimer => {
+                (drop_matching(&mut sim, 0, 1, move |_, psn| psn == last), 1)
+            }
+            LastTwo => (
+                drop_matching(&mut sim, 0, 2, move |_, psn| psn >= last - 1),
+                2,
+            ),
+            TheAck => (
+                drop_matching(&mut sim, 1, 1, |op, _| op == Opcode::RC_ACKNOWLEDGE),
+                1,
+            ),
+            LastAndBothProbes => {
+                let mut firsts = 0;
+                let pick = move |_, psn| {
+                    firsts += u32::from(psn == first);
+                    psn == last || (psn == first && firsts == 2)
+                };
+                (drop_matching(&mut sim, 0, 3, pick), 3)
+            }
+        };
+        let start = sim.now;
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
+            )
+            .unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+        let took = sim.now - start;
+        settle(&mut sim);
+        assert_eq!(dropped.get(), losses, "{lost:?}");
+        assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)], "{lost:?}");
+        assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..], "{lost:?}");
+        let (c0, c1) = (counters(&sim, 0), counters(&sim, 1));
+        let recovery = (
+            c0.tail_probes,
+            c0.timeouts,
+            c0.retransmissions,
+            c0.seq_naks_received,
+            c1.duplicates,
+        );
+        let t = spec_timeout_ns(o.timeout);
+        match lost {
+            LastPacket => assert_eq!(recovery, (1, 0, 0, 0, 1)),
+            LastTwo => assert_eq!(recovery, (1, 0, 1, 1, 1)),
+            TheAck => assert_eq!(recovery, (1, 0, 0, 0, 2)),
+            // The timer resends all four; the responder holds the first three.
+            LastAndBothProbes => assert_eq!(recovery, (1, 1, 1, 0, 3)),
+            LastWithAShortTimer => assert_eq!(recovery, (0, 1, 1, 0, 3)),
+        }
+        if matches!(lost, LastAndBothProbes | LastWithAShortTimer) {
+            assert!(
+                took >= t,
+                "{lost:?}: done after {took} ns, before the timer"
+            );
+        } else {
+            assert!(
+                (TAIL_PROBE_NS..t).contains(&took),
+                "{lost:?}: done after {took} ns"
+            );
+        }
+    }
+}
+
+/// A WRITE longer than the send window whose packets are lost from some point on stops with
+/// the window full, part-way through the message, and no ACK comes. The probe resends the
+/// oldest unacknowledged packet, a MIDDLE the responder already holds, and the newest, a
+/// MIDDLE beyond the gap, each asking for an ACK: the sequence NAK the newest draws starts the
+/// go-back-N where the loss began.
+#[test]
+fn a_window_stalled_by_lost_packets_is_probed_part_way_through_its_message() {
+    let mut sim = Sim::new(28, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(STALLED_WRITE_LEN, RW);
+    let dst = sim.nodes[1].alloc(STALLED_WRITE_LEN, RW);
+    let data = pattern(STALLED_WRITE_LEN, 28);
+    sim.nodes[0].bytes_mut(&src).copy_from_slice(&data);
+    // Every packet from the 100th on is lost, until one is sent a second time.
+    let from = o.psn.0 + 100;
+    let (mut sent, mut resending) = (HashSet::new(), false);
+    let dropped = drop_matching(&mut sim, 0, u32::MAX, move |_, psn| {
+        resending |= !sent.insert(psn);
+        psn >= from && !resending
+    });
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(
+                1,
+                write_op(&dst, 0),
+                vec![sge(&src, 0, STALLED_WRITE_LEN as u32)],
+            ),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    let t = spec_timeout_ns(o.timeout);
+    assert!(sim.now < t, "done after {} ns: the timer's doing", sim.now);
+    settle(&mut sim);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(sim.nodes[1].bytes(&dst), &data[..]);
+    let c0 = counters(&sim, 0);
+    assert_eq!(
+        (
+            c0.tail_probes,
+            c0.timeouts,
+            c0.seq_naks_received,
+            c0.retransmissions
+        ),
+        (1, 0, 1, 1)
+    );
+    // The probe: the first packet sent twice, a MIDDLE the responder held, then the newest,
+    // each asking for an ACK, after the window had stopped the requester; then the go-back-N
+    // from the first loss.
+    let trace = sim.trace.take().unwrap();
+    let frames = frames_sent_by(&trace, 0);
+    let psns: Vec<u32> = frames.iter().map(|f| f.headers.transport.bth.psn).collect();
+    let probe_at = (1..psns.len())
+        .find(|&i| psns[..i].contains(&psns[i]))
+        .expect("a packet sent twice");
+    let probe = frames[probe_at].headers.transport.bth;
+    assert!(
+        probe.psn < from,
+        "PSN {:#x}: not one the responder held",
+        probe.psn
+    );
+    assert_eq!(probe.opcode, Opcode::RC_RDMA_WRITE_MIDDLE);
+    assert!(probe.ack_req);
+    let newest = psns[probe_at - 1];
+    assert!(newest - from > 400, "stopped by the window, not early");
+    let second = frames[probe_at + 1].headers.transport.bth;
+    assert_eq!(second.psn, newest, "the newest packet again");
+    assert_eq!(second.opcode, Opcode::RC_RDMA_WRITE_MIDDLE);
+    assert!(second.ack_req);
+    // The ACK for the oldest opens the window a little before the NAK comes back.
+    let rest = &psns[probe_at + 2..];
+    let resent_at = rest
+        .iter()
+        .position(|&q| q == from)
+        .expect("a go-back-N from the first loss");
+    assert!(rest[..resent_at].iter().all(|&q| q > newest), "{rest:?}");
+    assert!(dropped.get() > 400);
+}
+
+/// A second loss during a go-back-N, in the same message (no WQE completed in between): the
+/// requester ignores its sequence NAK, as rdma_rxe's does (a NAK during a retry under way), and
+/// the responder, having NAKed, drops everything behind the gap unanswered. Only the timer
+/// recovered that before; now the probe does: the oldest unacknowledged packet is the one the
+/// responder waits for, and the newest behind it draws the sequence NAK that sends the rest
+/// again.
+#[test]
+fn a_second_loss_during_a_go_back_n_is_probed_for() {
+    let mut sim = Sim::new(29, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(8192, RW);
+    let dst = sim.nodes[1].alloc(8192, RW);
+    let data = pattern(8000, 29);
+    sim.nodes[0].bytes_mut(&src)[..8000].copy_from_slice(&data);
+    // Packet 2 is lost when first sent, packet 5 when resent.
+    let p = o.psn.0;
+    let mut sends = [0u32; 8];
+    let dropped = drop_matching(&mut sim, 0, 2, move |_, psn| {
+        let i = psn.wrapping_sub(p) as usize;
+        let Some(n) = sends.get_mut(i) else {
+            return false;
+        };
+        *n += 1;
+        (i == 2 && *n == 1) || (i == 5 && *n == 2)
+    });
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(&dst, 0), vec![sge(&src, 0, 8000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert!(
+        (TAIL_PROBE_NS..spec_timeout_ns(o.timeout)).contains(&sim.now),
+        "done after {} ns",
+        sim.now
+    );
+    settle(&mut sim);
+    assert_eq!(dropped.get(), 2);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..8000], &data[..]);
+    let c0 = counters(&sim, 0);
+    assert_eq!(
+        (
+            c0.seq_naks_received,
+            c0.tail_probes,
+            c0.retransmissions,
+            c0.timeouts
+        ),
+        (3, 1, 2, 0)
+    );
 }
 
 /// A sequence NAK consumes one retry like a timeout does (digest §4.7): with `retry_cnt = 0`

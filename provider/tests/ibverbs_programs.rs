@@ -404,9 +404,9 @@ fn device_listing_does_not_ask_the_kernel_under_xroce_exec() {
 
 /// `XROCE_LOG=debug` is how a user sees what the transport did. With one RoCE frame in five
 /// dropped on its way into the server, `ibv_rc_pingpong` still finishes, and its stderr carries
-/// the recoveries (the client resending after sequence NAKs and timeouts, the server's NAKs),
-/// each line stamped with the time of day and the process. At the default level the same lossy
-/// run says nothing of them.
+/// the recoveries (the client resending after sequence NAKs, probing for lost tails, the
+/// server's NAKs), each line stamped with the time of day and the process. At the default
+/// level the same lossy run says nothing of them.
 #[test]
 fn the_transport_logs_its_recoveries_at_debug_and_keeps_quiet_by_default() {
     if !root_or_skip() {
@@ -460,6 +460,12 @@ fn the_transport_logs_its_recoveries_at_debug_and_keeps_quiet_by_default() {
     assert!(
         server_lines.iter().any(|l| l.contains("NAK sent")),
         "the server, whose incoming frames were dropped, logged no NAK:\n{s}"
+    );
+    // A message's last packet lost draws no NAK (a ping-pong sends nothing behind it): the
+    // client probes for it (ibv_rc_pingpong's `timeout` 14 allows probes).
+    assert!(
+        client_lines.iter().any(|l| l.contains("probing")),
+        "the client logged no tail-loss probe:\n{c}"
     );
     assert_ne!(
         words[4],

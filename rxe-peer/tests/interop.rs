@@ -182,7 +182,11 @@ impl Run {
             received <= sent + 2 && sent - received.min(sent) <= end_slack + 64 * sender_retries
         };
         assert!(
-            agrees(x("tx_frames"), r("rcvd_pkts"), x("timeouts")),
+            agrees(
+                x("tx_frames"),
+                r("rcvd_pkts"),
+                x("timeouts") + x("tail_probes")
+            ),
             "rxe received {} of the {} frames xroce sent: {what}",
             r("rcvd_pkts"),
             x("tx_frames")

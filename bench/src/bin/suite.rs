@@ -830,9 +830,11 @@ struct Loss {
     dropped: u64,
     /// Frames the receiving engine took.
     received: u64,
-    /// The sender's go-back-N restarts on a sequence NAK, and its retransmission timeouts.
+    /// The sender's go-back-N restarts on a sequence NAK, its retransmission timeouts, and
+    /// its probes for a lost tail.
     seq_naks: u64,
     timeouts: u64,
+    tail_probes: u64,
 }
 
 impl Loss {
@@ -843,6 +845,7 @@ impl Loss {
             received: run.server_stats.get("rx_frames").copied().unwrap_or(0),
             seq_naks: client("seq_naks_received"),
             timeouts: client("timeouts"),
+            tail_probes: client("tail_probes"),
         }
     }
 
@@ -871,12 +874,14 @@ impl Loss {
             "Scale, losses with {qps} QP{s} (the engines' counters, medians of {n} run{rs}): the \
              receiving engine's socket dropped {:.0} frames a run, {:.2} % of those that reached \
              it (runs: {}), when it had no room for them; the sender went back on {:.0} \
-             sequence NAKs and {:.0} retransmission timeouts a run.",
+             sequence NAKs and {:.0} retransmission timeouts a run, and probed {:.0} times \
+             for a lost tail.",
             median(&|l| l.dropped as f64),
             100.0 * median(&|l| l.dropped_share()),
             shares.join(", "),
             median(&|l| l.seq_naks as f64),
             median(&|l| l.timeouts as f64),
+            median(&|l| l.tail_probes as f64),
             s = if qps == 1 { "" } else { "s" },
             n = runs.len(),
             rs = if runs.len() == 1 { "" } else { "s" },
@@ -1743,7 +1748,8 @@ mod tests {
     }
 
     /// A run's losses come from the receiver's socket drops (both kinds) and frames, and the
-    /// sender's NAKs and timeouts; the note gives medians over the runs and each run's share.
+    /// sender's NAKs, timeouts and tail probes; the note gives medians over the runs and each
+    /// run's share.
     #[test]
     fn the_scale_note_tells_what_the_receiving_socket_dropped() {
         let stats = |pairs: &[(&str, u64)]| {
@@ -1763,7 +1769,12 @@ mod tests {
                 ("rx_frames", 90),
                 ("seq_naks_sent", 2),
             ]),
-            client_stats: stats(&[("seq_naks_received", 2), ("timeouts", 1), ("rx_frames", 5)]),
+            client_stats: stats(&[
+                ("seq_naks_received", 2),
+                ("timeouts", 1),
+                ("tail_probes", 6),
+                ("rx_frames", 5),
+            ]),
         };
         let loss = Loss::of(&run);
         assert_eq!(
@@ -1772,7 +1783,8 @@ mod tests {
                 dropped: 10,
                 received: 90,
                 seq_naks: 2,
-                timeouts: 1
+                timeouts: 1,
+                tail_probes: 6,
             }
         );
         assert!((loss.dropped_share() - 0.1).abs() < 1e-12);
@@ -1785,18 +1797,21 @@ mod tests {
                 received: 990,
                 seq_naks: 5,
                 timeouts: 0,
+                tail_probes: 1,
             },
             Loss {
                 dropped: 30,
                 received: 970,
                 seq_naks: 9,
                 timeouts: 4,
+                tail_probes: 3,
             },
             Loss {
                 dropped: 20,
                 received: 980,
                 seq_naks: 7,
                 timeouts: 2,
+                tail_probes: 2,
             },
         ];
         let note = Loss::note(256, &runs).expect("a note");
@@ -1805,7 +1820,10 @@ mod tests {
         assert!(note.contains("dropped 20 frames a run, 2.00 %"), "{note}");
         assert!(note.contains("(runs: 1.00 %, 3.00 %, 2.00 %)"), "{note}");
         assert!(
-            note.contains("on 7 sequence NAKs and 2 retransmission timeouts"),
+            note.contains(
+                "on 7 sequence NAKs and 2 retransmission timeouts a run, and probed 2 times for \
+                 a lost tail"
+            ),
             "{note}"
         );
         let one = Loss::note(

@@ -4,10 +4,13 @@
 use super::device::Shared;
 use super::host_memory::HostMemory;
 use super::qp::{Qp, WqeState};
-use super::qp_state::{retransmit_timeout_ns, QpState, RNR_TIMER_US};
+use super::qp_state::{retransmit_timeout_ns, tail_probe_ns, QpState, QpType, RNR_TIMER_US};
 use super::verbs::{SendOp, WcStatus};
 use super::{psn, sgl, Nanos};
 use crate::wire::{AethSyndrome, NakCode, Operation, Position, RoceFrame};
+
+/// [`TAIL_PROBE_NS`](super::qp_state::TAIL_PROBE_NS) in microseconds, for log lines.
+const TAIL_PROBE_US: u64 = super::qp_state::TAIL_PROBE_NS / 1000;
 
 /// rdma_rxe treats a retry count of 7 as infinite, for `retry_cnt` as for `rnr_retry`.
 pub const INFINITE_RETRY: u8 = 7;
@@ -347,6 +350,7 @@ impl Qp {
         self.comp.rnr_retry = self.attr.rnr_retry;
         self.comp.started_retry = false;
         self.comp.rnr_echo = None;
+        self.comp.probed = false;
     }
 
     /// A sequence NAK, a lost response or a timeout: count a retry and go back N, or give up
@@ -389,26 +393,46 @@ impl Qp {
         }
     }
 
-    /// Keeps the retransmission timer running while PSNs are outstanding, restarting it after
-    /// every response, and stops it when everything is acknowledged.
+    /// Keeps the retransmission timer and the tail-loss probe running while PSNs are
+    /// outstanding, restarting them after every response, and stops them when everything is
+    /// acknowledged.
     fn rearm_retransmit(&mut self, now: Nanos) {
         if self.attr.state == QpState::Error {
             self.comp.retrans_deadline = None;
+            self.comp.probe_deadline = None;
             return;
         }
-        let outstanding = psn::diff(self.req.psn, self.comp.psn) > 0;
-        self.comp.retrans_deadline = match retransmit_timeout_ns(self.attr.timeout) {
-            Some(t) if outstanding && self.comp.rnr_deadline.is_none() => Some(now + t),
-            _ => None,
-        };
+        let waiting =
+            psn::diff(self.req.psn, self.comp.psn) > 0 && self.comp.rnr_deadline.is_none();
+        self.comp.retrans_deadline = retransmit_timeout_ns(self.attr.timeout)
+            .filter(|_| waiting)
+            .map(|t| now + t);
+        let asked = self
+            .req
+            .asked_ack_psn
+            .is_some_and(|a| psn::diff(a, self.comp.psn) >= 0);
+        self.rearm_probe(now, waiting && asked);
+    }
+
+    /// Restarts the tail-loss probe's delay (`waiting`: a packet that asked for an ACK is not
+    /// acknowledged yet), after such a packet went or a response came; stops it once the QP
+    /// has probed since the oldest PSN last moved.
+    pub(crate) fn rearm_probe(&mut self, now: Nanos, waiting: bool) {
+        self.comp.probe_deadline = tail_probe_ns(self.attr.timeout)
+            .filter(|_| waiting && !self.comp.probed && self.ty == QpType::Rc)
+            .map(|t| now + t);
     }
 
     /// The earliest timer of this QP.
     pub(crate) fn next_deadline(&self) -> Option<Nanos> {
-        match (self.comp.retrans_deadline, self.comp.rnr_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.comp.retrans_deadline,
+            self.comp.probe_deadline,
+            self.comp.rnr_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs the timers that are due at `now`.
@@ -435,6 +459,30 @@ impl Qp {
                 {
                     sh.counters.timeouts += 1;
                     self.start_retry(sh, Retry::Timeout);
+                }
+            }
+        }
+        if let Some(t) = self.comp.probe_deadline {
+            if t <= now {
+                self.comp.probe_deadline = None;
+                // Not while a go-back-N or an RNR wait is under way: those resend anyway.
+                if !self.comp.probed
+                    && !self.req.need_retry
+                    && self.comp.rnr_deadline.is_none()
+                    && psn::diff(self.req.psn, self.comp.psn) > 0
+                    && matches!(self.attr.state, QpState::Rts | QpState::Sqd)
+                {
+                    self.comp.probed = true;
+                    self.req.probe = true;
+                    sh.counters.tail_probes += 1;
+                    log::debug!(
+                        "QP {:#x}: nothing heard for {} µs with PSNs {:#x}..{:#x} \
+                         outstanding; probing: the oldest and the newest again, asking for ACKs",
+                        self.qpn,
+                        TAIL_PROBE_US,
+                        self.comp.psn,
+                        psn::add(self.req.psn, psn::MASK)
+                    );
                 }
             }
         }

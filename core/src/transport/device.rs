@@ -108,6 +108,9 @@ pub struct Counters {
     pub error_naks_received: u64,
     pub retransmissions: u64,
     pub timeouts: u64,
+    /// Tail-loss probes: the newest packet sent again after nothing was heard for
+    /// [`TAIL_PROBE_NS`](super::qp_state::TAIL_PROBE_NS) (see `tail_probe_ns`).
+    pub tail_probes: u64,
     pub retry_exceeded: u64,
     pub qkey_violations: u64,
     pub ud_no_receive: u64,
@@ -131,7 +134,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 32] {
+    pub fn fields(&self) -> [(&'static str, u64); 33] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -155,6 +158,7 @@ impl Counters {
             ("error_naks_received", self.error_naks_received),
             ("retransmissions", self.retransmissions),
             ("timeouts", self.timeouts),
+            ("tail_probes", self.tail_probes),
             ("retry_exceeded", self.retry_exceeded),
             ("qkey_violations", self.qkey_violations),
             ("ud_no_receive", self.ud_no_receive),

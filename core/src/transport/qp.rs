@@ -172,6 +172,15 @@ pub(crate) struct Requester {
     pub rd_atomic_max: u32,
     /// The completer asked for a go-back-N from `comp.psn`.
     pub need_retry: bool,
+    /// The completer's tail-loss probe is due: the next packets built are the oldest
+    /// unacknowledged one and the newest one sent, again (see `Qp::build_probe`).
+    pub probe: bool,
+    /// The probe's second packet, the newest one sent, is still to go.
+    pub probe_newest: bool,
+    /// The PSN of the newest packet sent that asked for an ACK.
+    pub asked_ack_psn: Option<u32>,
+    /// The packet being built asks for an ACK whatever the AckReq policy says: it is a probe.
+    pub force_ack_req: bool,
     /// The PSN after the last one any started WQE was given (where the next WQE starts; a
     /// go-back-N moves `psn` back, not this): a response for this PSN or a later one answers
     /// nothing this QP sent.
@@ -189,6 +198,12 @@ pub(crate) struct Completer {
     pub rnr_retry: u8,
     pub started_retry: bool,
     pub retrans_deadline: Option<Nanos>,
+    /// When a tail-loss probe goes unless something is sent or heard first
+    /// ([`tail_probe_ns`](super::qp_state::tail_probe_ns)).
+    pub probe_deadline: Option<Nanos>,
+    /// A probe went since the oldest PSN last moved: one per stall; the retransmission timer
+    /// does the rest.
+    pub probed: bool,
     pub rnr_deadline: Option<Nanos>,
     /// The PSN an RNR wait that ended resent from: the sequence NAK the packets behind the
     /// RNR-NAKed one drew may still arrive, carrying it, and is no new loss.
@@ -576,8 +591,11 @@ impl Qp {
         self.req.wqe_index = 0;
         self.req.offset = 0;
         self.req.need_retry = false;
+        self.req.probe = false;
+        self.req.probe_newest = false;
         self.req.rd_atomic_avail = self.req.rd_atomic_max;
         self.comp.retrans_deadline = None;
+        self.comp.probe_deadline = None;
         self.comp.rnr_deadline = None;
         if let Some(inb) = self.resp.recv.take() {
             let wc = self.recv_flush_wc(inb.wqe.wr_id);
@@ -690,6 +708,8 @@ impl Qp {
         self.resp.out.is_empty()
             && self.sq.len() <= self.req.wqe_index
             && !self.req.need_retry
+            && !self.req.probe
+            && !self.req.probe_newest
             && self
                 .sq
                 .front()

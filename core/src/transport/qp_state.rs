@@ -329,6 +329,33 @@ pub fn retransmit_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| 4096u64 << timeout.min(MAX_TIMEOUT))
 }
 
+/// How long an RC QP with packets outstanding goes without sending or hearing anything before
+/// it sends its newest packet once more, asking for an ACK: a tail-loss probe. When the last
+/// packets of a burst are lost, nothing behind them draws a sequence NAK, and without the
+/// probe only the retransmission timer recovers them: 67 ms at `timeout` 14 (perftest's and
+/// the rdma-core examples' setting), a second at 18. The probe's answer says what happened:
+/// a duplicate is re-ACKed with everything the responder holds (only the ACK was lost, or it
+/// is late), a packet beyond the expected PSN draws the sequence NAK that starts go-back-N, and
+/// the lost packet itself is taken in order. Neither peer needs to know of probes (rdma_rxe
+/// answers them as any resent packet); RDMA NICs likewise resend sooner than `timeout` says
+/// (NVIDIA's adaptive retransmission).
+///
+/// 4 ms: far above a round trip here (10-30 µs between namespaces, about 0.4 ms between TCG
+/// guests) and above the ACKs a responder holds for its application's answer (50 µs), so a
+/// probe rarely goes for nothing, and a probe for nothing costs one packet and one ACK; above
+/// the progress thread's longest nap (1 ms), so a probe deadline that every send restarts never
+/// shortens its naps.
+pub const TAIL_PROBE_NS: u64 = 4_000_000;
+
+/// The tail-loss probe's delay for a QP's `timeout` attribute: [`TAIL_PROBE_NS`] where the
+/// retransmission timer is at least four times as long (`timeout` 12 and above), else `None`
+/// (the timer itself is soon enough, or off).
+pub fn tail_probe_ns(timeout: u8) -> Option<u64> {
+    retransmit_timeout_ns(timeout)
+        .filter(|&t| t >= 4 * TAIL_PROBE_NS)
+        .map(|_| TAIL_PROBE_NS)
+}
+
 /// rdma_rxe's RNR NAK timer table (`rnrnak_usec[]`), in microseconds, indexed by the 5-bit code.
 /// Entry 25 reproduces rdma_rxe's 61410 (IBTA says 61440) so both ends wait alike.
 pub const RNR_TIMER_US: [u32; 32] = [

@@ -38,7 +38,7 @@ impl Qp {
         let _ = write!(
             s,
             "qp {:#x} {:?} {:?} -> {:#x} mtu {} | sq {} (sending #{} +{}B) psn {:#08x} unacked {:#08x} \
-             retry {}/{} rnr {}/{}{} retrans {} rnr_wait {}",
+             retry {}/{} rnr {}/{}{} retrans {} probe {} rnr_wait {}",
             self.qpn,
             self.ty,
             self.attr.state,
@@ -55,6 +55,7 @@ impl Qp {
             self.attr.rnr_retry,
             if self.req.need_retry { " go-back-N" } else { "" },
             deadline(self.comp.retrans_deadline, now),
+            deadline(self.comp.probe_deadline, now),
             deadline(self.comp.rnr_deadline, now),
         );
         if let Some(w) = self.sq.front() {

@@ -86,6 +86,20 @@ impl Qp {
             if self.req.need_retry {
                 self.go_back_n(sh);
             }
+            let outstanding = psn::diff(self.req.psn, self.comp.psn);
+            if std::mem::take(&mut self.req.probe) && outstanding > 0 {
+                // The newest goes next, unless it is this one.
+                self.req.probe_newest = outstanding > 1;
+                if let Some(t) = self.build_probe(now, sh, host, buf) {
+                    return Some(t);
+                }
+            }
+            if std::mem::take(&mut self.req.probe_newest)
+                && outstanding > 0
+                && self.point_at_newest_sent(sh)
+            {
+                self.req.force_ack_req = true;
+            }
             let idx = self.req.wqe_index;
             let state = self.sq.get(idx)?.state;
             match state {
@@ -333,6 +347,7 @@ impl Qp {
                 .sq
                 .get(idx + 1)
                 .is_some_and(|next| !next.wr.flags.contains(SendFlags::SIGNALED));
+        let probing = std::mem::take(&mut self.req.force_ack_req);
         if self.ty == QpType::Rc {
             // Packets since the last AckReq (rdma_rxe forces one after 64 without).
             // Also by time: next to many busy QPs a QP gets one packet per round of the
@@ -360,7 +375,7 @@ impl Qp {
                 && !self.sq[idx].wr.op.is_read_or_atomic()
                 && self.attr.state == QpState::Rts
                 && self.starts_at_once(idx + 1, sh);
-            if (ends && !more_behind) || periodic {
+            if (ends && !more_behind) || periodic || probing {
                 t.bth.ack_req = true;
                 self.req.noack_pkts = 0;
                 self.req.noack_msgs = 0;
@@ -440,9 +455,18 @@ impl Qp {
                 self.sq[idx].state = WqeState::Done;
             }
         }
-        if self.ty == QpType::Rc && self.comp.retrans_deadline.is_none() {
-            if let Some(t) = retransmit_timeout_ns(self.attr.timeout) {
-                self.comp.retrans_deadline = Some(now + t);
+        if self.ty == QpType::Rc {
+            if self.comp.retrans_deadline.is_none() {
+                if let Some(t) = retransmit_timeout_ns(self.attr.timeout) {
+                    self.comp.retrans_deadline = Some(now + t);
+                }
+            }
+            // Only a packet that asks for an ACK sets the probe's delay going: a QP between
+            // two turns of the round robin, its packets so far not asking (ACKs coalesce over
+            // up to 64), is not waiting for anything.
+            if t.bth.ack_req {
+                self.req.asked_ack_psn = Some(psn);
+                self.rearm_probe(now, true);
             }
         }
         if finished && self.ty != QpType::Rc {
@@ -471,6 +495,78 @@ impl Qp {
         self.req.need_retry = false;
         self.resume_from_comp_psn(sh);
         sh.counters.retransmissions += 1;
+    }
+
+    /// The tail-loss probe (see [`tail_probe_ns`](super::qp_state::tail_probe_ns)), first
+    /// packet: the oldest unacknowledged one once more, asking for an ACK, with the requester
+    /// left where it was; the newest goes next (`Qp::point_at_newest_sent`). Between them they
+    /// draw an answer whatever was lost. The responder holds the oldest or expects it next, so
+    /// it ACKs or takes it, even when it has sent its one sequence NAK for a gap and drops any
+    /// later PSN unanswered (that NAK lost, or ignored by a requester already going back N).
+    /// The newest, behind it, is then ACKed if everything arrived, taken if it alone was lost,
+    /// or draws the sequence NAK that starts go-back-N where the loss began. No inference is
+    /// drawn from the answers: a responder that was only slow ACKs the lot. `None` where the
+    /// oldest packet is a READ or atomic request, whose resending is left to the
+    /// retransmission timer (a READ asked again is answered again, whole).
+    fn build_probe(
+        &mut self,
+        now: Nanos,
+        sh: &mut Shared,
+        host: &dyn HostMemory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let head = self.sq.front()?;
+        if head.state != WqeState::Pending || head.wr.op.is_read_or_atomic() {
+            return None;
+        }
+        let r = &self.req;
+        let resume = (
+            r.psn,
+            r.wqe_index,
+            r.offset,
+            r.noack_pkts,
+            r.noack_msgs,
+            r.noack_since,
+        );
+        self.resume_from_comp_psn(sh);
+        self.req.force_ack_req = true;
+        let probe = self.build_request(now, sh, host, 0, buf);
+        self.req.force_ack_req = false;
+        let r = &mut self.req;
+        (
+            r.psn,
+            r.wqe_index,
+            r.offset,
+            r.noack_pkts,
+            r.noack_msgs,
+            r.noack_since,
+        ) = resume;
+        probe
+    }
+
+    /// Points the requester back at the newest packet it sent, a SEND or WRITE packet not yet
+    /// acknowledged, for the tail-loss probe's second packet; once that packet has gone again
+    /// the requester carries on where it was. False, with nothing moved, where that packet is
+    /// a READ or atomic request.
+    pub(crate) fn point_at_newest_sent(&mut self, sh: &Shared) -> bool {
+        if self.req.offset == 0 {
+            // Between messages: the newest packet ended the WQE before this one.
+            let before = self.req.psn;
+            self.resend_last_packet(sh);
+            return self.req.psn != before;
+        }
+        // Part-way through a SEND or WRITE (the window or the round robin paused it).
+        let Some(w) = self.sq.get(self.req.wqe_index) else {
+            return false;
+        };
+        if w.state != WqeState::Pending || w.wr.op.is_read_or_atomic() {
+            return false;
+        }
+        let newest = psn::add(self.req.psn, psn::MASK);
+        let into = psn::diff(newest, w.first_psn).max(0) as u64;
+        self.req.offset = into * self.mtu(sh) as u64;
+        self.req.psn = newest;
+        true
     }
 
     /// Points the requester back at the last packet of the last message it sent, a SEND or

@@ -113,7 +113,7 @@ static UNKNOWN: OpcodeInfo = OpcodeInfo::new(
 );
 
 /// The meaning of BTH plus extension headers. Which `Option`s are `Some` must agree with the
-/// opcode table entry for `bth.opcode`; [`emit`](Self::emit) checks it.
+/// opcode table entry for `bth.opcode`; [`emit_headers`](Self::emit_headers) checks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransportRepr {
     pub bth: BthRepr,
