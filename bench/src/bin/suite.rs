@@ -874,8 +874,8 @@ impl Loss {
             "Scale, losses with {qps} QP{s} (the engines' counters, medians of {n} run{rs}): the \
              receiving engine's socket dropped {:.0} frames a run, {:.2} % of those that reached \
              it (runs: {}), when it had no room for them; the sender went back on {:.0} \
-             sequence NAKs and {:.0} retransmission timeouts a run, and probed {:.0} times \
-             for a lost tail.",
+             sequence NAKs and {:.0} retransmission timeouts a run; tail-loss probes a run: \
+             {:.0}.",
             median(&|l| l.dropped as f64),
             100.0 * median(&|l| l.dropped_share()),
             shares.join(", "),
@@ -1821,8 +1821,8 @@ mod tests {
         assert!(note.contains("(runs: 1.00 %, 3.00 %, 2.00 %)"), "{note}");
         assert!(
             note.contains(
-                "on 7 sequence NAKs and 2 retransmission timeouts a run, and probed 2 times for \
-                 a lost tail"
+                "on 7 sequence NAKs and 2 retransmission timeouts a run; tail-loss probes a run: \
+                 2."
             ),
             "{note}"
         );
