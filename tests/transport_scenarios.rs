@@ -653,6 +653,44 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
     }
 }
 
+/// A READ's lost response is no tail the probe can ask about: the oldest and the newest packet
+/// are the READ request, which asked again is answered again, whole. No probe goes (and none
+/// is counted); the retransmission timer resends the READ.
+#[test]
+fn a_lost_read_response_is_left_to_the_timer() {
+    let mut sim = Sim::new(30, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let local = sim.nodes[0].alloc(1024, RW);
+    let remote = sim.nodes[1].alloc(1024, RW);
+    let data = pattern(1000, 30);
+    sim.nodes[1].bytes_mut(&remote)[..1000].copy_from_slice(&data);
+    let dropped = drop_matching(&mut sim, 1, 1, |op, _| {
+        op == Opcode::RC_RDMA_READ_RESPONSE_ONLY
+    });
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, read_op(&remote, 0), vec![sge(&local, 0, 1000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert!(
+        sim.now >= spec_timeout_ns(o.timeout),
+        "done after {} ns",
+        sim.now
+    );
+    settle(&mut sim);
+    assert_eq!(dropped.get(), 1);
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    assert_eq!(&sim.nodes[0].bytes(&local)[..1000], &data[..]);
+    let c0 = counters(&sim, 0);
+    assert_eq!((c0.tail_probes, c0.timeouts, c0.tx_requests), (0, 1, 2));
+}
+
 /// A WRITE longer than the send window whose packets are lost from some point on stops with
 /// the window full, part-way through the message, and no ACK comes. The probe resends the
 /// oldest unacknowledged packet, a MIDDLE the responder already holds, and the newest, a

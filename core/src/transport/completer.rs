@@ -9,9 +9,6 @@ use super::verbs::{SendOp, WcStatus};
 use super::{psn, sgl, Nanos};
 use crate::wire::{AethSyndrome, NakCode, Operation, Position, RoceFrame};
 
-/// [`TAIL_PROBE_NS`](super::qp_state::TAIL_PROBE_NS) in microseconds, for log lines.
-const TAIL_PROBE_US: u64 = super::qp_state::TAIL_PROBE_NS / 1000;
-
 /// rdma_rxe treats a retry count of 7 as infinite, for `retry_cnt` as for `rnr_retry`.
 pub const INFINITE_RETRY: u8 = 7;
 
@@ -472,17 +469,9 @@ impl Qp {
                     && psn::diff(self.req.psn, self.comp.psn) > 0
                     && matches!(self.attr.state, QpState::Rts | QpState::Sqd)
                 {
+                    // The requester sends it (and counts it) with its next packets.
                     self.comp.probed = true;
                     self.req.probe = true;
-                    sh.counters.tail_probes += 1;
-                    log::debug!(
-                        "QP {:#x}: nothing heard for {} µs with PSNs {:#x}..{:#x} \
-                         outstanding; probing: the oldest and the newest again, asking for ACKs",
-                        self.qpn,
-                        TAIL_PROBE_US,
-                        self.comp.psn,
-                        psn::add(self.req.psn, psn::MASK)
-                    );
                 }
             }
         }

@@ -87,18 +87,32 @@ impl Qp {
                 self.go_back_n(sh);
             }
             let outstanding = psn::diff(self.req.psn, self.comp.psn);
+            let newest = psn::add(self.req.psn, psn::MASK);
+            // The newest alone: the oldest is a READ or atomic request.
+            let mut newest_alone = false;
             if std::mem::take(&mut self.req.probe) && outstanding > 0 {
-                // The newest goes next, unless it is this one.
-                self.req.probe_newest = outstanding > 1;
                 if let Some(t) = self.build_probe(now, sh, host, buf) {
+                    // The newest goes next, unless it is this one.
+                    self.req.probe_newest = outstanding > 1;
+                    let which = if outstanding > 1 {
+                        "the oldest and the newest"
+                    } else {
+                        "it"
+                    };
+                    self.note_probe(sh, which, newest);
                     return Some(t);
                 }
+                self.req.probe_newest = true;
+                newest_alone = true;
             }
             if std::mem::take(&mut self.req.probe_newest)
                 && outstanding > 0
                 && self.point_at_newest_sent(sh)
             {
                 self.req.force_ack_req = true;
+                if newest_alone {
+                    self.note_probe(sh, "the newest", newest);
+                }
             }
             let idx = self.req.wqe_index;
             let state = self.sq.get(idx)?.state;
@@ -542,6 +556,20 @@ impl Qp {
             r.noack_since,
         ) = resume;
         probe
+    }
+
+    /// Counts a tail-loss probe as its first packet goes, and says at `debug` which packets
+    /// of those outstanding (up to `newest`) go again.
+    fn note_probe(&self, sh: &mut Shared, which: &str, newest: u32) {
+        sh.counters.tail_probes += 1;
+        log::debug!(
+            "QP {:#x}: nothing heard for {} µs with PSNs {:#x}..{:#x} outstanding; probing: \
+             {which} again, asking for ACKs",
+            self.qpn,
+            super::qp_state::TAIL_PROBE_NS / 1000,
+            self.comp.psn,
+            newest
+        );
     }
 
     /// Points the requester back at the newest packet it sent, a SEND or WRITE packet not yet
