@@ -27,13 +27,13 @@
 //! Batching pays only for frames that come in runs: a `sendmsg` for a frame or two costs more
 //! than AF_XDP's copy. So frames go straight into the AF_XDP ring, as without this port, until
 //! a round of the engine (from one flush to the next) has four frames in a row for one batch
-//! ([`MIN_BATCH`]); from the next round on they are sorted into batches, and a batch that ends
+//! (`MIN_BATCH`); from the next round on they are sorted into batches, and a batch that ends
 //! shorter goes through AF_XDP as built. A round that took several frames and sent no batch
 //! turns batching off again. A stream batches, and so do messages of four packets or more; a
 //! ping-pong of one-packet messages (an answer and an ACK per round) never does. The AF_XDP
 //! socket is kicked before each batch goes to the UDP socket, so frames leave in the order
 //! they were built. While a batch is open, the engine builds the next frame where its segment
-//! would follow in the batch's buffer ([`Batcher::build_at_tail`]), so a stream's payloads are
+//! would follow in the batch's buffer (`Batcher::build_at_tail`), so a stream's payloads are
 //! copied once, from the application's memory, as into AF_XDP's ring.
 //!
 //! Frames it does not take this way (IPv6, VLAN-tagged, anything not RoCEv2) go out through
@@ -957,7 +957,7 @@ impl<P: Port> Port for UdpGsoPort<P> {
     }
 
     /// Also chooses how the next round's frames go: into batches after a round that had
-    /// [`MIN_BATCH`] frames in a row for one batch; straight to AF_XDP after a round of
+    /// `MIN_BATCH` frames in a row for one batch; straight to AF_XDP after a round of
     /// batching that took several frames but sent no batch (a ping-pong's answer and ACK). A
     /// round of one frame (an ACK between a stream's messages) changes nothing. The way
     /// changes only when nothing waits on the way left, so that frames leave in the order
@@ -990,7 +990,7 @@ impl<P: Port> Port for UdpGsoPort<P> {
     /// that follows: the open batch stays open for them, and everything before it goes. A
     /// run of frames is then not cut where the round was: at path MTU 1024 a round of 63
     /// frames ended inside each 64 KiB WRITE's run of 63 (62 fill a batch), at 4096 a round of
-    /// 68 KiB inside the next message's, and every piece shorter than [`MIN_BATCH`] went
+    /// 68 KiB inside the next message's, and every piece shorter than `MIN_BATCH` went
     /// through AF_XDP on its own (a kick, and on virtio-net a notification, each). The round's
     /// judgement waits for the next flush, which sends the batch if nothing joins it; a hold
     /// of ACKs that keeps the next round from coming sends it with [`Port::send_kept`].
@@ -1057,7 +1057,7 @@ impl<P: Port> Port for UdpGsoPort<P> {
     }
 
     /// An address added or removed in the namespace (or a local route) may make a destination
-    /// local or not: each is asked again when next used, at most once per [`REFRESH`] (a
+    /// local or not: each is asked again when next used, at most once per `REFRESH` (a
     /// routing daemon may change routes many times a second, and each destination asked
     /// again costs a socket and a bind).
     fn addresses_changed(&mut self) {

@@ -65,7 +65,7 @@ pub struct ContextState {
 /// The context state behind an `ibv_context` this provider allocated.
 ///
 /// # Safety
-/// `ctx` must be a live context returned by [`alloc_context`].
+/// `ctx` must be a live context returned by `alloc_context`.
 pub unsafe fn state<'a>(ctx: *mut ibv_context) -> &'a ContextState {
     let offset = offset_of!(XroceContext, vctx) + offset_of!(verbs_context, context);
     // SAFETY: per the contract, `ctx` lies at `offset` inside an `XroceContext`.

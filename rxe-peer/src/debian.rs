@@ -39,7 +39,7 @@ impl Archive {
     /// Reads the index of `suite` into `state` (about 15 MB for `main`; a few seconds).
     ///
     /// apt reads a configuration of its own (`APT_CONFIG`): no part of `/etc/apt` but the
-    /// settings in [`KEPT_SETTINGS`], so the machine's update hooks (appstream, packagekit,
+    /// settings in `KEPT_SETTINGS`, so the machine's update hooks (appstream, packagekit,
     /// cache clean-ups) do not run, its installed packages and pins do not steer the choice,
     /// and no lock is taken.
     pub fn open(suite: &str, state: &Path) -> Result<Archive> {

@@ -334,7 +334,7 @@ impl Neighbours {
         self.keep_alive = None;
     }
 
-    /// Once per [`KEEP_ALIVE_PERIOD_NS`] (at `now`), tells the kernel that the next hops packets
+    /// Once per `KEEP_ALIVE_PERIOD_NS` (at `now`), tells the kernel that the next hops packets
     /// went to since the last time are in use, as its own transmit path does for every packet
     /// (`neigh_event_send`, here through [`Netlink::touch_neighbour`]'s `NTF_USE`, which creates
     /// no entry: one the kernel deleted is left to the next packet's lookup).

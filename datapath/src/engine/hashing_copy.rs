@@ -74,7 +74,7 @@ impl Fold {
     }
 }
 
-/// The loop [`copy_hashing`] takes on this CPU, if any: the wide one where the CPU can run it;
+/// The loop `copy_hashing` takes on this CPU, if any: the wide one where the CPU can run it;
 /// else the narrow one where the CPU has PCLMULQDQ but not VPCLMULQDQ. Where the CPU has
 /// VPCLMULQDQ without AVX-512, crc32fast multiplies 256 bits at a time, faster than the
 /// narrow loop, and a copy then crc32fast stays.
@@ -107,7 +107,7 @@ pub(crate) unsafe fn copy_hashing(src: *const u8, out: &mut [u8], crc: u32) -> u
     unsafe { copy_hashing_by(fold_here(), src, out, crc) }
 }
 
-/// [`copy_hashing`] with the loop `fold` (or none: a copy, then crc32fast), for benchmarks and
+/// `copy_hashing` with the loop `fold` (or none: a copy, then crc32fast), for benchmarks and
 /// tests that set the ways side by side. `None` when the CPU cannot run `fold`.
 ///
 /// # Panics
