@@ -177,7 +177,8 @@ pub(crate) struct Requester {
     pub probe: bool,
     /// The probe's second packet, the newest one sent, is still to go.
     pub probe_newest: bool,
-    /// The PSN of the newest packet sent that asked for an ACK.
+    /// The PSN of the packet built last that asked for an ACK (a probe's packets included):
+    /// while it is unacknowledged, the QP waits for an answer, and the probe's delay runs.
     pub asked_ack_psn: Option<u32>,
     /// The packet being built asks for an ACK whatever the AckReq policy says: it is a probe.
     pub force_ack_req: bool,
