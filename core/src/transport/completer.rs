@@ -399,8 +399,7 @@ impl Qp {
             self.comp.probe_deadline = None;
             return;
         }
-        let waiting =
-            psn::diff(self.req.psn, self.comp.psn) > 0 && self.comp.rnr_deadline.is_none();
+        let waiting = self.awaits_response();
         self.comp.retrans_deadline = retransmit_timeout_ns(self.attr.timeout)
             .filter(|_| waiting)
             .map(|t| now + t);
@@ -418,6 +417,14 @@ impl Qp {
         self.comp.probe_deadline = tail_probe_ns(self.attr.timeout)
             .filter(|_| waiting && !self.comp.probed && self.ty == QpType::Rc)
             .map(|t| now + t);
+    }
+
+    /// PSNs are outstanding and nothing but a response will resend them: in RTS or SQD, and
+    /// not waiting out an RNR NAK.
+    fn awaits_response(&self) -> bool {
+        psn::diff(self.req.psn, self.comp.psn) > 0
+            && self.comp.rnr_deadline.is_none()
+            && matches!(self.attr.state, QpState::Rts | QpState::Sqd)
     }
 
     /// The earliest timer of this QP.
@@ -450,10 +457,7 @@ impl Qp {
         if let Some(t) = self.comp.retrans_deadline {
             if t <= now {
                 self.comp.retrans_deadline = None;
-                if self.comp.rnr_deadline.is_none()
-                    && psn::diff(self.req.psn, self.comp.psn) > 0
-                    && matches!(self.attr.state, QpState::Rts | QpState::Sqd)
-                {
+                if self.awaits_response() {
                     sh.counters.timeouts += 1;
                     self.start_retry(sh, Retry::Timeout);
                 }
@@ -463,12 +467,7 @@ impl Qp {
             if t <= now {
                 self.comp.probe_deadline = None;
                 // Not while a go-back-N or an RNR wait is under way: those resend anyway.
-                if !self.comp.probed
-                    && !self.req.need_retry
-                    && self.comp.rnr_deadline.is_none()
-                    && psn::diff(self.req.psn, self.comp.psn) > 0
-                    && matches!(self.attr.state, QpState::Rts | QpState::Sqd)
-                {
+                if !self.comp.probed && !self.req.need_retry && self.awaits_response() {
                     // The requester sends it (and counts it) with its next packets.
                     self.comp.probed = true;
                     self.req.probe = true;

@@ -86,32 +86,9 @@ impl Qp {
             if self.req.need_retry {
                 self.go_back_n(sh);
             }
-            let outstanding = psn::diff(self.req.psn, self.comp.psn);
-            let newest = psn::add(self.req.psn, psn::MASK);
-            // The newest alone: the oldest is a READ or atomic request.
-            let mut newest_alone = false;
-            if std::mem::take(&mut self.req.probe) && outstanding > 0 {
-                if let Some(t) = self.build_probe(now, sh, host, buf) {
-                    // The newest goes next, unless it is this one.
-                    self.req.probe_newest = outstanding > 1;
-                    let which = if outstanding > 1 {
-                        "the oldest and the newest"
-                    } else {
-                        "it"
-                    };
-                    self.note_probe(sh, which, newest);
+            if self.req.probe || self.req.probe_newest {
+                if let Some(t) = self.start_probe(now, sh, host, buf) {
                     return Some(t);
-                }
-                self.req.probe_newest = true;
-                newest_alone = true;
-            }
-            if std::mem::take(&mut self.req.probe_newest)
-                && outstanding > 0
-                && self.point_at_newest_sent(sh)
-            {
-                self.req.force_ack_req = true;
-                if newest_alone {
-                    self.note_probe(sh, "the newest", newest);
                 }
             }
             let idx = self.req.wqe_index;
@@ -511,6 +488,47 @@ impl Qp {
         sh.counters.retransmissions += 1;
     }
 
+    /// A tail-loss probe that is due: its first packet, the oldest unacknowledged one, built
+    /// here; or, for its newest packet, the requester pointed back at it, for the caller to
+    /// build as the next request (`None` then, as when nothing is outstanding any more).
+    fn start_probe(
+        &mut self,
+        now: Nanos,
+        sh: &mut Shared,
+        host: &dyn HostMemory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let outstanding = psn::diff(self.req.psn, self.comp.psn);
+        let newest = psn::add(self.req.psn, psn::MASK);
+        // The newest alone: the oldest is a READ or atomic request.
+        let mut newest_alone = false;
+        if std::mem::take(&mut self.req.probe) && outstanding > 0 {
+            if let Some(t) = self.build_probe(now, sh, host, buf) {
+                // The newest goes next, unless it is this one.
+                self.req.probe_newest = outstanding > 1;
+                let which = if outstanding > 1 {
+                    "the oldest and the newest"
+                } else {
+                    "it"
+                };
+                self.note_probe(sh, which, newest);
+                return Some(t);
+            }
+            self.req.probe_newest = true;
+            newest_alone = true;
+        }
+        if std::mem::take(&mut self.req.probe_newest)
+            && outstanding > 0
+            && self.point_at_newest_sent(sh)
+        {
+            self.req.force_ack_req = true;
+            if newest_alone {
+                self.note_probe(sh, "the newest", newest);
+            }
+        }
+        None
+    }
+
     /// The tail-loss probe (see [`tail_probe_ns`](super::qp_state::tail_probe_ns)), first
     /// packet: the oldest unacknowledged one once more, asking for an ACK, with the requester
     /// left where it was; the newest goes next (`Qp::point_at_newest_sent`). Between them they
@@ -579,9 +597,7 @@ impl Qp {
     pub(crate) fn point_at_newest_sent(&mut self, sh: &Shared) -> bool {
         if self.req.offset == 0 {
             // Between messages: the newest packet ended the WQE before this one.
-            let before = self.req.psn;
-            self.resend_last_packet(sh);
-            return self.req.psn != before;
+            return self.resend_last_packet(sh);
         }
         // Part-way through a SEND or WRITE (the window or the round robin paused it).
         let Some(w) = self.sq.get(self.req.wqe_index) else {
@@ -599,21 +615,23 @@ impl Qp {
 
     /// Points the requester back at the last packet of the last message it sent, a SEND or
     /// WRITE not yet acknowledged, to send it once more; it then carries on where it was.
-    pub(crate) fn resend_last_packet(&mut self, sh: &Shared) {
+    /// False, with nothing moved, when there is no such message.
+    pub(crate) fn resend_last_packet(&mut self, sh: &Shared) -> bool {
         let Some(idx) = self.req.wqe_index.checked_sub(1) else {
-            return;
+            return false;
         };
         let mtu = self.mtu(sh) as u64;
         let Some(w) = self.sq.get(idx) else {
-            return;
+            return false;
         };
         if w.state != WqeState::Pending || w.wr.op.is_read_or_atomic() {
-            return;
+            return false;
         }
         let into = psn::diff(w.last_psn, w.first_psn).max(0) as u64;
         self.req.offset = (into * mtu).min(w.length);
         self.req.psn = w.last_psn;
         self.req.wqe_index = idx;
+        true
     }
 
     /// Points the requester at the oldest unacknowledged PSN, in the head WQE at the offset
