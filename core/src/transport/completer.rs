@@ -63,7 +63,13 @@ impl Qp {
         if !matches!(self.attr.state, QpState::Rts | QpState::Sqd) {
             return;
         }
+        let oldest = self.comp.psn;
         self.process_response(now, sh, host, frame);
+        // ACKs and responses grow the send window back after a loss.
+        let answered = psn::diff(self.comp.psn, oldest);
+        if answered > 0 {
+            self.req.window.on_acked(answered as u32);
+        }
         self.retire_local(sh);
         self.rearm_retransmit(now);
         self.check_drained(sh);
@@ -370,11 +376,19 @@ impl Qp {
                 self.req.need_retry = true;
                 self.comp.started_retry = true;
                 self.comp.retrans_deadline = None;
+                // What the go-back-N resends was in flight behind the loss: fewer in flight
+                // next time (see `send_window`).
+                let before = self.req.window.size();
+                if self.ty == QpType::Rc && self.req.window.on_loss() {
+                    sh.counters.send_window_cuts += 1;
+                }
                 log::debug!(
-                    "QP {:#x}: {cause} at PSN {:#x}; resending from there ({})",
+                    "QP {:#x}: {cause} at PSN {:#x}; resending from there ({}); send window \
+                     {before} -> {} PSNs",
                     self.qpn,
                     self.comp.psn,
-                    retries_left(self.comp.retry_cnt)
+                    retries_left(self.comp.retry_cnt),
+                    self.req.window.size()
                 );
             }
         } else {

@@ -111,6 +111,8 @@ pub struct Counters {
     /// Tail-loss probes: the newest packet sent again after nothing was heard for
     /// [`TAIL_PROBE_NS`](super::qp_state::TAIL_PROBE_NS) (see `tail_probe_ns`).
     pub tail_probes: u64,
+    /// Go-back-Ns that halved an RC QP's send window (see `send_window`).
+    pub send_window_cuts: u64,
     pub retry_exceeded: u64,
     pub qkey_violations: u64,
     pub ud_no_receive: u64,
@@ -134,7 +136,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in declaration order (for reports and statistics files).
-    pub fn fields(&self) -> [(&'static str, u64); 33] {
+    pub fn fields(&self) -> [(&'static str, u64); 34] {
         [
             ("rx_packets", self.rx_packets),
             ("tx_requests", self.tx_requests),
@@ -159,6 +161,7 @@ impl Counters {
             ("retransmissions", self.retransmissions),
             ("timeouts", self.timeouts),
             ("tail_probes", self.tail_probes),
+            ("send_window_cuts", self.send_window_cuts),
             ("retry_exceeded", self.retry_exceeded),
             ("qkey_violations", self.qkey_violations),
             ("ud_no_receive", self.ud_no_receive),

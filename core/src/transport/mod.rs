@@ -8,6 +8,7 @@
 //! * [`device`]: the objects of one device and the sans-IO interface;
 //! * [`qp`]: a queue pair's attributes and queues; [`requester`], [`completer`] and
 //!   [`responder`] are its three protocol engines (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`);
+//! * [`send_window`]: how far an RC requester runs ahead of its acknowledgements;
 //! * [`qp_state`]: states, the transition table, MTU and timer rules;
 //! * [`memory`]: protection domains and memory regions with unpredictable keys;
 //! * [`cq`], [`srq`], [`address`]: completion queues, shared receive queues, address vectors;
@@ -27,6 +28,7 @@ pub mod qp_state;
 mod report;
 pub mod requester;
 pub mod responder;
+pub mod send_window;
 mod sgl;
 pub mod srq;
 pub mod verbs;

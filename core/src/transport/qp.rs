@@ -12,6 +12,7 @@ use super::qp_state::{
     MAX_QP_RD_ATOM, MAX_TIMEOUT,
 };
 use super::responder::Responder;
+use super::send_window::SendWindow;
 use super::srq::SrqId;
 use super::verbs::{
     AsyncEvent, RecvWr, SendWr, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
@@ -186,6 +187,8 @@ pub(crate) struct Requester {
     /// go-back-N moves `psn` back, not this): a response for this PSN or a later one answers
     /// nothing this QP sent.
     pub psn_end: u32,
+    /// How many PSNs may be outstanding (RC): halved by a go-back-N, grown back by ACKs.
+    pub window: SendWindow,
 }
 
 /// Completer state (`qp->comp` in rxe).

@@ -38,7 +38,7 @@ impl Qp {
         let _ = write!(
             s,
             "qp {:#x} {:?} {:?} -> {:#x} mtu {} | sq {} (sending #{} +{}B) psn {:#08x} unacked {:#08x} \
-             retry {}/{} rnr {}/{}{} retrans {} probe {} rnr_wait {}",
+             window {} retry {}/{} rnr {}/{}{} retrans {} probe {} rnr_wait {}",
             self.qpn,
             self.ty,
             self.attr.state,
@@ -49,6 +49,7 @@ impl Qp {
             self.req.offset,
             self.req.psn,
             self.comp.psn,
+            self.req.window.size(),
             self.comp.retry_cnt,
             self.attr.retry_cnt,
             self.comp.rnr_retry,

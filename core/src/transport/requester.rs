@@ -2,7 +2,7 @@
 //!
 //! Segmentation by path MTU, PSN assignment with 24-bit wrap, the AckReq policy (rdma_rxe's,
 //! with one ACK per burst of queued messages), the
-//! send window (`MAX_UNACKED_PSNS`), the initiator-depth limit on READs and atomics, fences, and the
+//! send window (`MAX_UNACKED_PSNS`, shrunk after losses: `send_window`), the initiator-depth limit on READs and atomics, fences, and the
 //! go-back-N restart point after a retry.
 
 use super::device::{Shared, Transmit};
@@ -14,7 +14,8 @@ use super::verbs::{SendFlags, SendOp, WcStatus};
 use super::{psn, sgl, Nanos};
 use crate::wire::{AtomicEthRepr, DethRepr, Opcode, RethRepr, TransportRepr};
 
-/// An RC requester never runs more than this many PSNs ahead of the oldest unacknowledged one.
+/// An RC requester never runs more than this many PSNs ahead of the oldest unacknowledged one,
+/// and fewer after a loss (the [`SendWindow`](super::send_window::SendWindow) starts here).
 ///
 /// rdma_rxe stops at 128 (`RXE_MAX_UNACKED_PSNS`); the window is the requester's own choice
 /// (a responder takes any in-order PSN), and 128 was too small. An ACK is asked for on every
@@ -25,7 +26,8 @@ use crate::wire::{AtomicEthRepr, DethRepr, Opcode, RethRepr, TransportRepr};
 /// alternating runs). rdma_rxe as the responder keeps up with more: receiving from xroce it
 /// took 21-23 MB/s with a window of 1024 against 16-17 with 128, and asked for no
 /// retransmission. The price: a loss makes go-back-N resend what went out after it, up to a
-/// window (512 KiB at path MTU 1024, 2 MiB at 4096) where 128 cost a quarter of that.
+/// window (512 KiB at path MTU 1024, 2 MiB at 4096) where 128 cost a quarter of that; so a
+/// loss halves the window, and acknowledgements grow it back.
 pub const MAX_UNACKED_PSNS: u32 = 512;
 /// AckReq is forced on a middle packet after this many packets without it
 /// (`RXE_MAX_PKT_PER_ACK`).
@@ -104,7 +106,10 @@ impl Qp {
                 WqeState::Done | WqeState::Error(_) => return None,
             }
             if self.ty == QpType::Rc
-                && psn::diff(self.req.psn, psn::add(self.comp.psn, MAX_UNACKED_PSNS)) > 0
+                && psn::diff(
+                    self.req.psn,
+                    psn::add(self.comp.psn, self.req.window.size()),
+                ) > 0
             {
                 return None;
             }
@@ -340,7 +345,8 @@ impl Qp {
                 .is_some_and(|next| !next.wr.flags.contains(SendFlags::SIGNALED));
         let probing = std::mem::take(&mut self.req.force_ack_req);
         if self.ty == QpType::Rc {
-            // Packets since the last AckReq (rdma_rxe forces one after 64 without).
+            // Packets since the last AckReq (rdma_rxe forces one after 64 without; a send
+            // window that a loss shrank asks more often, to keep moving).
             // Also by time: next to many busy QPs a QP gets one packet per round of the
             // device's round robin, so 64 packets can take longer than the retransmission
             // timeout, which would then fire although nothing was lost (256 QPs of
@@ -349,7 +355,8 @@ impl Qp {
                 let n = self.req.noack_pkts;
                 self.req.noack_pkts += 1;
                 let since = *self.req.noack_since.get_or_insert(now);
-                n > MAX_PKT_PER_ACK || now.saturating_sub(since) >= self.ack_interval_ns()
+                n > self.req.window.ack_every()
+                    || now.saturating_sub(since) >= self.ack_interval_ns()
             };
             // The last packet of a message asks for an ACK, unless another message is already
             // queued right behind it and will go out next: the ACK that one asks for covers
