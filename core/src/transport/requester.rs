@@ -1,9 +1,9 @@
 //! The requester: turns send WQEs into request packets (`rxe_req.c`).
 //!
 //! Segmentation by path MTU, PSN assignment with 24-bit wrap, the AckReq policy (rdma_rxe's,
-//! with one ACK per burst of queued messages), the
-//! send window (`MAX_UNACKED_PSNS`, shrunk after losses: `send_window`), the initiator-depth limit on READs and atomics, fences, and the
-//! go-back-N restart point after a retry.
+//! with one ACK per burst of queued messages), the send window (`MAX_UNACKED_PSNS`, shrunk
+//! after losses: `send_window`), the initiator-depth limit on READs and atomics, fences, and
+//! the go-back-N restart point after a retry.
 
 use super::device::{Shared, Transmit};
 use super::host_memory::{payload_hash_start, HostMemory};
