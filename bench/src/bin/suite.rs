@@ -830,11 +830,12 @@ struct Loss {
     dropped: u64,
     /// Frames the receiving engine took.
     received: u64,
-    /// The sender's go-back-N restarts on a sequence NAK, its retransmission timeouts, and
-    /// its probes for a lost tail.
+    /// The sender's go-back-N restarts on a sequence NAK, its retransmission timeouts, its
+    /// probes for a lost tail, and the go-back-Ns that halved a QP's send window.
     seq_naks: u64,
     timeouts: u64,
     tail_probes: u64,
+    window_cuts: u64,
 }
 
 impl Loss {
@@ -846,6 +847,7 @@ impl Loss {
             seq_naks: client("seq_naks_received"),
             timeouts: client("timeouts"),
             tail_probes: client("tail_probes"),
+            window_cuts: client("send_window_cuts"),
         }
     }
 
@@ -875,13 +877,14 @@ impl Loss {
              receiving engine's socket dropped {:.0} frames a run, {:.2} % of those that reached \
              it (runs: {}), when it had no room for them; the sender went back on {:.0} \
              sequence NAKs and {:.0} retransmission timeouts a run; tail-loss probes a run: \
-             {:.0}.",
+             {:.0}; send windows halved a run: {:.0}.",
             median(&|l| l.dropped as f64),
             100.0 * median(&|l| l.dropped_share()),
             shares.join(", "),
             median(&|l| l.seq_naks as f64),
             median(&|l| l.timeouts as f64),
             median(&|l| l.tail_probes as f64),
+            median(&|l| l.window_cuts as f64),
             s = if qps == 1 { "" } else { "s" },
             n = runs.len(),
             rs = if runs.len() == 1 { "" } else { "s" },
@@ -1773,6 +1776,7 @@ mod tests {
                 ("seq_naks_received", 2),
                 ("timeouts", 1),
                 ("tail_probes", 6),
+                ("send_window_cuts", 4),
                 ("rx_frames", 5),
             ]),
         };
@@ -1785,6 +1789,7 @@ mod tests {
                 seq_naks: 2,
                 timeouts: 1,
                 tail_probes: 6,
+                window_cuts: 4,
             }
         );
         assert!((loss.dropped_share() - 0.1).abs() < 1e-12);
@@ -1798,6 +1803,7 @@ mod tests {
                 seq_naks: 5,
                 timeouts: 0,
                 tail_probes: 1,
+                window_cuts: 5,
             },
             Loss {
                 dropped: 30,
@@ -1805,6 +1811,7 @@ mod tests {
                 seq_naks: 9,
                 timeouts: 4,
                 tail_probes: 3,
+                window_cuts: 8,
             },
             Loss {
                 dropped: 20,
@@ -1812,6 +1819,7 @@ mod tests {
                 seq_naks: 7,
                 timeouts: 2,
                 tail_probes: 2,
+                window_cuts: 6,
             },
         ];
         let note = Loss::note(256, &runs).expect("a note");
@@ -1822,7 +1830,7 @@ mod tests {
         assert!(
             note.contains(
                 "on 7 sequence NAKs and 2 retransmission timeouts a run; tail-loss probes a run: \
-                 2."
+                 2; send windows halved a run: 6."
             ),
             "{note}"
         );
