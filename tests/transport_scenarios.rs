@@ -9,6 +9,7 @@ use std::rc::Rc;
 
 use xroce_core::transport::qp_state::TAIL_PROBE_NS;
 use xroce_core::transport::requester::MAX_UNACKED_PSNS;
+use xroce_core::transport::round_trip::MIN_PROBE_NS;
 use xroce_core::transport::{
     Access, AddressVector, AhId, AsyncEvent, AttrMask, Counters, CqId, Event, MemoryRegion, Nanos,
     PathMtu, QpAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, VerbsError,
@@ -555,6 +556,7 @@ enum TailLost {
     LastTwo,
     TheAck,
     LastAndBothProbes,
+    LastAndEveryProbe,
     LastWithAShortTimer,
 }
 
@@ -563,8 +565,10 @@ enum TailLost {
 /// again, both asking for an ACK, instead of waiting for the retransmission timer (67 ms at
 /// `timeout` 14). A lost last packet is then taken in order; when the packets before it are
 /// lost too, the newest draws the sequence NAK that starts go-back-N; when only the ACK was
-/// lost, both duplicates are ACKed again. A probe that is lost too leaves the loss to the
-/// timer. A QP whose timer is short (`timeout` below 12) does not probe.
+/// lost, both duplicates are ACKed again. A probe that is lost too is followed by another after
+/// twice the delay (8 ms, then 16), until the next would go after a quarter of the
+/// retransmission timeout: only when every probe is lost does the timer resend. A QP whose
+/// timer is short (`timeout` below 12) does not probe.
 #[test]
 fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
     use TailLost::*;
@@ -573,6 +577,7 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
         LastTwo,
         TheAck,
         LastAndBothProbes,
+        LastAndEveryProbe,
         LastWithAShortTimer,
     ] {
         let mut sim = Sim::new(27, 2, LinkConfig::default());
@@ -608,6 +613,16 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
                 };
                 (drop_matching(&mut sim, 0, 3, pick), 3)
             }
+            LastAndEveryProbe => {
+                // The original and three probes (at 4, 8 and 16 ms) of each.
+                let (mut firsts, mut lasts) = (0, 0);
+                let pick = move |_, psn| {
+                    firsts += u32::from(psn == first);
+                    lasts += u32::from(psn == last);
+                    (psn == last && lasts <= 4) || (psn == first && (2..=4).contains(&firsts))
+                };
+                (drop_matching(&mut sim, 0, 7, pick), 7)
+            }
         };
         let start = sim.now;
         sim.nodes[0]
@@ -635,14 +650,21 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
             LastPacket => assert_eq!(recovery, (1, 0, 0, 0, 1)),
             LastTwo => assert_eq!(recovery, (1, 0, 1, 1, 1)),
             TheAck => assert_eq!(recovery, (1, 0, 0, 0, 2)),
+            // The second probe's oldest packet is held, its newest taken.
+            LastAndBothProbes => assert_eq!(recovery, (2, 0, 0, 0, 1)),
             // The timer resends all four; the responder holds the first three.
-            LastAndBothProbes => assert_eq!(recovery, (1, 1, 1, 0, 3)),
+            LastAndEveryProbe => assert_eq!(recovery, (3, 1, 1, 0, 3)),
             LastWithAShortTimer => assert_eq!(recovery, (0, 1, 1, 0, 3)),
         }
-        if matches!(lost, LastAndBothProbes | LastWithAShortTimer) {
+        if matches!(lost, LastAndEveryProbe | LastWithAShortTimer) {
             assert!(
                 took >= t,
                 "{lost:?}: done after {took} ns, before the timer"
+            );
+        } else if lost == LastAndBothProbes {
+            assert!(
+                (3 * TAIL_PROBE_NS..t / 4).contains(&took),
+                "{lost:?}: done after {took} ns"
             );
         } else {
             assert!(
@@ -651,6 +673,55 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
             );
         }
     }
+}
+
+/// Once ACKs were timed (a few WRITEs acknowledged in tens of microseconds on the simulated
+/// link), a lost tail is probed for after the shortest delay, 1 ms, not the 4 ms the probe
+/// waits on a path it knows nothing of (see `round_trip`).
+#[test]
+fn a_lost_tail_is_probed_for_sooner_on_a_path_whose_acks_were_timed() {
+    let mut sim = Sim::new(31, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (a, _b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    let data = pattern(4000, 31);
+    sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
+    for id in 1..=4 {
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(id, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
+            )
+            .unwrap();
+        let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+        assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
+    }
+    // Four packets; the last, the one asking for the ACK, is lost.
+    let last = o.psn.0 + 4 + 3;
+    let dropped = drop_matching(&mut sim, 0, 1, move |_, psn| psn == last);
+    let start = sim.now;
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(5, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    let took = sim.now - start;
+    settle(&mut sim);
+    assert_eq!(dropped.get(), 1);
+    assert_eq!(ids_and_status(&sc), [(5, WcStatus::Success)]);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
+    let c0 = counters(&sim, 0);
+    assert_eq!((c0.tail_probes, c0.timeouts), (1, 0));
+    assert!(
+        (MIN_PROBE_NS..TAIL_PROBE_NS).contains(&took),
+        "done after {took} ns"
+    );
 }
 
 /// A READ's lost response is no tail the probe can ask about: the oldest and the newest packet

@@ -4,7 +4,7 @@
 use super::device::Shared;
 use super::host_memory::HostMemory;
 use super::qp::{Qp, WqeState};
-use super::qp_state::{retransmit_timeout_ns, tail_probe_ns, QpState, QpType, RNR_TIMER_US};
+use super::qp_state::{probe_delay_ns, retransmit_timeout_ns, QpState, QpType, RNR_TIMER_US};
 use super::verbs::{SendOp, WcStatus};
 use super::{psn, sgl, Nanos};
 use crate::wire::{AethSyndrome, NakCode, Operation, Position, RoceFrame};
@@ -67,6 +67,12 @@ impl Qp {
         self.process_response(now, sh, host, frame);
         // ACKs and responses grow the send window back after a loss.
         let answered = psn::diff(self.comp.psn, oldest);
+        if let Some((timed, sent)) = self.req.rtt_sample {
+            if psn::diff(self.comp.psn, timed) > 0 {
+                self.req.rtt_sample = None;
+                self.comp.rtt.sample(now.saturating_sub(sent));
+            }
+        }
         if answered > 0 {
             self.req.window.on_acked(answered as u32);
         }
@@ -353,7 +359,7 @@ impl Qp {
         self.comp.rnr_retry = self.attr.rnr_retry;
         self.comp.started_retry = false;
         self.comp.rnr_echo = None;
-        self.comp.probed = false;
+        self.comp.probes = 0;
     }
 
     /// A sequence NAK, a lost response or a timeout: count a retry and go back N, or give up
@@ -376,6 +382,8 @@ impl Qp {
                 self.req.need_retry = true;
                 self.comp.started_retry = true;
                 self.comp.retrans_deadline = None;
+                // Its ACK could answer the copy resent now (Karn's rule).
+                self.req.rtt_sample = None;
                 // What the go-back-N resends was in flight behind the loss: fewer in flight
                 // next time (see `send_window`).
                 let before = self.req.window.size();
@@ -425,11 +433,13 @@ impl Qp {
     }
 
     /// Restarts the tail-loss probe's delay (`waiting`: a packet that asked for an ACK is not
-    /// acknowledged yet), after such a packet went or a response came; stops it once the QP
-    /// has probed since the oldest PSN last moved.
+    /// acknowledged yet), after such a packet went or a response came. Each probe sent since
+    /// the oldest PSN last moved doubles the delay; once it would reach past the
+    /// retransmission timer, no probe is armed and the timer does the rest.
     pub(crate) fn rearm_probe(&mut self, now: Nanos, waiting: bool) {
-        self.comp.probe_deadline = tail_probe_ns(self.attr.timeout)
-            .filter(|_| waiting && !self.comp.probed && self.ty == QpType::Rc)
+        let first = self.comp.rtt.probe_delay();
+        self.comp.probe_deadline = probe_delay_ns(self.attr.timeout, self.comp.probes, first)
+            .filter(|_| waiting && self.ty == QpType::Rc)
             .map(|t| now + t);
     }
 
@@ -481,9 +491,11 @@ impl Qp {
             if t <= now {
                 self.comp.probe_deadline = None;
                 // Not while a go-back-N or an RNR wait is under way: those resend anyway.
-                if !self.comp.probed && !self.req.need_retry && self.awaits_response() {
-                    // The requester sends it (and counts it) with its next packets.
-                    self.comp.probed = true;
+                if !self.req.need_retry && self.awaits_response() {
+                    // The requester sends it (and counts it) with its next packets; the
+                    // packet being timed may go again.
+                    self.comp.probes += 1;
+                    self.req.rtt_sample = None;
                     self.req.probe = true;
                 }
             }

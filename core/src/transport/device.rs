@@ -108,8 +108,9 @@ pub struct Counters {
     pub error_naks_received: u64,
     pub retransmissions: u64,
     pub timeouts: u64,
-    /// Tail-loss probes: the newest packet sent again after nothing was heard for
-    /// [`TAIL_PROBE_NS`](super::qp_state::TAIL_PROBE_NS) (see `tail_probe_ns`).
+    /// Tail-loss probes: the oldest and newest packets sent again after nothing was heard for
+    /// [`TAIL_PROBE_NS`](super::qp_state::TAIL_PROBE_NS), or twice as long for each probe
+    /// before it in the same stall (see `probe_delay_ns`).
     pub tail_probes: u64,
     /// Go-back-Ns that halved an RC QP's send window (see `send_window`).
     pub send_window_cuts: u64,

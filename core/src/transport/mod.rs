@@ -9,6 +9,7 @@
 //! * [`qp`]: a queue pair's attributes and queues; [`requester`], [`completer`] and
 //!   [`responder`] are its three protocol engines (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`);
 //! * [`send_window`]: how far an RC requester runs ahead of its acknowledgements;
+//! * [`round_trip`]: how long its ACKs take, and so when it probes for a lost tail;
 //! * [`qp_state`]: states, the transition table, MTU and timer rules;
 //! * [`memory`]: protection domains and memory regions with unpredictable keys;
 //! * [`cq`], [`srq`], [`address`]: completion queues, shared receive queues, address vectors;
@@ -28,6 +29,7 @@ pub mod qp_state;
 mod report;
 pub mod requester;
 pub mod responder;
+pub mod round_trip;
 pub mod send_window;
 mod sgl;
 pub mod srq;

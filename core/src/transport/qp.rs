@@ -12,6 +12,7 @@ use super::qp_state::{
     MAX_QP_RD_ATOM, MAX_TIMEOUT,
 };
 use super::responder::Responder;
+use super::round_trip::RoundTrip;
 use super::send_window::SendWindow;
 use super::srq::SrqId;
 use super::verbs::{
@@ -189,6 +190,9 @@ pub(crate) struct Requester {
     pub psn_end: u32,
     /// How many PSNs may be outstanding (RC): halved by a go-back-N, grown back by ACKs.
     pub window: SendWindow,
+    /// The packet being timed to its ACK (its PSN, and when it went), for `Completer::rtt`:
+    /// one at a time, and none resent.
+    pub rtt_sample: Option<(u32, Nanos)>,
 }
 
 /// Completer state (`qp->comp` in rxe).
@@ -205,9 +209,12 @@ pub(crate) struct Completer {
     /// When a tail-loss probe goes unless something is sent or heard first
     /// ([`tail_probe_ns`](super::qp_state::tail_probe_ns)).
     pub probe_deadline: Option<Nanos>,
-    /// A probe went since the oldest PSN last moved: one per stall; the retransmission timer
-    /// does the rest.
-    pub probed: bool,
+    /// Probes sent since the oldest PSN last moved: each waits twice as long as the one
+    /// before, and none is armed to go after the retransmission timer would fire (see
+    /// [`probe_delay_ns`](super::qp_state::probe_delay_ns)).
+    pub probes: u32,
+    /// How long ACKs take (RC), which sets the probe's delay.
+    pub rtt: RoundTrip,
     pub rnr_deadline: Option<Nanos>,
     /// The PSN an RNR wait that ended resent from: the sequence NAK the packets behind the
     /// RNR-NAKed one drew may still arrive, carrying it, and is no new loss.

@@ -356,6 +356,21 @@ pub fn tail_probe_ns(timeout: u8) -> Option<u64> {
         .map(|_| TAIL_PROBE_NS)
 }
 
+/// The delay before the next tail-loss probe when `probes` went already since the oldest PSN
+/// last moved and the first waits `first` (see `round_trip`): doubled for each of them, as
+/// long as that is at most a quarter of the retransmission timeout; `None` beyond (the timer
+/// comes soon enough), and where [`tail_probe_ns`] is `None`. A probe can be lost as the
+/// packets it asks about were; with one probe per stall, that loss cost the whole
+/// retransmission timeout (67 ms at `timeout` 14). At `timeout` 14 probes that start at 4 ms
+/// go after 4, 8 and 16 ms of silence, a stall costing at most six packets more than before.
+pub fn probe_delay_ns(timeout: u8, probes: u32, first: u64) -> Option<u64> {
+    tail_probe_ns(timeout)?;
+    let retransmit = retransmit_timeout_ns(timeout)?;
+    first
+        .checked_shl(probes)
+        .filter(|&d| probes < 32 && d <= retransmit / 4)
+}
+
 /// rdma_rxe's RNR NAK timer table (`rnrnak_usec[]`), in microseconds, indexed by the 5-bit code.
 /// Entry 25 reproduces rdma_rxe's 61410 (IBTA says 61440) so both ends wait alike.
 pub const RNR_TIMER_US: [u32; 32] = [
@@ -498,5 +513,29 @@ mod tests {
         assert_eq!(rd_atomic_slots(3), 4);
         assert_eq!(rd_atomic_slots(0), 0);
         assert_eq!(rd_atomic_slots(128), 128);
+    }
+
+    /// A stall's probes wait 4, 8 and 16 ms at `timeout` 14 (the timer's 67 ms is the rest),
+    /// 4 ms once at 12 (16.8 ms), and none below, or with the timer off.
+    #[test]
+    fn each_probe_of_a_stall_waits_twice_as_long_until_a_quarter_of_the_timer() {
+        let delays = |timeout| -> Vec<u64> {
+            (0..40)
+                .map_while(|n| probe_delay_ns(timeout, n, TAIL_PROBE_NS))
+                .map(|d| d / 1_000_000)
+                .collect()
+        };
+        assert_eq!(delays(14), [4, 8, 16]);
+        assert_eq!(delays(15), [4, 8, 16, 32]);
+        assert_eq!(delays(12), [4]);
+        assert_eq!(delays(11), [0u64; 0]);
+        assert_eq!(delays(0), [0u64; 0]);
+        // The longest timer (2.4 hours): 20 probes, the last after 35 minutes.
+        assert_eq!(delays(31).len(), 20);
+        // From a measured 1 ms: five at `timeout` 14.
+        let from_1_ms: Vec<_> = (0..9)
+            .map_while(|n| probe_delay_ns(14, n, 1_000_000))
+            .collect();
+        assert_eq!(from_1_ms.len(), 5);
     }
 }

@@ -464,6 +464,14 @@ impl Qp {
             // up to 64), is not waiting for anything.
             if t.bth.ack_req {
                 self.req.asked_ack_psn = Some(psn);
+                if self.req.rtt_sample.is_none()
+                    && !probing
+                    && !self.comp.started_retry
+                    && self.comp.probes == 0
+                {
+                    // Sent once so far, as far as the requester knows: time it to its ACK.
+                    self.req.rtt_sample = Some((psn, now));
+                }
                 self.rearm_probe(now, true);
             }
         }
@@ -588,12 +596,19 @@ impl Qp {
     fn note_probe(&self, sh: &mut Shared, which: &str, newest: u32) {
         sh.counters.tail_probes += 1;
         log::debug!(
-            "QP {:#x}: nothing heard for {} µs with PSNs {:#x}..{:#x} outstanding; probing: \
-             {which} again, asking for ACKs",
+            "QP {:#x}: nothing heard for {} µs with PSNs {:#x}..{:#x} outstanding; probing \
+             (probe {} of this stall): {which} again, asking for ACKs",
             self.qpn,
-            super::qp_state::TAIL_PROBE_NS / 1000,
+            super::qp_state::probe_delay_ns(
+                self.attr.timeout,
+                self.comp.probes.saturating_sub(1),
+                self.comp.rtt.probe_delay()
+            )
+            .unwrap_or(0)
+                / 1000,
             self.comp.psn,
-            newest
+            newest,
+            self.comp.probes
         );
     }
 

@@ -1,0 +1,110 @@
+//! How long an RC requester's packets take to be acknowledged, and from that how long it waits
+//! in silence before its tail-loss probe.
+//!
+//! A tail-loss probe (see [`tail_probe_ns`](super::qp_state::tail_probe_ns)) waited 4 ms
+//! whatever the path: far above the 10-30 µs a packet takes to be acknowledged between two
+//! namespaces, so on a lossy path of that kind a lost last packet of a ping-pong's turn cost
+//! 4 ms, and those stalls made up most of the average latency (`ib_send_lat` 64 B with 1 % of
+//! the frames dropped each way: 89 µs on average, typical 6 µs). Between TCG guests, where a
+//! guest goes quiet for milliseconds now and then, 4 ms is about right.
+//!
+//! So the delay follows the measured time to an ACK, as TCP's retransmission timer follows the
+//! round trip (RFC 6298): a smoothed time and its mean deviation, updated from one packet that
+//! asks for an ACK at a time (never a resent one, whose ACK could answer either copy), and
+//! the probe waits twice the smoothed time and four deviations, between [`MIN_PROBE_NS`] and
+//! [`TAIL_PROBE_NS`]. The ACKs measured include what the responder held them for (its
+//! application's answer, up to 50 µs), so a peer that holds its ACKs is not probed for that.
+
+use super::qp_state::TAIL_PROBE_NS;
+use super::Nanos;
+
+/// The shortest probe delay: the progress thread's longest nap (1 ms), so that a probe
+/// deadline which every packet asking for an ACK restarts never shortens its naps, and far
+/// above what a responder holds its ACKs for.
+pub const MIN_PROBE_NS: u64 = 1_000_000;
+
+/// The smoothed time from a packet asking for an ACK to that ACK, and its mean deviation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundTrip {
+    smoothed: Option<Nanos>,
+    deviation: Nanos,
+}
+
+impl RoundTrip {
+    /// One measurement (RFC 6298's gains: an eighth for the time, a quarter for the
+    /// deviation).
+    pub fn sample(&mut self, rtt: Nanos) {
+        match self.smoothed {
+            None => {
+                self.smoothed = Some(rtt);
+                self.deviation = rtt / 2;
+            }
+            Some(s) => {
+                self.deviation = (3 * self.deviation + s.abs_diff(rtt)) / 4;
+                self.smoothed = Some((7 * s + rtt) / 8);
+            }
+        }
+    }
+
+    /// The smoothed time, once anything was measured.
+    pub fn smoothed(&self) -> Option<Nanos> {
+        self.smoothed
+    }
+
+    /// How long the requester goes without hearing anything before its first probe:
+    /// [`TAIL_PROBE_NS`] until a packet was measured, then twice the smoothed time and four
+    /// deviations, between [`MIN_PROBE_NS`] and [`TAIL_PROBE_NS`].
+    pub fn probe_delay(&self) -> Nanos {
+        self.smoothed.map_or(TAIL_PROBE_NS, |s| {
+            (2 * s + 4 * self.deviation).clamp(MIN_PROBE_NS, TAIL_PROBE_NS)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_waits_4_ms_until_a_round_trip_was_measured() {
+        assert_eq!(RoundTrip::default().probe_delay(), TAIL_PROBE_NS);
+    }
+
+    /// Namespaces on one host: ACKs in 10-30 µs, the probe at its floor.
+    #[test]
+    fn a_fast_path_is_probed_after_the_shortest_delay() {
+        let mut rt = RoundTrip::default();
+        for rtt in [12_000, 30_000, 9_000, 15_000] {
+            rt.sample(rtt);
+        }
+        assert!(rt.smoothed().is_some_and(|s| (9_000..30_000).contains(&s)));
+        assert_eq!(rt.probe_delay(), MIN_PROBE_NS);
+    }
+
+    /// TCG guests: ACKs in about half a millisecond, now and then several: the probe backs
+    /// off to its ceiling, and comes down again when the path steadies (at 0.7 ms, to about
+    /// twice that).
+    #[test]
+    fn a_slow_jittery_path_is_probed_later() {
+        let mut rt = RoundTrip::default();
+        for rtt in [400_000, 3_000_000, 500_000, 2_500_000, 450_000] {
+            rt.sample(rtt);
+        }
+        assert_eq!(rt.probe_delay(), TAIL_PROBE_NS);
+        for _ in 0..40 {
+            rt.sample(700_000);
+        }
+        let d = rt.probe_delay();
+        assert!((2 * 700_000..2 * 700_000 + 100_000).contains(&d), "{d}");
+    }
+
+    #[test]
+    fn smoothing_follows_rfc_6298() {
+        let mut rt = RoundTrip::default();
+        rt.sample(800);
+        assert_eq!((rt.smoothed(), rt.deviation), (Some(800), 400));
+        rt.sample(1600);
+        // deviation 3/4 · 400 + 1/4 · 800; time 7/8 · 800 + 1/8 · 1600.
+        assert_eq!((rt.smoothed(), rt.deviation), (Some(900), 500));
+    }
+}
