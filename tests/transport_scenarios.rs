@@ -675,6 +675,34 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
     }
 }
 
+/// A 4 000-byte WRITE (four packets at path MTU 1024, the first at `first_psn`) whose last
+/// packet, the one asking for the ACK, is lost once: checks it completes, recovered by one
+/// tail-loss probe, and returns how long it took.
+fn write_losing_its_tail(
+    sim: &mut Sim,
+    a: &QpEnd,
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+    first_psn: u32,
+    wr_id: u64,
+) -> Nanos {
+    let last = first_psn + 3;
+    let dropped = drop_matching(sim, 0, 1, move |_, psn| psn == last);
+    let start = sim.now;
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(wr_id, write_op(dst, 0), vec![sge(src, 0, 4000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(sim, 0, a.send_cq, 1);
+    let took = sim.now - start;
+    assert_eq!(dropped.get(), 1);
+    assert_eq!(ids_and_status(&sc), [(wr_id, WcStatus::Success)]);
+    assert_eq!(counters(sim, 0).tail_probes, 1);
+    took
+}
+
 /// Once ACKs were timed (a few WRITEs acknowledged in tens of microseconds on the simulated
 /// link), a lost tail is probed for after the shortest delay, 1 ms, not the 4 ms the probe
 /// waits on a path it knows nothing of (see `round_trip`).
@@ -700,24 +728,47 @@ fn a_lost_tail_is_probed_for_sooner_on_a_path_whose_acks_were_timed() {
         let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
         assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
     }
-    // Four packets; the last, the one asking for the ACK, is lost.
-    let last = o.psn.0 + 4 + 3;
-    let dropped = drop_matching(&mut sim, 0, 1, move |_, psn| psn == last);
-    let start = sim.now;
+    let took = write_losing_its_tail(&mut sim, &a, &src, &dst, o.psn.0 + 4, 5);
+    settle(&mut sim);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
+    assert_eq!(counters(&sim, 0).timeouts, 0);
+    assert!(
+        (MIN_PROBE_NS..TAIL_PROBE_NS).contains(&took),
+        "done after {took} ns"
+    );
+}
+
+/// A SEND that waits out RNR NAKs for 3 ms is ACKed 3 ms after it first went; timed across
+/// the waits, that would make the path look slow and the probe wait 4 ms. The sample is
+/// dropped at each RNR NAK and the resend timed instead, so a lost tail afterwards is probed
+/// for after 1 ms, and the state dump gives the ACK time measured.
+#[test]
+fn an_rnr_wait_is_not_taken_for_the_round_trip() {
+    let mut sim = Sim::new(32, 2, LinkConfig::default());
+    let o = ConnectOptions {
+        timeout: 14,
+        min_rnr_timer: 12,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = connect(&mut sim, 0, 1, &o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    let data = pattern(4000, 32);
+    sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
     sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(5, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
-        )
+        .post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src, 0, 100)]))
+        .unwrap();
+    assert!(!sim.run_until(3_000_000, |s| cq_len(s, 0, a.send_cq) > 0));
+    assert!(counters(&sim, 0).rnr_naks_received >= 2);
+    sim.nodes[1]
+        .post_recv(b.qpn, recv_wr(7, &dst, 0, 4096))
         .unwrap();
     let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
-    let took = sim.now - start;
+    assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
     settle(&mut sim);
-    assert_eq!(dropped.get(), 1);
-    assert_eq!(ids_and_status(&sc), [(5, WcStatus::Success)]);
-    assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
-    let c0 = counters(&sim, 0);
-    assert_eq!((c0.tail_probes, c0.timeouts), (1, 0));
+    let report = sim.nodes[0].dev.state_report(sim.now);
+    assert!(report.contains(" ack_time 0.0ms "), "{report}");
+    let took = write_losing_its_tail(&mut sim, &a, &src, &dst, o.psn.0 + 1, 2);
     assert!(
         (MIN_PROBE_NS..TAIL_PROBE_NS).contains(&took),
         "done after {took} ns"

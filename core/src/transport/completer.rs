@@ -205,6 +205,9 @@ impl Qp {
                         }
                         let us = u64::from(RNR_TIMER_US[usize::from(timer & 0x1f)]);
                         self.comp.rnr_deadline = Some(now + us * 1000);
+                        // The packet being timed is resent after the wait: its ACK would time
+                        // the wait, not the path.
+                        self.req.rtt_sample = None;
                         self.comp.retrans_deadline = None;
                         self.req.need_retry = true;
                         log::debug!(

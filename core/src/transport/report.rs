@@ -38,7 +38,7 @@ impl Qp {
         let _ = write!(
             s,
             "qp {:#x} {:?} {:?} -> {:#x} mtu {} | sq {} (sending #{} +{}B) psn {:#08x} unacked {:#08x} \
-             window {} retry {}/{} rnr {}/{}{} retrans {} probe {} rnr_wait {}",
+             window {} retry {}/{} rnr {}/{}{} retrans {} probe {} ack_time {} rnr_wait {}",
             self.qpn,
             self.ty,
             self.attr.state,
@@ -57,6 +57,10 @@ impl Qp {
             if self.req.need_retry { " go-back-N" } else { "" },
             deadline(self.comp.retrans_deadline, now),
             deadline(self.comp.probe_deadline, now),
+            self.comp
+                .rtt
+                .smoothed()
+                .map_or_else(|| "-".into(), |t| format!("{:.1}ms", t as f64 / 1e6)),
             deadline(self.comp.rnr_deadline, now),
         );
         if let Some(w) = self.sq.front() {
