@@ -675,6 +675,16 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
     }
 }
 
+/// Two nodes on a clean simulated link with one RC QP each (`o`, whose `timeout` lets them
+/// probe), and a 4 KiB buffer on each: a source on the first, a destination on the second.
+fn probing_pair(seed: u64, o: &ConnectOptions) -> (Sim, QpEnd, QpEnd, MemoryRegion, MemoryRegion) {
+    let mut sim = Sim::new(seed, 2, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 0, 1, o);
+    let src = sim.nodes[0].alloc(4096, RW);
+    let dst = sim.nodes[1].alloc(4096, RW);
+    (sim, a, b, src, dst)
+}
+
 /// A 4 000-byte WRITE (four packets at path MTU 1024, the first at `first_psn`) whose last
 /// packet, the one asking for the ACK, is lost once: checks it completes, recovered by one
 /// tail-loss probe, and returns how long it took.
@@ -708,14 +718,11 @@ fn write_losing_its_tail(
 /// waits on a path it knows nothing of (see `round_trip`).
 #[test]
 fn a_lost_tail_is_probed_for_sooner_on_a_path_whose_acks_were_timed() {
-    let mut sim = Sim::new(31, 2, LinkConfig::default());
     let o = ConnectOptions {
         timeout: 14,
         ..ConnectOptions::default()
     };
-    let (a, _b) = connect(&mut sim, 0, 1, &o);
-    let src = sim.nodes[0].alloc(4096, RW);
-    let dst = sim.nodes[1].alloc(4096, RW);
+    let (mut sim, a, _b, src, dst) = probing_pair(31, &o);
     let data = pattern(4000, 31);
     sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
     for id in 1..=4 {
@@ -733,26 +740,23 @@ fn a_lost_tail_is_probed_for_sooner_on_a_path_whose_acks_were_timed() {
     assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
     assert_eq!(counters(&sim, 0).timeouts, 0);
     assert!(
-        (MIN_PROBE_NS..TAIL_PROBE_NS).contains(&took),
+        (MIN_PROBE_NS..2 * MIN_PROBE_NS).contains(&took),
         "done after {took} ns"
     );
 }
 
 /// A SEND that waits out RNR NAKs for 3 ms is ACKed 3 ms after it first went; timed across
 /// the waits, that would make the path look slow and the probe wait 4 ms. The sample is
-/// dropped at each RNR NAK and the resend timed instead, so a lost tail afterwards is probed
-/// for after 1 ms, and the state dump gives the ACK time measured.
+/// dropped at the RNR NAK (and the resends, as any, are not timed), so after one WRITE timed
+/// a lost tail is probed for after 1 ms; the state dump gives the ACK time measured.
 #[test]
 fn an_rnr_wait_is_not_taken_for_the_round_trip() {
-    let mut sim = Sim::new(32, 2, LinkConfig::default());
     let o = ConnectOptions {
         timeout: 14,
         min_rnr_timer: 12,
         ..ConnectOptions::default()
     };
-    let (a, b) = connect(&mut sim, 0, 1, &o);
-    let src = sim.nodes[0].alloc(4096, RW);
-    let dst = sim.nodes[1].alloc(4096, RW);
+    let (mut sim, a, b, src, dst) = probing_pair(32, &o);
     let data = pattern(4000, 32);
     sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
     sim.nodes[0]
@@ -765,14 +769,62 @@ fn an_rnr_wait_is_not_taken_for_the_round_trip() {
         .unwrap();
     let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
     assert_eq!(ids_and_status(&sc), [(1, WcStatus::Success)]);
+    // The resends are not timed either (Karn's rule): a WRITE going for the first time is.
+    let report = sim.nodes[0].dev.state_report(sim.now);
+    assert!(report.contains(" ack_time - "), "{report}");
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(2, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(2, WcStatus::Success)]);
     settle(&mut sim);
     let report = sim.nodes[0].dev.state_report(sim.now);
     assert!(report.contains(" ack_time 0.0ms "), "{report}");
-    let took = write_losing_its_tail(&mut sim, &a, &src, &dst, o.psn.0 + 1, 2);
+    let took = write_losing_its_tail(&mut sim, &a, &src, &dst, o.psn.0 + 2, 3);
     assert!(
-        (MIN_PROBE_NS..TAIL_PROBE_NS).contains(&took),
+        (MIN_PROBE_NS..2 * MIN_PROBE_NS).contains(&took),
         "done after {took} ns"
     );
+}
+
+/// A path that slows down after its ACKs were timed fast: each turn now takes 3 ms, longer
+/// than the 1 ms the probe waits. The probe goes, for nothing, and ends the measurement with
+/// the time waited so far; those lower bounds raise the delay until the ACKs come first, and
+/// then they are timed whole. Were the measurement only dropped, every turn would be probed
+/// for, for good.
+#[test]
+fn a_path_that_slows_down_is_learnt_despite_the_probes() {
+    let o = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (mut sim, a, _b, src, dst) = probing_pair(33, &o);
+    let write = |sim: &mut Sim, id: u64| {
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(id, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
+            )
+            .unwrap();
+        let sc = wait_cq(sim, 0, a.send_cq, 1);
+        assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
+        counters(sim, 0).tail_probes
+    };
+    for id in 0..4 {
+        write(&mut sim, id);
+    }
+    assert_eq!(counters(&sim, 0).tail_probes, 0);
+    sim.link.delay_ns = 1_500_000;
+    let probes: Vec<u64> = (4..44).map(|id| write(&mut sim, id)).collect();
+    let (early, late) = (probes[19], probes[39] - probes[19]);
+    assert!(early > 0, "the first slow turns are probed for");
+    assert_eq!(late, 0, "probes per turn once learnt: {probes:?}");
+    let report = sim.nodes[0].dev.state_report(sim.now);
+    assert!(report.contains(" ack_time 3.0ms "), "{report}");
+    assert_eq!(counters(&sim, 0).timeouts, 0);
 }
 
 /// A READ's lost response is no tail the probe can ask about: the oldest and the newest packet

@@ -71,6 +71,9 @@ impl Qp {
             if psn::diff(self.comp.psn, timed) > 0 {
                 self.req.rtt_sample = None;
                 self.comp.rtt.sample(now.saturating_sub(sent));
+                // The path's time is known again: the next stall probes from the start.
+                self.comp.timed_since_probe = true;
+                self.comp.probes = 0;
             }
         }
         if answered > 0 {
@@ -243,6 +246,7 @@ impl Qp {
                     }
                     if d > 0 {
                         self.comp.psn = p;
+                        self.end_probes();
                     }
                     self.start_retry(sh, Retry::SequenceNak);
                 }
@@ -362,7 +366,18 @@ impl Qp {
         self.comp.rnr_retry = self.attr.rnr_retry;
         self.comp.started_retry = false;
         self.comp.rnr_echo = None;
-        self.comp.probes = 0;
+        self.end_probes();
+    }
+
+    /// The oldest PSN moved: the next stall's probes start from the first delay, if a packet
+    /// was timed since the last probe. Else the delay stays doubled, as TCP keeps a backed-off
+    /// retransmission timer until a segment is timed (RFC 6298, 5.7): an ACK slower than the
+    /// probe's delay is never timed (the probe ends the measurement), and a path that slowed
+    /// down past it would otherwise be probed for on every turn, for good.
+    fn end_probes(&mut self) {
+        if self.comp.timed_since_probe {
+            self.comp.probes = 0;
+        }
     }
 
     /// A sequence NAK, a lost response or a timeout: count a retry and go back N, or give up
@@ -495,9 +510,11 @@ impl Qp {
                 self.comp.probe_deadline = None;
                 // Not while a go-back-N or an RNR wait is under way: those resend anyway.
                 if !self.req.need_retry && self.awaits_response() {
-                    // The requester sends it (and counts it) with its next packets; the
-                    // packet being timed may go again.
+                    // The requester sends it (and counts it) with its next packets. The
+                    // packet being timed may go again, so its ACK would not time it: the
+                    // doubled delay stays until a packet is timed (see `probes`).
                     self.comp.probes += 1;
+                    self.comp.timed_since_probe = false;
                     self.req.rtt_sample = None;
                     self.req.probe = true;
                 }

@@ -193,6 +193,9 @@ pub(crate) struct Requester {
     /// The packet being timed to its ACK (its PSN, and when it went), for `Completer::rtt`:
     /// one at a time, and none resent.
     pub rtt_sample: Option<(u32, Nanos)>,
+    /// The newest PSN built so far: a packet beyond it goes for the first time, and only
+    /// such a packet is timed (Karn's rule: a resent one's ACK could answer either copy).
+    pub newest_built: Option<u32>,
 }
 
 /// Completer state (`qp->comp` in rxe).
@@ -209,10 +212,13 @@ pub(crate) struct Completer {
     /// When a tail-loss probe goes unless something is sent or heard first
     /// ([`tail_probe_ns`](super::qp_state::tail_probe_ns)).
     pub probe_deadline: Option<Nanos>,
-    /// Probes sent since the oldest PSN last moved: each waits twice as long as the one
-    /// before, and none is armed to go after the retransmission timer would fire (see
+    /// Probes sent since the oldest PSN last moved (or, when no packet was timed since the
+    /// last of them, since before that): each waits twice as long as the one before, and
+    /// none is armed beyond a quarter of the retransmission timeout (see
     /// [`probe_delay_ns`](super::qp_state::probe_delay_ns)).
     pub probes: u32,
+    /// A packet was timed to its ACK since the last probe (see `Qp::end_probes`).
+    pub timed_since_probe: bool,
     /// How long ACKs take (RC), which sets the probe's delay.
     pub rtt: RoundTrip,
     pub rnr_deadline: Option<Nanos>,

@@ -366,6 +366,8 @@ pub fn tail_probe_ns(timeout: u8) -> Option<u64> {
 pub fn probe_delay_ns(timeout: u8, probes: u32, first: u64) -> Option<u64> {
     tail_probe_ns(timeout)?;
     let retransmit = retransmit_timeout_ns(timeout)?;
+    // `first` is at most `TAIL_PROBE_NS` (2^22 ns) and the shift below 32, so the product
+    // stays far inside 64 bits.
     first
         .checked_shl(probes)
         .filter(|&d| probes < 32 && d <= retransmit / 4)

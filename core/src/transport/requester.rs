@@ -462,14 +462,14 @@ impl Qp {
             // Only a packet that asks for an ACK sets the probe's delay going: a QP between
             // two turns of the round robin, its packets so far not asking (ACKs coalesce over
             // up to 64), is not waiting for anything.
+            let first_time = self.req.newest_built.is_none_or(|n| psn::diff(psn, n) > 0);
+            if first_time {
+                self.req.newest_built = Some(psn);
+            }
             if t.bth.ack_req {
                 self.req.asked_ack_psn = Some(psn);
-                if self.req.rtt_sample.is_none()
-                    && !probing
-                    && !self.comp.started_retry
-                    && self.comp.probes == 0
-                {
-                    // Sent once so far, as far as the requester knows: time it to its ACK.
+                if first_time && !probing && self.req.rtt_sample.is_none() {
+                    // Going for the first time: time it to its ACK.
                     self.req.rtt_sample = Some((psn, now));
                 }
                 self.rearm_probe(now, true);

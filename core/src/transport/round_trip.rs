@@ -12,7 +12,10 @@
 //! round trip (RFC 6298): a smoothed time and its mean deviation, updated from one packet that
 //! asks for an ACK at a time (never a resent one, whose ACK could answer either copy), and
 //! the probe waits twice the smoothed time and four deviations, between [`MIN_PROBE_NS`] and
-//! [`TAIL_PROBE_NS`]. The ACKs measured include what the responder held them for (its
+//! [`TAIL_PROBE_NS`]. A probe ends the measurement under way (the packet may go again), and
+//! each further probe waits twice as long; that doubling is kept across stalls until a packet
+//! is timed again, as TCP keeps a backed-off timer (RFC 6298, 5.7), so a path that slowed
+//! down past the probe's delay is learnt instead of probed for on every turn. The ACKs measured include what the responder held them for (its
 //! application's answer, up to 50 µs), so a peer that holds its ACKs is not probed for that.
 
 use super::qp_state::TAIL_PROBE_NS;
