@@ -451,9 +451,10 @@ impl Qp {
     }
 
     /// Restarts the tail-loss probe's delay (`waiting`: a packet that asked for an ACK is not
-    /// acknowledged yet), after such a packet went or a response came. Each probe sent since
-    /// the oldest PSN last moved doubles the delay; once it would reach past the
-    /// retransmission timer, no probe is armed and the timer does the rest.
+    /// acknowledged yet), after such a packet went or a response came. Each probe of this
+    /// stall (and of those before it, until a packet is timed again: see `end_probes`)
+    /// doubles the delay; beyond a quarter of the retransmission timeout no probe is armed,
+    /// and the timer does the rest.
     pub(crate) fn rearm_probe(&mut self, now: Nanos, waiting: bool) {
         let first = self.comp.rtt.probe_delay();
         self.comp.probe_deadline = probe_delay_ns(self.attr.timeout, self.comp.probes, first)
