@@ -791,10 +791,9 @@ fn an_rnr_wait_is_not_taken_for_the_round_trip() {
 }
 
 /// A path that slows down after its ACKs were timed fast: each turn now takes 3 ms, longer
-/// than the 1 ms the probe waits. The probe goes, for nothing, and ends the measurement with
-/// the time waited so far; those lower bounds raise the delay until the ACKs come first, and
-/// then they are timed whole. Were the measurement only dropped, every turn would be probed
-/// for, for good.
+/// than the 1 ms the probe waits. The probe goes, for nothing, and ends the measurement; its
+/// doubled delay stays from turn to turn until the ACKs come first, and those are timed
+/// whole. Were the doubling ended by every ACK, every turn would be probed for, for good.
 #[test]
 fn a_path_that_slows_down_is_learnt_despite_the_probes() {
     let o = ConnectOptions {

@@ -71,8 +71,12 @@ impl Qp {
             if psn::diff(self.comp.psn, timed) > 0 {
                 self.req.rtt_sample = None;
                 self.comp.rtt.sample(now.saturating_sub(sent));
-                // The path's time is known again: the next stall probes from the start.
-                self.comp.timed_since_probe = true;
+                // The path's time is known again: the next stall probes from the first
+                // delay. Only a measurement ends the doubling, not progress alone, as TCP keeps
+                // a backed-off retransmission timer until a segment is timed (RFC 6298, 5.7):
+                // an ACK slower than the probe's delay is never timed (the probe ends the
+                // measurement), and a path that slowed down past it would otherwise be probed
+                // for on every turn, for good.
                 self.comp.probes = 0;
             }
         }
@@ -246,7 +250,6 @@ impl Qp {
                     }
                     if d > 0 {
                         self.comp.psn = p;
-                        self.end_probes();
                     }
                     self.start_retry(sh, Retry::SequenceNak);
                 }
@@ -366,18 +369,6 @@ impl Qp {
         self.comp.rnr_retry = self.attr.rnr_retry;
         self.comp.started_retry = false;
         self.comp.rnr_echo = None;
-        self.end_probes();
-    }
-
-    /// The oldest PSN moved: the next stall's probes start from the first delay, if a packet
-    /// was timed since the last probe. Else the delay stays doubled, as TCP keeps a backed-off
-    /// retransmission timer until a segment is timed (RFC 6298, 5.7): an ACK slower than the
-    /// probe's delay is never timed (the probe ends the measurement), and a path that slowed
-    /// down past it would otherwise be probed for on every turn, for good.
-    fn end_probes(&mut self) {
-        if self.comp.timed_since_probe {
-            self.comp.probes = 0;
-        }
     }
 
     /// A sequence NAK, a lost response or a timeout: count a retry and go back N, or give up
@@ -452,7 +443,7 @@ impl Qp {
 
     /// Restarts the tail-loss probe's delay (`waiting`: a packet that asked for an ACK is not
     /// acknowledged yet), after such a packet went or a response came. Each probe of this
-    /// stall (and of those before it, until a packet is timed again: see `end_probes`)
+    /// stall (and of those before it, until a packet is timed again: see `handle_response`)
     /// doubles the delay; beyond a quarter of the retransmission timeout no probe is armed,
     /// and the timer does the rest.
     pub(crate) fn rearm_probe(&mut self, now: Nanos, waiting: bool) {
@@ -515,7 +506,6 @@ impl Qp {
                     // packet being timed may go again, so its ACK would not time it: the
                     // doubled delay stays until a packet is timed (see `probes`).
                     self.comp.probes += 1;
-                    self.comp.timed_since_probe = false;
                     self.req.rtt_sample = None;
                     self.req.probe = true;
                 }

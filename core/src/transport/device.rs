@@ -109,8 +109,8 @@ pub struct Counters {
     pub retransmissions: u64,
     pub timeouts: u64,
     /// Tail-loss probes: the oldest and newest packets sent again after nothing was heard for
-    /// [`TAIL_PROBE_NS`](super::qp_state::TAIL_PROBE_NS), or twice as long for each probe
-    /// before it in the same stall (see `probe_delay_ns`).
+    /// the QP's probe delay (1-4 ms, from its measured ACK time: see `round_trip`), or twice
+    /// as long for each probe before it (see `probe_delay_ns`).
     pub tail_probes: u64,
     /// Go-back-Ns that halved an RC QP's send window (see `send_window`).
     pub send_window_cuts: u64,

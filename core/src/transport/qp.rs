@@ -212,13 +212,10 @@ pub(crate) struct Completer {
     /// When a tail-loss probe goes unless something is sent or heard first
     /// ([`tail_probe_ns`](super::qp_state::tail_probe_ns)).
     pub probe_deadline: Option<Nanos>,
-    /// Probes sent since the oldest PSN last moved (or, when no packet was timed since the
-    /// last of them, since before that): each waits twice as long as the one before, and
-    /// none is armed beyond a quarter of the retransmission timeout (see
+    /// Probes sent since a packet was last timed to its ACK: each waits twice as long as the
+    /// one before, and none is armed beyond a quarter of the retransmission timeout (see
     /// [`probe_delay_ns`](super::qp_state::probe_delay_ns)).
     pub probes: u32,
-    /// A packet was timed to its ACK since the last probe (see `Qp::end_probes`).
-    pub timed_since_probe: bool,
     /// How long ACKs take (RC), which sets the probe's delay.
     pub rtt: RoundTrip,
     pub rnr_deadline: Option<Nanos>,

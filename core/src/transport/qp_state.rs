@@ -340,11 +340,11 @@ pub fn retransmit_timeout_ns(timeout: u8) -> Option<u64> {
 /// answers them as any resent packet); RDMA NICs likewise resend sooner than `timeout` says
 /// (NVIDIA's adaptive retransmission).
 ///
-/// 4 ms: far above a round trip here (10-30 µs between namespaces, about 0.4 ms between TCG
-/// guests) and above the ACKs a responder holds for its application's answer (50 µs), so a
-/// probe rarely goes for nothing, and a probe for nothing costs one packet and one ACK; above
-/// the progress thread's longest nap (1 ms), so a probe deadline that every send restarts never
-/// shortens its naps.
+/// 4 ms is the delay before a QP has timed any ACK, and the longest the measured one gets
+/// (see `round_trip`, whose shortest is 1 ms): far above a round trip between namespaces
+/// (10-30 µs), about right between TCG guests (0.4 ms, with pauses of milliseconds), and
+/// above the ACKs a responder holds for its application's answer (50 µs). A probe for nothing
+/// costs one packet and one ACK.
 pub const TAIL_PROBE_NS: u64 = 4_000_000;
 
 /// The tail-loss probe's delay for a QP's `timeout` attribute: [`TAIL_PROBE_NS`] where the

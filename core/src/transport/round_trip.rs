@@ -15,8 +15,9 @@
 //! [`TAIL_PROBE_NS`]. A probe ends the measurement under way (the packet may go again), and
 //! each further probe waits twice as long; that doubling is kept across stalls until a packet
 //! is timed again, as TCP keeps a backed-off timer (RFC 6298, 5.7), so a path that slowed
-//! down past the probe's delay is learnt instead of probed for on every turn. The ACKs measured include what the responder held them for (its
-//! application's answer, up to 50 µs), so a peer that holds its ACKs is not probed for that.
+//! down past the probe's delay is learnt instead of probed for on every turn. The ACKs
+//! measured include what the responder held them for (its application's answer, up to
+//! 50 µs), so a peer that holds its ACKs is not probed for that.
 
 use super::qp_state::TAIL_PROBE_NS;
 use super::Nanos;
