@@ -826,6 +826,72 @@ fn a_path_that_slows_down_is_learnt_despite_the_probes() {
     assert_eq!(counters(&sim, 0).timeouts, 0);
 }
 
+/// A steady path slower than the probe's first 4 ms (10 ms round trips: a tunnel between two
+/// sites, a TCG guest on a bad day). Once its ACKs are timed the probe waits past them, so
+/// the WRITEs are not probed for; with the delay stopped at 4 ms every other one was, for
+/// good. A tail lost there is still probed for well before the 67 ms timer.
+#[test]
+fn a_path_slower_than_the_first_probe_delay_is_learnt_and_left_alone() {
+    let o = ConnectOptions {
+        timeout: 14,
+        ..ConnectOptions::default()
+    };
+    let (mut sim, a, _b, src, dst) = probing_pair(34, &o);
+    let data = pattern(4000, 34);
+    sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
+    sim.link.delay_ns = 5_000_000;
+    let write = |sim: &mut Sim, id: u64| {
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(id, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
+            )
+            .unwrap();
+        let sc = wait_cq(sim, 0, a.send_cq, 1);
+        assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
+        counters(sim, 0).tail_probes
+    };
+    let probes: Vec<u64> = (0..40).map(|id| write(&mut sim, id)).collect();
+    assert!(
+        probes[0] > 0,
+        "the first turn, before any ACK was timed, is probed for"
+    );
+    assert_eq!(
+        probes[39] - probes[9],
+        0,
+        "probes per turn once learnt: {probes:?}"
+    );
+    let report = sim.nodes[0].dev.state_report(sim.now);
+    assert!(report.contains(" ack_time 10.0ms "), "{report}");
+    assert_eq!(counters(&sim, 0).timeouts, 0);
+
+    // The last packet of a 4-packet WRITE lost once: one probe, at most a quarter of the
+    // timer after it went, and no timeout.
+    let before = probes[39];
+    let last = o.psn.0 + 40 + 3;
+    let dropped = drop_matching(&mut sim, 0, 1, move |_, psn| psn == last);
+    let start = sim.now;
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(40, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    let took = sim.now - start;
+    settle(&mut sim);
+    assert_eq!(dropped.get(), 1);
+    assert_eq!(ids_and_status(&sc), [(40, WcStatus::Success)]);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
+    let c0 = counters(&sim, 0);
+    assert_eq!((c0.tail_probes - before, c0.timeouts), (1, 0));
+    let t = spec_timeout_ns(o.timeout);
+    assert!(
+        (20_000_000..t / 4 + 11_000_000).contains(&took),
+        "done after {took} ns"
+    );
+}
+
 /// A READ's lost response is no tail the probe can ask about: the oldest and the newest packet
 /// are the READ request, which asked again is answered again, whole. No probe goes (and none
 /// is counted); the retransmission timer resends the READ.

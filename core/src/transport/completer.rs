@@ -4,7 +4,9 @@
 use super::device::Shared;
 use super::host_memory::HostMemory;
 use super::qp::{Qp, WqeState};
-use super::qp_state::{probe_delay_ns, retransmit_timeout_ns, QpState, QpType, RNR_TIMER_US};
+use super::qp_state::{
+    probe_ceiling_ns, probe_delay_ns, retransmit_timeout_ns, QpState, QpType, RNR_TIMER_US,
+};
 use super::verbs::{SendOp, WcStatus};
 use super::{psn, sgl, Nanos};
 use crate::wire::{AethSyndrome, NakCode, Operation, Position, RoceFrame};
@@ -447,7 +449,10 @@ impl Qp {
     /// doubles the delay; beyond a quarter of the retransmission timeout no probe is armed,
     /// and the timer does the rest.
     pub(crate) fn rearm_probe(&mut self, now: Nanos, waiting: bool) {
-        let first = self.comp.rtt.probe_delay();
+        let first = self
+            .comp
+            .rtt
+            .probe_delay(probe_ceiling_ns(self.attr.timeout));
         self.comp.probe_deadline = probe_delay_ns(self.attr.timeout, self.comp.probes, first)
             .filter(|_| waiting && self.ty == QpType::Rc)
             .map(|t| now + t);

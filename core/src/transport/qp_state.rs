@@ -340,11 +340,11 @@ pub fn retransmit_timeout_ns(timeout: u8) -> Option<u64> {
 /// answers them as any resent packet); RDMA NICs likewise resend sooner than `timeout` says
 /// (NVIDIA's adaptive retransmission).
 ///
-/// 4 ms is the delay before a QP has timed any ACK, and the longest the measured one gets
-/// (see `round_trip`, whose shortest is 1 ms): far above a round trip between namespaces
-/// (10-30 µs), about right between TCG guests (0.4 ms, with pauses of milliseconds), and
-/// above the ACKs a responder holds for its application's answer (50 µs). A probe for nothing
-/// costs one packet and one ACK.
+/// 4 ms is the delay before a QP has timed any ACK (then it follows the ACKs, see
+/// `round_trip`, from 1 ms to [`probe_ceiling_ns`]): far above a round trip between
+/// namespaces (10-30 µs), about right between TCG guests (0.4 ms, with pauses of
+/// milliseconds), and above the ACKs a responder holds for its application's answer (50 µs).
+/// A probe for nothing costs one packet and one ACK.
 pub const TAIL_PROBE_NS: u64 = 4_000_000;
 
 /// The tail-loss probe's delay for a QP's `timeout` attribute: [`TAIL_PROBE_NS`] where the
@@ -356,21 +356,26 @@ pub fn tail_probe_ns(timeout: u8) -> Option<u64> {
         .map(|_| TAIL_PROBE_NS)
 }
 
+/// The longest a tail-loss probe waits: a quarter of the retransmission timeout (16.8 ms at
+/// `timeout` 14), so that the probe always comes well before the timer. The measured delay
+/// (see `round_trip`) goes up to it, and each further probe of a stall doubles the delay only
+/// while it stays within it ([`probe_delay_ns`]). [`TAIL_PROBE_NS`] where the QP has no timer.
+pub fn probe_ceiling_ns(timeout: u8) -> u64 {
+    retransmit_timeout_ns(timeout).map_or(TAIL_PROBE_NS, |t| t / 4)
+}
+
 /// The delay before the next tail-loss probe when `probes` went already since the oldest PSN
 /// last moved and the first waits `first` (see `round_trip`): doubled for each of them, as
-/// long as that is at most a quarter of the retransmission timeout; `None` beyond (the timer
-/// comes soon enough), and where [`tail_probe_ns`] is `None`. A probe can be lost as the
-/// packets it asks about were; with one probe per stall, that loss cost the whole
-/// retransmission timeout (67 ms at `timeout` 14). At `timeout` 14 probes that start at 4 ms
-/// go after 4, 8 and 16 ms of silence, a stall costing at most six packets more than before.
+/// long as that is at most [`probe_ceiling_ns`]; `None` beyond (the timer comes soon enough),
+/// and where [`tail_probe_ns`] is `None`. A probe can be lost as the packets it asks about
+/// were; with one probe per stall, that loss cost the whole retransmission timeout (67 ms at
+/// `timeout` 14). At `timeout` 14 probes that start at 4 ms go after 4, 8 and 16 ms of
+/// silence, a stall costing at most six packets more than before.
 pub fn probe_delay_ns(timeout: u8, probes: u32, first: u64) -> Option<u64> {
     tail_probe_ns(timeout)?;
-    let retransmit = retransmit_timeout_ns(timeout)?;
-    // `first` is at most `TAIL_PROBE_NS` (2^22 ns) and the shift below 32, so the product
-    // stays far inside 64 bits.
-    first
-        .checked_shl(probes)
-        .filter(|&d| probes < 32 && d <= retransmit / 4)
+    let most = probe_ceiling_ns(timeout);
+    // `first << probes <= most`, compared without the shift overflowing.
+    (probes < u64::BITS && first <= most >> probes).then(|| first << probes)
 }
 
 /// rdma_rxe's RNR NAK timer table (`rnrnak_usec[]`), in microseconds, indexed by the 5-bit code.

@@ -602,7 +602,9 @@ impl Qp {
             super::qp_state::probe_delay_ns(
                 self.attr.timeout,
                 self.comp.probes.saturating_sub(1),
-                self.comp.rtt.probe_delay()
+                self.comp
+                    .rtt
+                    .probe_delay(super::qp_state::probe_ceiling_ns(self.attr.timeout))
             )
             .unwrap_or(0)
                 / 1000,

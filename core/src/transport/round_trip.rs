@@ -11,13 +11,22 @@
 //! So the delay follows the measured time to an ACK, as TCP's retransmission timer follows the
 //! round trip (RFC 6298): a smoothed time and its mean deviation, updated from one packet that
 //! asks for an ACK at a time (never a resent one, whose ACK could answer either copy), and
-//! the probe waits twice the smoothed time and four deviations, between [`MIN_PROBE_NS`] and
-//! [`TAIL_PROBE_NS`]. A probe ends the measurement under way (the packet may go again), and
+//! the probe waits twice the smoothed time and four deviations, at least [`MIN_PROBE_NS`] and
+//! at most a quarter of the retransmission timeout (the longest a probe may wait, see
+//! `probe_ceiling_ns`). A probe ends the measurement under way (the packet may go again), and
 //! each further probe waits twice as long; that doubling is kept across stalls until a packet
 //! is timed again, as TCP keeps a backed-off timer (RFC 6298, 5.7), so a path that slowed
 //! down past the probe's delay is learnt instead of probed for on every turn. The ACKs
 //! measured include what the responder held them for (its application's answer, up to
 //! 50 µs), so a peer that holds its ACKs is not probed for that.
+//!
+//! The delay used to stop at [`TAIL_PROBE_NS`] (4 ms). On a path whose ACKs take longer than
+//! that (TCG guests now and then, a tunnel between two sites) every other packet asking for an
+//! ACK was probed for, for good: the ACK came after the probe, which ended the measurement and
+//! doubled the delay; the next packet, timed under the doubled delay, ended the doubling and
+//! brought the delay back under the path's time. Now a steady path whose ACKs come within a
+//! quarter of the timer (16.8 ms at `timeout` 14) is learnt and left alone, with twice its
+//! time to spare up to an eighth (8.4 ms), and only a stall longer than that is probed for.
 
 use super::qp_state::TAIL_PROBE_NS;
 use super::Nanos;
@@ -57,10 +66,15 @@ impl RoundTrip {
 
     /// How long the requester goes without hearing anything before its first probe:
     /// [`TAIL_PROBE_NS`] until a packet was measured, then twice the smoothed time and four
-    /// deviations, between [`MIN_PROBE_NS`] and [`TAIL_PROBE_NS`].
-    pub fn probe_delay(&self) -> Nanos {
+    /// deviations, at least [`MIN_PROBE_NS`] and at most `ceiling` (the QP's longest probe
+    /// delay, a quarter of its retransmission timeout; taken as [`TAIL_PROBE_NS`] where it is
+    /// shorter, as when the QP does not probe at all).
+    pub fn probe_delay(&self, ceiling: Nanos) -> Nanos {
+        let ceiling = ceiling.max(TAIL_PROBE_NS);
         self.smoothed.map_or(TAIL_PROBE_NS, |s| {
-            (2 * s + 4 * self.deviation).clamp(MIN_PROBE_NS, TAIL_PROBE_NS)
+            s.saturating_mul(2)
+                .saturating_add(self.deviation.saturating_mul(4))
+                .clamp(MIN_PROBE_NS, ceiling)
         })
     }
 }
@@ -69,9 +83,12 @@ impl RoundTrip {
 mod tests {
     use super::*;
 
+    /// The ceiling at `timeout` 14: a quarter of 67.1 ms.
+    const AT_14: Nanos = 16_777_216;
+
     #[test]
     fn the_probe_waits_4_ms_until_a_round_trip_was_measured() {
-        assert_eq!(RoundTrip::default().probe_delay(), TAIL_PROBE_NS);
+        assert_eq!(RoundTrip::default().probe_delay(AT_14), TAIL_PROBE_NS);
     }
 
     /// Namespaces on one host: ACKs in 10-30 µs, the probe at its floor.
@@ -82,24 +99,39 @@ mod tests {
             rt.sample(rtt);
         }
         assert!(rt.smoothed().is_some_and(|s| (9_000..30_000).contains(&s)));
-        assert_eq!(rt.probe_delay(), MIN_PROBE_NS);
+        assert_eq!(rt.probe_delay(AT_14), MIN_PROBE_NS);
     }
 
-    /// TCG guests: ACKs in about half a millisecond, now and then several: the probe backs
-    /// off to its ceiling, and comes down again when the path steadies (at 0.7 ms, to about
-    /// twice that).
+    /// TCG guests: ACKs in about half a millisecond, now and then several: the probe waits
+    /// for their deviation (beyond the 4 ms it started from), and comes down again when the
+    /// path steadies (at 0.7 ms, to about twice that).
     #[test]
     fn a_slow_jittery_path_is_probed_later() {
         let mut rt = RoundTrip::default();
         for rtt in [400_000, 3_000_000, 500_000, 2_500_000, 450_000] {
             rt.sample(rtt);
         }
-        assert_eq!(rt.probe_delay(), TAIL_PROBE_NS);
+        let d = rt.probe_delay(AT_14);
+        assert!((TAIL_PROBE_NS + 1..AT_14).contains(&d), "{d}");
         for _ in 0..40 {
             rt.sample(700_000);
         }
-        let d = rt.probe_delay();
+        let d = rt.probe_delay(AT_14);
         assert!((2 * 700_000..2 * 700_000 + 100_000).contains(&d), "{d}");
+    }
+
+    /// A steady 10 ms path (a tunnel between two sites): the probe waits past the ACKs, up to
+    /// its ceiling; with a ceiling under 4 ms (a QP that does not probe) it says 4 ms.
+    #[test]
+    fn a_path_slower_than_4_ms_is_probed_after_its_own_time() {
+        let mut rt = RoundTrip::default();
+        for _ in 0..20 {
+            rt.sample(10_000_000);
+        }
+        assert_eq!(rt.probe_delay(AT_14), AT_14);
+        let d = rt.probe_delay(100 * AT_14);
+        assert!((20_000_000..20_100_000).contains(&d), "{d}");
+        assert_eq!(rt.probe_delay(1_000), TAIL_PROBE_NS);
     }
 
     #[test]
