@@ -347,9 +347,10 @@ pub fn retransmit_timeout_ns(timeout: u8) -> Option<u64> {
 /// A probe for nothing costs one packet and one ACK.
 pub const TAIL_PROBE_NS: u64 = 4_000_000;
 
-/// The tail-loss probe's delay for a QP's `timeout` attribute: [`TAIL_PROBE_NS`] where the
-/// retransmission timer is at least four times as long (`timeout` 12 and above), else `None`
-/// (the timer itself is soon enough, or off).
+/// Whether a QP with this `timeout` attribute probes, and its first probe's delay before it
+/// has timed any ACK: [`TAIL_PROBE_NS`] where the retransmission timer is at least four times
+/// as long (`timeout` 12 and above), else `None` (the timer itself is soon enough, or off).
+/// Once ACKs are timed the delay follows them (see `round_trip` and [`probe_delay_ns`]).
 pub fn tail_probe_ns(timeout: u8) -> Option<u64> {
     retransmit_timeout_ns(timeout)
         .filter(|&t| t >= 4 * TAIL_PROBE_NS)
@@ -357,9 +358,11 @@ pub fn tail_probe_ns(timeout: u8) -> Option<u64> {
 }
 
 /// The longest a tail-loss probe waits: a quarter of the retransmission timeout (16.8 ms at
-/// `timeout` 14), so that the probe always comes well before the timer. The measured delay
-/// (see `round_trip`) goes up to it, and each further probe of a stall doubles the delay only
-/// while it stays within it ([`probe_delay_ns`]). [`TAIL_PROBE_NS`] where the QP has no timer.
+/// `timeout` 14), so that a probe comes before the timer. The measured delay (see
+/// `round_trip`) goes up to it, and each further probe of a stall doubles the delay only
+/// while it stays within it ([`probe_delay_ns`]): where the first delay is over half the
+/// ceiling, a stall gets one probe, and the next stalls none until a packet is timed again
+/// (the timer recovers them). [`TAIL_PROBE_NS`] where the QP has no timer.
 pub fn probe_ceiling_ns(timeout: u8) -> u64 {
     retransmit_timeout_ns(timeout).map_or(TAIL_PROBE_NS, |t| t / 4)
 }
@@ -544,5 +547,13 @@ mod tests {
             .map_while(|n| probe_delay_ns(14, n, 1_000_000))
             .collect();
         assert_eq!(from_1_ms.len(), 5);
+        // From the ceiling: one probe; no doubling wraps around, however far it goes.
+        let ceiling = probe_ceiling_ns(14);
+        assert_eq!(probe_delay_ns(14, 0, ceiling), Some(ceiling));
+        assert_eq!(probe_delay_ns(14, 1, ceiling), None);
+        assert_eq!(probe_delay_ns(14, 0, u64::MAX), None);
+        assert_eq!(probe_delay_ns(31, 63, 1), None);
+        assert_eq!(probe_delay_ns(31, 64, 0), None);
+        assert_eq!(probe_delay_ns(31, 41, 1), Some(1 << 41));
     }
 }

@@ -87,6 +87,11 @@ mod tests {
     const AT_14: Nanos = 16_777_216;
 
     #[test]
+    fn the_ceiling_at_timeout_14_is_a_quarter_of_its_timer() {
+        assert_eq!(super::super::qp_state::probe_ceiling_ns(14), AT_14);
+    }
+
+    #[test]
     fn the_probe_waits_4_ms_until_a_round_trip_was_measured() {
         assert_eq!(RoundTrip::default().probe_delay(AT_14), TAIL_PROBE_NS);
     }
