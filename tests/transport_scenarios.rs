@@ -566,9 +566,9 @@ enum TailLost {
 /// `timeout` 14). A lost last packet is then taken in order; when the packets before it are
 /// lost too, the newest draws the sequence NAK that starts go-back-N; when only the ACK was
 /// lost, both duplicates are ACKed again. A probe that is lost too is followed by another after
-/// twice the delay (8 ms, then 16), until the next would go after a quarter of the
-/// retransmission timeout: only when every probe is lost does the timer resend. A QP whose
-/// timer is short (`timeout` below 12) does not probe.
+/// twice the delay (8 ms, then 16), and more after a quarter of the retransmission timeout
+/// (16.8 ms), until the timer fires: only when every probe is lost does the timer resend. A QP
+/// whose timer is short (`timeout` below 12) does not probe.
 #[test]
 fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
     use TailLost::*;
@@ -614,14 +614,15 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
                 (drop_matching(&mut sim, 0, 3, pick), 3)
             }
             LastAndEveryProbe => {
-                // The original and three probes (at 4, 8 and 16 ms) of each.
+                // The original and the five probes (at 4, 12, 28, 44.8 and 61.6 ms; the
+                // timer fires at 67.1) of each.
                 let (mut firsts, mut lasts) = (0, 0);
                 let pick = move |_, psn| {
                     firsts += u32::from(psn == first);
                     lasts += u32::from(psn == last);
-                    (psn == last && lasts <= 4) || (psn == first && (2..=4).contains(&firsts))
+                    (psn == last && lasts <= 6) || (psn == first && (2..=6).contains(&firsts))
                 };
-                (drop_matching(&mut sim, 0, 7, pick), 7)
+                (drop_matching(&mut sim, 0, 11, pick), 11)
             }
         };
         let start = sim.now;
@@ -653,7 +654,7 @@ fn a_lost_tail_is_probed_for_before_the_retransmission_timer() {
             // The second probe's oldest packet is held, its newest taken.
             LastAndBothProbes => assert_eq!(recovery, (2, 0, 0, 0, 1)),
             // The timer resends all four; the responder holds the first three.
-            LastAndEveryProbe => assert_eq!(recovery, (3, 1, 1, 0, 3)),
+            LastAndEveryProbe => assert_eq!(recovery, (5, 1, 1, 0, 3)),
             LastWithAShortTimer => assert_eq!(recovery, (0, 1, 1, 0, 3)),
         }
         if matches!(lost, LastAndEveryProbe | LastWithAShortTimer) {
@@ -829,7 +830,8 @@ fn a_path_that_slows_down_is_learnt_despite_the_probes() {
 /// A steady path slower than the probe's first 4 ms (10 ms round trips: a tunnel between two
 /// sites, a TCG guest on a bad day). Once its ACKs are timed the probe waits past them, so
 /// the WRITEs are not probed for; with the delay stopped at 4 ms every other one was, for
-/// good. A tail lost there is still probed for well before the 67 ms timer.
+/// good. A tail lost there is still probed for well before the 67 ms timer, and so is one
+/// whose first probe is lost too.
 #[test]
 fn a_path_slower_than_the_first_probe_delay_is_learnt_and_left_alone() {
     let o = ConnectOptions {
@@ -889,6 +891,35 @@ fn a_path_slower_than_the_first_probe_delay_is_learnt_and_left_alone() {
     // The probe waits the ceiling (a quarter of the timer), then its ACK takes 10 ms.
     assert!(
         (t / 4 + 10_000_000..t / 4 + 11_000_000).contains(&took),
+        "done after {took} ns"
+    );
+
+    // The next WRITE loses its last packet and the first probe's copies of its oldest and
+    // newest too: a second probe, the ceiling after the first, still comes before the timer.
+    let (first, last) = (o.psn.0 + 44, o.psn.0 + 47);
+    let (mut firsts, mut lasts) = (0, 0);
+    let dropped = drop_matching(&mut sim, 0, 3, move |_, psn| {
+        firsts += u32::from(psn == first);
+        lasts += u32::from(psn == last);
+        (psn == last && lasts <= 2) || (psn == first && firsts == 2)
+    });
+    let start = sim.now;
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(41, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
+        )
+        .unwrap();
+    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
+    let took = sim.now - start;
+    settle(&mut sim);
+    assert_eq!(dropped.get(), 3);
+    assert_eq!(ids_and_status(&sc), [(41, WcStatus::Success)]);
+    assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
+    let c0 = counters(&sim, 0);
+    assert_eq!((c0.tail_probes - before, c0.timeouts), (3, 0));
+    assert!(
+        (t / 2 + 10_000_000..t / 2 + 11_000_000).contains(&took),
         "done after {took} ns"
     );
 }

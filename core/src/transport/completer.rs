@@ -446,8 +446,9 @@ impl Qp {
     /// Restarts the tail-loss probe's delay (`waiting`: a packet that asked for an ACK is not
     /// acknowledged yet), after such a packet went or a response came. Each probe of this
     /// stall (and of those before it, until a packet is timed again: see `handle_response`)
-    /// doubles the delay; beyond a quarter of the retransmission timeout no probe is armed,
-    /// and the timer does the rest.
+    /// doubles the delay, up to a quarter of the retransmission timeout (see
+    /// `probe_delay_ns`); the timer, which probes do not restart, ends a stall that no probe
+    /// ends.
     pub(crate) fn rearm_probe(&mut self, now: Nanos, waiting: bool) {
         let first = self
             .comp

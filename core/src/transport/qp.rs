@@ -213,7 +213,7 @@ pub(crate) struct Completer {
     /// ([`tail_probe_ns`](super::qp_state::tail_probe_ns)).
     pub probe_deadline: Option<Nanos>,
     /// Probes sent since a packet was last timed to its ACK: each waits twice as long as the
-    /// one before, and none is armed beyond a quarter of the retransmission timeout (see
+    /// one before, up to a quarter of the retransmission timeout (see
     /// [`probe_delay_ns`](super::qp_state::probe_delay_ns)).
     pub probes: u32,
     /// How long ACKs take (RC), which sets the probe's delay.

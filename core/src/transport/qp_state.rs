@@ -359,26 +359,31 @@ pub fn tail_probe_ns(timeout: u8) -> Option<u64> {
 
 /// The longest a tail-loss probe waits: a quarter of the retransmission timeout (16.8 ms at
 /// `timeout` 14), so that a probe comes before the timer. The measured delay (see
-/// `round_trip`) goes up to it, and each further probe of a stall doubles the delay only
-/// while it stays within it ([`probe_delay_ns`]): where the first delay is over half the
-/// ceiling, a stall gets one probe, and the next stalls none until a packet is timed again
-/// (the timer recovers them). [`TAIL_PROBE_NS`] where the QP has no timer.
+/// `round_trip`) goes up to it, and each further probe of a stall doubles the delay up to it
+/// ([`probe_delay_ns`]). [`TAIL_PROBE_NS`] where the QP has no timer.
 pub fn probe_ceiling_ns(timeout: u8) -> u64 {
     retransmit_timeout_ns(timeout).map_or(TAIL_PROBE_NS, |t| t / 4)
 }
 
-/// The delay before the next tail-loss probe when `probes` went already since the oldest PSN
-/// last moved and the first waits `first` (see `round_trip`): doubled for each of them, as
-/// long as that is at most [`probe_ceiling_ns`]; `None` beyond (the timer comes soon enough),
-/// and where [`tail_probe_ns`] is `None`. A probe can be lost as the packets it asks about
-/// were; with one probe per stall, that loss cost the whole retransmission timeout (67 ms at
-/// `timeout` 14). At `timeout` 14 probes that start at 4 ms go after 4, 8 and 16 ms of
-/// silence, a stall costing at most six packets more than before.
+/// The delay before the next tail-loss probe when `probes` went already since a packet was
+/// last timed to its ACK and the first waits `first` (see `round_trip`): doubled for each of
+/// them, up to [`probe_ceiling_ns`], where it stays; `None` where [`tail_probe_ns`] is. A
+/// probe can be lost as the packets it asks about were; with one probe per stall, that loss
+/// cost the whole retransmission timeout (67 ms at `timeout` 14). At `timeout` 14 probes that
+/// start at 4 ms go after 4, 8, 16, 16.8 and 16.8 ms of silence, then the timer fires (a probe
+/// does not restart it: only a response does), so a stall costs at most ten packets more than
+/// before. A path whose first delay is the ceiling still gets a probe every 16.8 ms until the
+/// timer: stopping the doubling there, rather than the probes, keeps a lost probe, and the
+/// stalls after it, from falling to the timer.
 pub fn probe_delay_ns(timeout: u8, probes: u32, first: u64) -> Option<u64> {
     tail_probe_ns(timeout)?;
     let most = probe_ceiling_ns(timeout);
-    // `first << probes <= most`, compared without the shift overflowing.
-    (probes < u64::BITS && first <= most >> probes).then(|| first << probes)
+    // `first << probes`, compared with the ceiling without the shift overflowing.
+    Some(if probes < u64::BITS && first <= most >> probes {
+        first << probes
+    } else {
+        most
+    })
 }
 
 /// rdma_rxe's RNR NAK timer table (`rnrnak_usec[]`), in microseconds, indexed by the 5-bit code.
@@ -525,35 +530,39 @@ mod tests {
         assert_eq!(rd_atomic_slots(128), 128);
     }
 
-    /// A stall's probes wait 4, 8 and 16 ms at `timeout` 14 (the timer's 67 ms is the rest),
-    /// 4 ms once at 12 (16.8 ms), and none below, or with the timer off.
+    /// A stall's probes wait 4, 8 and 16 ms at `timeout` 14, then the ceiling (16.8 ms: the
+    /// timer's 67 ms comes after two of those), 4 ms then 4.2 ms at 12 (16.8 ms), and none
+    /// below, or with the timer off.
     #[test]
-    fn each_probe_of_a_stall_waits_twice_as_long_until_a_quarter_of_the_timer() {
-        let delays = |timeout| -> Vec<u64> {
-            (0..40)
-                .map_while(|n| probe_delay_ns(timeout, n, TAIL_PROBE_NS))
-                .map(|d| d / 1_000_000)
+    fn each_probe_of_a_stall_waits_twice_as_long_up_to_a_quarter_of_the_timer() {
+        let delays = |timeout, first| -> Vec<u64> {
+            (0..6)
+                .map_while(|n| probe_delay_ns(timeout, n, first))
+                .map(|d| d / 100_000)
                 .collect()
         };
-        assert_eq!(delays(14), [4, 8, 16]);
-        assert_eq!(delays(15), [4, 8, 16, 32]);
-        assert_eq!(delays(12), [4]);
-        assert_eq!(delays(11), [0u64; 0]);
-        assert_eq!(delays(0), [0u64; 0]);
-        // The longest timer (2.4 hours): 20 probes, the last after 35 minutes.
-        assert_eq!(delays(31).len(), 20);
-        // From a measured 1 ms: five at `timeout` 14.
-        let from_1_ms: Vec<_> = (0..9)
-            .map_while(|n| probe_delay_ns(14, n, 1_000_000))
-            .collect();
-        assert_eq!(from_1_ms.len(), 5);
-        // From the ceiling: one probe; no doubling wraps around, however far it goes.
+        assert_eq!(delays(14, TAIL_PROBE_NS), [40, 80, 160, 167, 167, 167]);
+        assert_eq!(delays(15, TAIL_PROBE_NS), [40, 80, 160, 320, 335, 335]);
+        assert_eq!(delays(12, TAIL_PROBE_NS), [40, 41, 41, 41, 41, 41]);
+        assert_eq!(delays(11, TAIL_PROBE_NS), [0u64; 0]);
+        assert_eq!(delays(0, TAIL_PROBE_NS), [0u64; 0]);
+        // From a measured 1 ms: 1, 2, 4, 8, 16, then the ceiling.
+        assert_eq!(delays(14, 1_000_000), [10, 20, 40, 80, 160, 167]);
+        // The longest timer (2.4 hours): doubling from 4 ms for 20 probes, the last after 35
+        // minutes; the ceiling (36.6 minutes) after that.
+        let ceiling = probe_ceiling_ns(31);
+        assert_eq!(
+            probe_delay_ns(31, 19, TAIL_PROBE_NS),
+            Some(TAIL_PROBE_NS << 19)
+        );
+        assert_eq!(probe_delay_ns(31, 20, TAIL_PROBE_NS), Some(ceiling));
+        // From the ceiling: the ceiling again; no doubling wraps around, however far it goes.
         let ceiling = probe_ceiling_ns(14);
         assert_eq!(probe_delay_ns(14, 0, ceiling), Some(ceiling));
-        assert_eq!(probe_delay_ns(14, 1, ceiling), None);
-        assert_eq!(probe_delay_ns(14, 0, u64::MAX), None);
-        assert_eq!(probe_delay_ns(31, 63, 1), None);
-        assert_eq!(probe_delay_ns(31, 64, 0), None);
+        assert_eq!(probe_delay_ns(14, 1, ceiling), Some(ceiling));
+        assert_eq!(probe_delay_ns(14, 0, u64::MAX), Some(ceiling));
+        assert_eq!(probe_delay_ns(31, 63, 1), Some(probe_ceiling_ns(31)));
+        assert_eq!(probe_delay_ns(31, 64, 0), Some(probe_ceiling_ns(31)));
         assert_eq!(probe_delay_ns(31, 41, 1), Some(1 << 41));
     }
 }
