@@ -867,35 +867,41 @@ fn a_path_slower_than_the_first_probe_delay_is_learnt_and_left_alone() {
     assert!(report.contains(" ack_time 10.0ms "), "{report}");
     assert_eq!(counters(&sim, 0).timeouts, 0);
 
-    // The last packet of a 4-packet WRITE lost once: one probe, a quarter of the timer
-    // after it went, and no timeout.
+    // A 4 000-byte WRITE (four packets) that loses what `dropped` picks: it completes, its
+    // bytes land, and it says how long it took.
+    let whole_write = |sim: &mut Sim, id: u64| {
+        let start = sim.now;
+        sim.nodes[0]
+            .post_send(
+                a.qpn,
+                SendWr::new(id, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
+            )
+            .unwrap();
+        let sc = wait_cq(sim, 0, a.send_cq, 1);
+        let took = sim.now - start;
+        settle(sim);
+        assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
+        assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
+        took
+    };
     let before = probes[39];
+    let t = spec_timeout_ns(o.timeout);
+
+    // Its last packet lost once: one probe, a quarter of the timer after it went (then its
+    // ACK takes 10 ms), and no timeout.
     let last = o.psn.0 + 40 + 3;
     let dropped = drop_matching(&mut sim, 0, 1, move |_, psn| psn == last);
-    let start = sim.now;
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(40, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
-        )
-        .unwrap();
-    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
-    let took = sim.now - start;
-    settle(&mut sim);
+    let took = whole_write(&mut sim, 40);
     assert_eq!(dropped.get(), 1);
-    assert_eq!(ids_and_status(&sc), [(40, WcStatus::Success)]);
-    assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
     let c0 = counters(&sim, 0);
     assert_eq!((c0.tail_probes - before, c0.timeouts), (1, 0));
-    let t = spec_timeout_ns(o.timeout);
-    // The probe waits the ceiling (a quarter of the timer), then its ACK takes 10 ms.
     assert!(
         (t / 4 + 10_000_000..t / 4 + 11_000_000).contains(&took),
         "done after {took} ns"
     );
 
-    // The next WRITE loses its last packet and the first probe's copies of its oldest and
-    // newest too: a second probe, the ceiling after the first, still comes before the timer.
+    // Its last packet and the first probe's copies of its oldest and newest lost: a second
+    // probe, the ceiling after the first, still comes before the timer.
     let (first, last) = (o.psn.0 + 44, o.psn.0 + 47);
     let (mut firsts, mut lasts) = (0, 0);
     let dropped = drop_matching(&mut sim, 0, 3, move |_, psn| {
@@ -903,19 +909,8 @@ fn a_path_slower_than_the_first_probe_delay_is_learnt_and_left_alone() {
         lasts += u32::from(psn == last);
         (psn == last && lasts <= 2) || (psn == first && firsts == 2)
     });
-    let start = sim.now;
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(41, write_op(&dst, 0), vec![sge(&src, 0, 4000)]),
-        )
-        .unwrap();
-    let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
-    let took = sim.now - start;
-    settle(&mut sim);
+    let took = whole_write(&mut sim, 41);
     assert_eq!(dropped.get(), 3);
-    assert_eq!(ids_and_status(&sc), [(41, WcStatus::Success)]);
-    assert_eq!(&sim.nodes[1].bytes(&dst)[..4000], &data[..]);
     let c0 = counters(&sim, 0);
     assert_eq!((c0.tail_probes - before, c0.timeouts), (3, 0));
     assert!(
