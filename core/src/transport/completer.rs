@@ -511,7 +511,7 @@ impl Qp {
                     // The requester sends it (and counts it) with its next packets. The
                     // packet being timed may go again, so its ACK would not time it: the
                     // doubled delay stays until a packet is timed (see `probes`).
-                    self.comp.probes += 1;
+                    self.comp.probes = self.comp.probes.saturating_add(1);
                     self.req.rtt_sample = None;
                     self.req.probe = true;
                 }

@@ -110,8 +110,8 @@ pub struct Counters {
     pub timeouts: u64,
     /// Tail-loss probes: the oldest and newest packets sent again after nothing was heard for
     /// the QP's probe delay (from its measured ACK time, at least 1 ms and at most a quarter
-    /// of its retransmission timeout: see `round_trip`), or twice
-    /// as long for each probe before it (see `probe_delay_ns`).
+    /// of its retransmission timeout: see `round_trip`), or twice as long for each probe
+    /// before it, up to that quarter (see `probe_delay_ns`).
     pub tail_probes: u64,
     /// Go-back-Ns that halved an RC QP's send window (see `send_window`).
     pub send_window_cuts: u64,

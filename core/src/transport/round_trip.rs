@@ -14,7 +14,7 @@
 //! the probe waits twice the smoothed time and four deviations, at least [`MIN_PROBE_NS`] and
 //! at most a quarter of the retransmission timeout (the longest a probe may wait, see
 //! `probe_ceiling_ns`). A probe ends the measurement under way (the packet may go again), and
-//! each further probe waits twice as long; that doubling is kept across stalls until a packet
+//! each further probe waits twice as long, up to that bound; that doubling is kept across stalls until a packet
 //! is timed again, as TCP keeps a backed-off timer (RFC 6298, 5.7), so a path that slowed
 //! down past the probe's delay is learnt instead of probed for on every turn. The ACKs
 //! measured include what the responder held them for (its application's answer, up to
