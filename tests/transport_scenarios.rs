@@ -714,6 +714,20 @@ fn write_losing_its_tail(
     took
 }
 
+/// A 100-byte WRITE `id` from `src` to `dst` over `a`, waited for: checks it completes and
+/// returns the tail-loss probes sent so far.
+fn small_write(sim: &mut Sim, a: &QpEnd, src: &MemoryRegion, dst: &MemoryRegion, id: u64) -> u64 {
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(id, write_op(dst, 0), vec![sge(src, 0, 100)]),
+        )
+        .unwrap();
+    let sc = wait_cq(sim, 0, a.send_cq, 1);
+    assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
+    counters(sim, 0).tail_probes
+}
+
 /// Once ACKs were timed (a few WRITEs acknowledged in tens of microseconds on the simulated
 /// link), a lost tail is probed for after the shortest delay, 1 ms, not the 4 ms the probe
 /// waits on a path it knows nothing of (see `round_trip`).
@@ -727,14 +741,7 @@ fn a_lost_tail_is_probed_for_sooner_on_a_path_whose_acks_were_timed() {
     let data = pattern(4000, 31);
     sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
     for id in 1..=4 {
-        sim.nodes[0]
-            .post_send(
-                a.qpn,
-                SendWr::new(id, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
-            )
-            .unwrap();
-        let sc = wait_cq(&mut sim, 0, a.send_cq, 1);
-        assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
+        small_write(&mut sim, &a, &src, &dst, id);
     }
     let took = write_losing_its_tail(&mut sim, &a, &src, &dst, o.psn.0 + 4, 5);
     settle(&mut sim);
@@ -802,17 +809,7 @@ fn a_path_that_slows_down_is_learnt_despite_the_probes() {
         ..ConnectOptions::default()
     };
     let (mut sim, a, _b, src, dst) = probing_pair(33, &o);
-    let write = |sim: &mut Sim, id: u64| {
-        sim.nodes[0]
-            .post_send(
-                a.qpn,
-                SendWr::new(id, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
-            )
-            .unwrap();
-        let sc = wait_cq(sim, 0, a.send_cq, 1);
-        assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
-        counters(sim, 0).tail_probes
-    };
+    let write = |sim: &mut Sim, id: u64| small_write(sim, &a, &src, &dst, id);
     for id in 0..4 {
         write(&mut sim, id);
     }
@@ -842,17 +839,7 @@ fn a_path_slower_than_the_first_probe_delay_is_learnt_and_left_alone() {
     let data = pattern(4000, 34);
     sim.nodes[0].bytes_mut(&src)[..4000].copy_from_slice(&data);
     sim.link.delay_ns = 5_000_000;
-    let write = |sim: &mut Sim, id: u64| {
-        sim.nodes[0]
-            .post_send(
-                a.qpn,
-                SendWr::new(id, write_op(&dst, 0), vec![sge(&src, 0, 100)]),
-            )
-            .unwrap();
-        let sc = wait_cq(sim, 0, a.send_cq, 1);
-        assert_eq!(ids_and_status(&sc), [(id, WcStatus::Success)]);
-        counters(sim, 0).tail_probes
-    };
+    let write = |sim: &mut Sim, id: u64| small_write(sim, &a, &src, &dst, id);
     let probes: Vec<u64> = (0..40).map(|id| write(&mut sim, id)).collect();
     assert!(
         probes[0] > 0,

@@ -450,13 +450,20 @@ impl Qp {
     /// `probe_delay_ns`); the timer, which probes do not restart, ends a stall that no probe
     /// ends.
     pub(crate) fn rearm_probe(&mut self, now: Nanos, waiting: bool) {
+        self.comp.probe_deadline = self
+            .probe_delay_after(self.comp.probes)
+            .filter(|_| waiting && self.ty == QpType::Rc)
+            .map(|t| now + t);
+    }
+
+    /// The delay before the next probe once `probes` went since a packet was last timed: the
+    /// measured first delay (see `round_trip`), doubled per probe up to the ceiling.
+    pub(crate) fn probe_delay_after(&self, probes: u32) -> Option<Nanos> {
         let first = self
             .comp
             .rtt
             .probe_delay(probe_ceiling_ns(self.attr.timeout));
-        self.comp.probe_deadline = probe_delay_ns(self.attr.timeout, self.comp.probes, first)
-            .filter(|_| waiting && self.ty == QpType::Rc)
-            .map(|t| now + t);
+        probe_delay_ns(self.attr.timeout, probes, first)
     }
 
     /// PSNs are outstanding and nothing but a response will resend them: in RTS or SQD, and

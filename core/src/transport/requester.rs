@@ -599,14 +599,8 @@ impl Qp {
             "QP {:#x}: nothing heard for {} µs with PSNs {:#x}..{:#x} outstanding; probing \
              (probe {} of this stall): {which} again, asking for ACKs",
             self.qpn,
-            super::qp_state::probe_delay_ns(
-                self.attr.timeout,
-                self.comp.probes.saturating_sub(1),
-                self.comp
-                    .rtt
-                    .probe_delay(super::qp_state::probe_ceiling_ns(self.attr.timeout))
-            )
-            .unwrap_or(0)
+            self.probe_delay_after(self.comp.probes.saturating_sub(1))
+                .unwrap_or(0)
                 / 1000,
             self.comp.psn,
             newest,
