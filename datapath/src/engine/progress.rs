@@ -7,10 +7,11 @@ use std::sync::Arc;
 use xroce_core::transport::{Event, PathMtu, Transmit, TX_TURN_PACKETS};
 use xroce_core::wire::{self, EtherType, EthernetAddress, EthernetRepr, IpAddress};
 
+use super::ack_holds::{Deferred, LEFT_HOLD_LATE_NS};
 use super::addressing::{AddressWatcher, Applied, Neighbours, NextHop};
 use super::capture::Capture;
 use super::home_netns::{run_at_home, HomeNetns};
-use super::{Deferred, Shared, State};
+use super::{Shared, State};
 use crate::netlink::Change;
 use crate::port::{Port, RxDrops};
 use crate::xdp::{PinWatch, XsksMap};
@@ -353,7 +354,7 @@ pub(crate) fn thread_round(shared: &Shared, st: &mut State) -> Round {
     // answer (a stale hold must not send the new ACKs at once).
     if let Deferred::AcksUntil { until, by_poll, .. } = st.deferred {
         if until <= now {
-            if by_poll && now - until >= super::LEFT_HOLD_LATE_NS {
+            if by_poll && now - until >= LEFT_HOLD_LATE_NS {
                 // The application took its completions and left its verbs without answering.
                 shared
                     .counters
