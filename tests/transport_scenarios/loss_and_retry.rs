@@ -1,6 +1,18 @@
-//! Losses and their recovery: a silent peer and its retries, lost ACKs, tail-loss probes, sequence NAKs and go-back-N, and the send window.
+//! Losses and their recovery: a silent peer and its retries, lost ACKs, tail-loss probes,
+//! sequence NAKs and go-back-N, and the send window (with a region deregistered while a
+//! message through it waits in the window); long streams on lossy links.
 
 use super::*;
+
+/// The retransmission timeout the digest gives for a `timeout` attribute (§4.6): 4.096 µs ×
+/// 2^timeout. Computed here rather than taken from core so the test checks core against the spec.
+fn spec_timeout_ns(timeout: u8) -> Nanos {
+    4096 << timeout
+}
+
+fn pattern_bytes(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 % 251) as u8).collect()
+}
 
 /// Every packet lost: with `retry_cnt = 3` the WQE fails with RETRY_EXC_ERR after exactly 3
 /// retransmissions, at exactly (3 + 1) × the timeout after it was sent.

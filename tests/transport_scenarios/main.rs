@@ -3,7 +3,7 @@
 //! what rdma_rxe would do: which completions arrive with which status, which counters move,
 //! which state the QPs end in, and that the bytes in memory are right.
 //!
-//! One file per kind of situation; the helpers they share are here.
+//! One file per kind of situation; the helpers that more than one of them uses are here.
 
 mod access;
 mod ack_requests;
@@ -45,12 +45,6 @@ const RW: Access = Access(
 
 /// One second of virtual time: far more than any scenario here needs.
 const SEC: Nanos = 1_000_000_000;
-
-/// The retransmission timeout the digest gives for a `timeout` attribute (§4.6): 4.096 µs ×
-/// 2^timeout. Computed here rather than taken from core so the test checks core against the spec.
-fn spec_timeout_ns(timeout: u8) -> Nanos {
-    4096 << timeout
-}
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)
@@ -146,25 +140,6 @@ fn ack_rewritten(ack: &[u8], psn: u32, syndrome: u8) -> Vec<u8> {
     p
 }
 
-/// One 1 KiB WRITE from node 0's QP `a` (wr_id 1, from the start of `src` to the start of
-/// `dst`), completed: the simulator's trace of it (node, packet), its ACK last.
-fn traced_write(
-    sim: &mut Sim,
-    a: &QpEnd,
-    src: &MemoryRegion,
-    dst: &MemoryRegion,
-) -> Vec<(usize, Vec<u8>)> {
-    sim.trace = Some(Vec::new());
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(1, write_op(dst, 0), vec![sge(src, 0, 1024)]),
-        )
-        .unwrap();
-    assert_eq!(wait_cq(sim, 0, a.send_cq, 1)[0].status, WcStatus::Success);
-    sim.trace.take().unwrap()
-}
-
 /// The frames node `from` sent, in the order they left, from a simulator trace.
 fn frames_sent_by(trace: &[(usize, Vec<u8>)], from: usize) -> Vec<RoceFrame<'_>> {
     trace
@@ -244,10 +219,6 @@ fn bth_ack_req(packet: &[u8]) -> bool {
         .transport
         .bth
         .ack_req
-}
-
-fn pattern_bytes(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
 
 /// SQD → RTS on `a`, after which the held WQE `wr_id` is sent and completes.

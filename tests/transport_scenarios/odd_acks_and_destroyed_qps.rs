@@ -1,6 +1,26 @@
-//! ACKs for nothing sent, bad checksums, and QPs destroyed while their peers still talk to them.
+//! ACKs for nothing sent, bad checksums, QPs destroyed while their peers still talk to them,
+//! and a receive WQE taken by a message still arriving.
 
 use super::*;
+
+/// One 1 KiB WRITE from node 0's QP `a` (wr_id 1, from the start of `src` to the start of
+/// `dst`), completed: the simulator's trace of it (node, packet), its ACK last.
+fn traced_write(
+    sim: &mut Sim,
+    a: &QpEnd,
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+) -> Vec<(usize, Vec<u8>)> {
+    sim.trace = Some(Vec::new());
+    sim.nodes[0]
+        .post_send(
+            a.qpn,
+            SendWr::new(1, write_op(dst, 0), vec![sge(src, 0, 1024)]),
+        )
+        .unwrap();
+    assert_eq!(wait_cq(sim, 0, a.send_cq, 1)[0].status, WcStatus::Success);
+    sim.trace.take().unwrap()
+}
 
 /// A frame whose IPv4 header checksum or (non-zero) UDP checksum is wrong is dropped and
 /// counted apart from one whose ICRC is wrong: a path that rewrites headers is not a RoCE

@@ -1,4 +1,5 @@
-//! How the transmit round takes QPs: mid-message holds, `has_work`, and QPs joining and leaving the transmit list.
+//! How the transmit round takes QPs: mid-message holds, `has_work`, and QPs joining and
+//! leaving the transmit list.
 
 use super::*;
 
@@ -220,58 +221,4 @@ fn a_destroyed_qp_leaves_the_transmit_round_at_once() {
         "the destroyed QP is no longer listed"
     );
     assert!(node.dev.poll_transmit(now, &node.mem, &mut buf).is_none());
-}
-
-/// A READ response that cannot fit the responder's transmit buffer (a path MTU above what the
-/// port's frames carry: 4096 on a kernel without AF_XDP multi-buffer) is a remote operational
-/// error, NAKed at once, not a response left at the head of the queue, where it held up
-/// every later response of the QP for good.
-#[test]
-fn a_read_response_too_big_for_the_transmit_buffer_is_naked_not_stuck() {
-    let mut sim = Sim::new(71, 2, LinkConfig::default());
-    let o = ConnectOptions {
-        path_mtu: PathMtu::Mtu4096,
-        ..ConnectOptions::default()
-    };
-    let (a, b) = connect(&mut sim, 0, 1, &o);
-    let a_buf = sim.nodes[0].alloc(4096, RW);
-    let b_buf = sim.nodes[1].alloc(4096, RW);
-    sim.nodes[0]
-        .post_send(
-            a.qpn,
-            SendWr::new(7, read_op(&b_buf, 0), vec![sge(&a_buf, 0, 4096)]),
-        )
-        .unwrap();
-    let now = sim.now;
-    let mut big = vec![0u8; 8192];
-    let node = &mut sim.nodes[0];
-    let t = node.dev.poll_transmit(now, &node.mem, &mut big).unwrap();
-    let request = big[..t.len].to_vec();
-    let node = &mut sim.nodes[1];
-    node.dev.handle_packet(now, &request, &mut node.mem);
-
-    // Room for the headers and 2048 bytes of payload, not 4096.
-    let mut small = vec![0u8; 2200];
-    let node = &mut sim.nodes[1];
-    let t = node
-        .dev
-        .poll_transmit(now, &node.mem, &mut small)
-        .expect("the NAK goes instead of the response");
-    let nak = small[..t.len].to_vec();
-    let f = RoceFrame::parse_ip(&nak).unwrap();
-    assert_eq!(f.headers.transport.bth.opcode, Opcode::RC_ACKNOWLEDGE);
-    assert_eq!(
-        f.headers.transport.aeth.map(|a| a.syndrome),
-        Some(AethSyndrome::Nak(NakCode::RemoteOperationalError))
-    );
-    assert!(node.dev.poll_transmit(now, &node.mem, &mut small).is_none());
-    assert_eq!(node.dev.query_qp(b.qpn).unwrap().state, QpState::Error);
-    assert_eq!(node.dev.counters().tx_too_big_for_buffer, 1);
-
-    // The requester learns it as a remote operational error.
-    let node = &mut sim.nodes[0];
-    node.dev.handle_packet(now, &nak, &mut node.mem);
-    let wc = sim.nodes[0].poll(a.send_cq);
-    assert_eq!(wc.len(), 1);
-    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::RemOpErr));
 }

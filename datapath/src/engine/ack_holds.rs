@@ -145,7 +145,7 @@ pub(crate) const LEFT_HOLD_LATE_NS: u64 = 200_000;
 const LEFT_HOLD_RING_MARGIN_NS: u64 = 20_000;
 
 impl Engine {
-    /// `poll_cq` on a working device, at `now` (see there).
+    /// [`Engine::poll_cq`] on a working device, at `now`.
     pub(super) fn poll_cq_round(
         &self,
         st: &mut State,

@@ -1,4 +1,4 @@
-//! The engine's own counters, as `XROCE_STATS_FILE` and the state dump name them.
+//! The engine's own counters, named as the stats line (`XROCE_STATS_FILE`) names them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
