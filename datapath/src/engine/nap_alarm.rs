@@ -53,7 +53,7 @@ const STEADY_PUSHES: u32 = 8;
 /// (Measured here: `timerfd_settime` 1.9 µs 1 ms ahead, 0.6 µs 4 ms ahead; 64 B ping-pong
 /// turns over 12 µs 560-1100 in 20 000 with `POSTPONE_NS`, 80-170 with this.) An application
 /// that stops polling after that is taken over up to this long after, unless a frame wakes
-/// the thread first (see `FrameWatch` in `progress`).
+/// the thread first (see `FrameWatch` in `progress::sleep`).
 const STEADY_POSTPONE_NS: u64 = 4_000_000;
 /// Returns to the verbs from elsewhere between two pushes that mean the application is not a
 /// steady poller (see `NapAlarm::app_left`).

@@ -121,7 +121,7 @@ impl WakePriority {
         p
     }
 
-    pub(super) fn set(&self, policy: libc::c_int) -> bool {
+    fn set(&self, policy: libc::c_int) -> bool {
         let param = libc::sched_param {
             sched_priority: if policy == libc::SCHED_FIFO { 1 } else { 0 },
         };
@@ -195,7 +195,7 @@ pub(super) enum Wait {
 /// real-time threads let it run (64 KiB `ib_write_lat`: retransmission timeouts with nothing
 /// lost). So what is due does not shorten a nap, which runs its course; other sleeps end at
 /// once, and the round after them runs it.
-pub(super) fn timer_wait(wait: Wait, due_in: Option<u64>) -> Option<u64> {
+fn timer_wait(wait: Wait, due_in: Option<u64>) -> Option<u64> {
     due_in.filter(|&ns| ns > 0 || !matches!(wait, Wait::Nap(_)))
 }
 
@@ -218,7 +218,7 @@ pub(super) fn sleep(
     // out, once per nap of this thread; in a stream that was 4 % of the sender's core. The
     // holder runs the timers itself meanwhile, so a nap bounded by `MAX_NAP_NS` misses none
     // by more than that.
-    // ACKs held for the application's answer (see `thread_round`) count as a timer.
+    // ACKs held for the application's answer (see `super::thread_round`) count as a timer.
     let timer_ns = match shared.try_state() {
         Some(st) => {
             let held = match st.deferred {
