@@ -328,34 +328,6 @@ fn requests_that_will_be_refused_do_not_wait_for_an_address() {
     });
 }
 
-/// The counters the provider writes at exit never wait for the engine lock: a signal handler
-/// may call `exit()` while the program's thread holds it inside a verb, and waiting then would
-/// hang the process for ever. Taken, the transport's counters are left out and said to be.
-#[test]
-fn counters_at_exit_do_not_wait_for_a_verb_in_progress() {
-    if !root_or_skip() {
-        return;
-    }
-    let setup = Setup::new(1500);
-    let iface = setup.pair.iface(0).to_string();
-    setup.pair.run_in(0, move || {
-        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-        // The progress thread holds the lock for a round at a time: it is waited out.
-        let free = engine.stats_line_waiting_at_most(Duration::from_secs(5));
-        assert!(
-            free.contains(" completions=0") && !free.contains("transport_busy"),
-            "{free}"
-        );
-        // As a verb in progress: the engine lock held by this thread.
-        let busy =
-            engine.with_device(|_| engine.stats_line_waiting_at_most(Duration::from_millis(50)));
-        assert!(
-            busy.contains("transport_busy=1") && busy.contains(" rx_frames="),
-            "{busy}"
-        );
-    });
-}
-
 /// A peer whose MAC changes without telling anyone (no gratuitous ARP: `arp_notify` is 0 by
 /// default) is found again: the engine keeps the kernel's neighbour entry in use, so the kernel
 /// probes the old MAC, finds nobody, resolves the address again, and the engine follows. The
@@ -678,24 +650,6 @@ fn an_engine_receives_on_every_queue_of_its_interface() {
     );
 }
 
-/// A 4 KiB buffer and an RC QP connected to a QP number nobody has at `peer`: what it sends
-/// is never acknowledged, so its retransmissions time out.
-fn connected_to_nobody(engine: &Engine, local: IpAddress, peer: IpAddress) -> (Buffer, Qp) {
-    let pd = engine.with_device(|d| d.alloc_pd());
-    let buf = Buffer::new(engine, pd, 4096);
-    let qp = create_qp(engine, pd, QpType::Rc);
-    to_init(engine, &qp);
-    let nobody = Endpoint {
-        qpn: 0x12345,
-        psn: 0,
-        ip: peer,
-        va: 0,
-        rkey: 0,
-    };
-    bring_up(engine, &qp, local, &nobody, 0, PathMtu::Mtu1024);
-    (buf, qp)
-}
-
 /// An interface given more receive queues after its engine started (`ethtool -L`, as a cloud
 /// agent may do) spreads frames over queues the engine has no socket on: the steering program
 /// passes those to the kernel and their QPs stall. Nothing else would say why; when
@@ -752,44 +706,6 @@ fn receive_queues_added_under_an_engine_are_reported() {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_eq!(grown(), 1, "not reported: {}", engine.stats_line());
-        drop(buf);
-    });
-}
-
-/// A SEND posted from the application's thread to an idle RC QP starts its retransmission
-/// timer there, while the progress thread sleeps with no timer to wait for. When the packet
-/// is lost and the application then waits outside its verbs (blocked in
-/// `ibv_get_cq_event`), only the progress thread can resend it: it must learn of the timer.
-/// No engine answers at the peer's address, so every resend is lost too, and the QP (with
-/// `retry_cnt` 7, which never runs out) must keep resending about every 16 ms without the
-/// application having polled. (Before the fix: not one resend in the whole wait.)
-#[test]
-fn a_lost_send_is_resent_while_the_application_waits_outside_its_verbs() {
-    if !root_or_skip() {
-        return;
-    }
-    let setup = Setup::new(1500);
-    let iface = setup.pair.iface(0).to_string();
-    let local = IpAddress::V4(setup.pair.ipv4(0).into());
-    let peer = IpAddress::V4(setup.pair.ipv4(1).into());
-    setup.pair.run_in(0, move || {
-        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
-        let (buf, qp) = connected_to_nobody(&engine, local, peer);
-        // The progress thread spins a little after the set-up, then sleeps for events. Wait
-        // past the new interfaces' IPv6 duplicate address detection (1 s): its end is an
-        // address change, which wakes the thread and would let it see the timer anyway.
-        std::thread::sleep(Duration::from_secs(3));
-        engine
-            .post_send(qp.qpn, SendWr::new(1, SendOp::Send, vec![buf.sge(0, 64)]))
-            .expect("post_send");
-        // Away from the verbs for about 120 retransmission timeouts.
-        std::thread::sleep(Duration::from_secs(2));
-        let c = engine.with_device(|d| d.counters());
-        assert!(
-            c.timeouts >= 2 && c.retransmissions >= 2,
-            "timeouts and resends while the application waited: {}",
-            engine.stats_line()
-        );
         drop(buf);
     });
 }
@@ -942,4 +858,16 @@ fn ip(args: &[&str]) {
         .output()
         .expect("run ip");
     assert!(out.status.success(), "ip {args:?}: {out:?}");
+}
+
+/// Swaps endpoints (with `buf` open to the peer's WRITEs and READs) with the other side,
+/// brings `qp` up to RTS towards it at path MTU 1024, and waits for the other side to be there
+/// too. Returns the peer's endpoint.
+fn connect_with_memory(me: &Side<Endpoint>, qp: &Qp, buf: &Buffer, psn: u32) -> Endpoint {
+    connect_at(me, qp, buf, 0, psn, PathMtu::Mtu1024)
+}
+
+/// [`connect_with_memory`] with the local ACK timeout `timeout` (4.096 µs × 2^timeout).
+fn connect_timed(me: &Side<Endpoint>, qp: &Qp, buf: &Buffer, psn: u32, timeout: u8) -> Endpoint {
+    connect_timed_at(me, qp, buf, 0, psn, PathMtu::Mtu1024, timeout)
 }

@@ -338,7 +338,7 @@ struct Setup {
     _turn: Turn,
 }
 
-/// Tests that count transmit batches per round run alone; the others of this file run in
+/// Tests that count transmit batches per round run alone; the others of this binary run in
 /// parallel with each other. On two cores the parallel ones take the cores a ping-pong's
 /// applications spin on, and an application kept off its core lets the ACKs held for its
 /// answer go out on their own: `write_ping_pong_...` counted 2200-2900 batches for 2000 rounds
@@ -357,7 +357,7 @@ impl Setup {
         Setup::with_turn(mtu, turn)
     }
 
-    /// The same, with no other test of this file running meanwhile.
+    /// The same, with no other test of this binary running meanwhile.
     fn alone(mtu: u32) -> Setup {
         let turn = Turn::Alone(TURNS.write().unwrap_or_else(|p| p.into_inner()));
         Setup::with_turn(mtu, turn)
@@ -476,13 +476,6 @@ impl<T> Side<T> {
     }
 }
 
-/// Swaps endpoints (with `buf` open to the peer's WRITEs and READs) with the other side,
-/// brings `qp` up to RTS towards it at path MTU 1024, and waits for the other side to be there
-/// too. Returns the peer's endpoint.
-fn connect_with_memory(me: &Side<Endpoint>, qp: &Qp, buf: &Buffer, psn: u32) -> Endpoint {
-    connect_at(me, qp, buf, 0, psn, PathMtu::Mtu1024)
-}
-
 /// Connects `qp` with the peer's at path MTU `mtu`, telling the peer to use `buf` from
 /// `offset` on; returns the peer's endpoint once both sides are connected.
 fn connect_at(
@@ -494,11 +487,6 @@ fn connect_at(
     mtu: PathMtu,
 ) -> Endpoint {
     connect_timed_at(me, qp, buf, offset, psn, mtu, DEFAULT_TIMEOUT)
-}
-
-/// [`connect_with_memory`] with the local ACK timeout `timeout` (4.096 µs × 2^timeout).
-fn connect_timed(me: &Side<Endpoint>, qp: &Qp, buf: &Buffer, psn: u32, timeout: u8) -> Endpoint {
-    connect_timed_at(me, qp, buf, 0, psn, PathMtu::Mtu1024, timeout)
 }
 
 fn connect_timed_at(
@@ -592,4 +580,22 @@ fn progress_thread_id(engine: &Engine) -> i32 {
         assert!(Instant::now() < deadline, "no progress thread");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// A 4 KiB buffer and an RC QP connected to a QP number nobody has at `peer`: what it sends
+/// is never acknowledged, so its retransmissions time out.
+fn connected_to_nobody(engine: &Engine, local: IpAddress, peer: IpAddress) -> (Buffer, Qp) {
+    let pd = engine.with_device(|d| d.alloc_pd());
+    let buf = Buffer::new(engine, pd, 4096);
+    let qp = create_qp(engine, pd, QpType::Rc);
+    to_init(engine, &qp);
+    let nobody = Endpoint {
+        qpn: 0x12345,
+        psn: 0,
+        ip: peer,
+        va: 0,
+        rkey: 0,
+    };
+    bring_up(engine, &qp, local, &nobody, 0, PathMtu::Mtu1024);
+    (buf, qp)
 }

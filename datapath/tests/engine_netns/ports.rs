@@ -1,5 +1,6 @@
 //! The ports: MTUs and multi-buffer, an application in another namespace, batching by the
-//! interface's driver and the peer's program, loopback and the idle cost.
+//! interface's driver and the peer's program, loopback and the idle cost, and a second
+//! engine refused on a DPDK engine's interface.
 
 use super::*;
 

@@ -1,5 +1,6 @@
 //! Who moves the frames: the application in its verbs or the progress thread, ACKs held for the
-//! application's answer, and the thread kept asleep next to a polling application.
+//! application's answer, the thread kept asleep next to a polling application and off the
+//! engine lock it holds, and timers the application starts that the thread must keep.
 
 use super::*;
 
@@ -1114,4 +1115,70 @@ fn connect_for_sends(me: &Side<Endpoint>, qp: &Qp, psn: u32) {
     });
     bring_up(&me.engine, qp, me.ip, &peer, psn, PathMtu::Mtu1024);
     me.connected.wait();
+}
+
+/// The counters the provider writes at exit never wait for the engine lock: a signal handler
+/// may call `exit()` while the program's thread holds it inside a verb, and waiting then would
+/// hang the process for ever. Taken, the transport's counters are left out and said to be.
+#[test]
+fn counters_at_exit_do_not_wait_for_a_verb_in_progress() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        // The progress thread holds the lock for a round at a time: it is waited out.
+        let free = engine.stats_line_waiting_at_most(Duration::from_secs(5));
+        assert!(
+            free.contains(" completions=0") && !free.contains("transport_busy"),
+            "{free}"
+        );
+        // As a verb in progress: the engine lock held by this thread.
+        let busy =
+            engine.with_device(|_| engine.stats_line_waiting_at_most(Duration::from_millis(50)));
+        assert!(
+            busy.contains("transport_busy=1") && busy.contains(" rx_frames="),
+            "{busy}"
+        );
+    });
+}
+
+/// A SEND posted from the application's thread to an idle RC QP starts its retransmission
+/// timer there, while the progress thread sleeps with no timer to wait for. When the packet
+/// is lost and the application then waits outside its verbs (blocked in
+/// `ibv_get_cq_event`), only the progress thread can resend it: it must learn of the timer.
+/// No engine answers at the peer's address, so every resend is lost too, and the QP (with
+/// `retry_cnt` 7, which never runs out) must keep resending about every 16 ms without the
+/// application having polled. (Before the fix: not one resend in the whole wait.)
+#[test]
+fn a_lost_send_is_resent_while_the_application_waits_outside_its_verbs() {
+    if !root_or_skip() {
+        return;
+    }
+    let setup = Setup::new(1500);
+    let iface = setup.pair.iface(0).to_string();
+    let local = IpAddress::V4(setup.pair.ipv4(0).into());
+    let peer = IpAddress::V4(setup.pair.ipv4(1).into());
+    setup.pair.run_in(0, move || {
+        let engine = Engine::start(EngineConfig::new(&iface)).expect("engine");
+        let (buf, qp) = connected_to_nobody(&engine, local, peer);
+        // The progress thread spins a little after the set-up, then sleeps for events. Wait
+        // past the new interfaces' IPv6 duplicate address detection (1 s): its end is an
+        // address change, which wakes the thread and would let it see the timer anyway.
+        std::thread::sleep(Duration::from_secs(3));
+        engine
+            .post_send(qp.qpn, SendWr::new(1, SendOp::Send, vec![buf.sge(0, 64)]))
+            .expect("post_send");
+        // Away from the verbs for about 120 retransmission timeouts.
+        std::thread::sleep(Duration::from_secs(2));
+        let c = engine.with_device(|d| d.counters());
+        assert!(
+            c.timeouts >= 2 && c.retransmissions >= 2,
+            "timeouts and resends while the application waited: {}",
+            engine.stats_line()
+        );
+        drop(buf);
+    });
 }
