@@ -1,6 +1,6 @@
-//! The program's maps an engine opens from their pins: [`XsksMap`], where it enters its AF_XDP
-//! sockets, and [`LocalAddrs`], where it enters its device's addresses so that the program
-//! steers only the RoCEv2 frames addressed to them.
+//! The program's maps an engine writes, opened from their pins: [`XsksMap`], where it enters
+//! its AF_XDP sockets, and [`LocalAddrs`], where it enters its device's addresses so that the
+//! program steers only the RoCEv2 frames addressed to them.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd, RawFd};

@@ -12,8 +12,9 @@
 //!   across namespaces; bpffs does not). Loading what is already loaded changes nothing.
 //! - [`unload`] detaches it and removes the pins. [`status`] reports what is attached and the
 //!   counters.
-//! - Engines (separate processes) open the pinned maps: [`XsksMap`] to enter their AF_XDP
-//!   sockets, [`read_counters`], and the test-only drop knob [`set_drop_one_in`].
+//! - Engines (separate processes) open the pinned maps: [`XsksMap`] and [`LocalAddrs`] (in
+//!   `engine_maps.rs`) to enter their AF_XDP sockets and their device's addresses,
+//!   [`read_counters`], and the test-only drop knob [`set_drop_one_in`].
 //!
 //! Everything acts on the **calling thread's** network namespace: a thread that did
 //! `setns(CLONE_NEWNET)` (see [`crate::netns`]) loads on, and opens the maps of, the interfaces
@@ -23,8 +24,8 @@
 pub mod abi;
 mod engine_maps;
 mod error;
-// pub(crate): the device registry keys its state by the same network-namespace id.
 mod pin_watch;
+// pub(crate): the device registry keys its state by the same network-namespace id.
 pub(crate) mod pins;
 mod rtnl;
 mod sys;
