@@ -372,9 +372,9 @@ pub fn probe_ceiling_ns(timeout: u8) -> u64 {
 /// cost the whole retransmission timeout (67 ms at `timeout` 14). At `timeout` 14 probes that
 /// start at 4 ms go after 4, 8, 16, 16.8 and 16.8 ms of silence, then the timer fires (a probe
 /// does not restart it: only a response does); from the measured floor of 1 ms, seven probes
-/// (14 packets) go before the timer. A path whose first delay is the ceiling still gets a probe every 16.8 ms until the
-/// timer: stopping the doubling there, rather than the probes, keeps a lost probe, and the
-/// stalls after it, from falling to the timer.
+/// (14 packets) go before the timer. A path whose first delay is the ceiling still gets a
+/// probe every 16.8 ms until the timer: stopping the doubling there, rather than the probes,
+/// keeps a lost probe, and the stalls after it, from falling to the timer.
 pub fn probe_delay_ns(timeout: u8, probes: u32, first: u64) -> Option<u64> {
     tail_probe_ns(timeout)?;
     let most = probe_ceiling_ns(timeout);

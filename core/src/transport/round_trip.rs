@@ -14,11 +14,11 @@
 //! the probe waits twice the smoothed time and four deviations, at least [`MIN_PROBE_NS`] and
 //! at most a quarter of the retransmission timeout (the longest a probe may wait, see
 //! `probe_ceiling_ns`). A probe ends the measurement under way (the packet may go again), and
-//! each further probe waits twice as long, up to that bound; that doubling is kept across stalls until a packet
-//! is timed again, as TCP keeps a backed-off timer (RFC 6298, 5.7), so a path that slowed
-//! down past the probe's delay is learnt instead of probed for on every turn. The ACKs
-//! measured include what the responder held them for (its application's answer, up to
-//! 50 µs), so a peer that holds its ACKs is not probed for that.
+//! each further probe waits twice as long, up to that bound; that doubling is kept across
+//! stalls until a packet is timed again, as TCP keeps a backed-off timer (RFC 6298, 5.7), so
+//! a path that slowed down past the probe's delay is learnt instead of probed for on every
+//! turn. The ACKs measured include what the responder held them for (its application's
+//! answer, up to 50 µs), so a peer that holds its ACKs is not probed for that.
 //!
 //! The delay used to stop at [`TAIL_PROBE_NS`] (4 ms). On a path whose ACKs take longer than
 //! that (TCG guests now and then, a tunnel between two sites) every other packet asking for an

@@ -41,9 +41,9 @@ pub struct EngineConfig {
     /// [`crate::xdp::PinWatch`]). Without it (or when bpffs cannot be reached) an unload is
     /// noticed only when retransmissions time out; tests turn it off to exercise that path.
     pub watch_xdp_pins: bool,
-    /// Also receive on the interface's other receive queues (see [`crate::afxdp::QueueSet`]): a NIC spreads
-    /// flows over its queues, so a QP's frames may arrive on any. `queue` is the one the engine
-    /// sends on.
+    /// Also receive on the interface's other receive queues (see
+    /// [`crate::afxdp::QueueSet`]): a NIC spreads flows over its queues, so a QP's frames may
+    /// arrive on any. `queue` is the one the engine sends on.
     pub all_rx_queues: bool,
     /// Binds the sockets without multi-buffer even where the kernel has it, as on kernels
     /// before 6.6: the port's active MTU is then at most 2048, and a QP asking for 4096 makes

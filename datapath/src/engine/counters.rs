@@ -2,7 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Engine-level counters (the transport's own are in [`Device::counters`](xroce_core::transport::Device::counters)).
+/// Engine-level counters (the transport's own are in
+/// [`Device::counters`](xroce_core::transport::Device::counters)).
 #[derive(Debug, Default)]
 pub struct EngineCounters {
     pub rx_frames: AtomicU64,
