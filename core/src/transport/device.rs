@@ -20,6 +20,7 @@ use super::host_memory::HostMemory;
 use super::memory::{Access, MemoryRegion, MemoryTable, MrId, PdId};
 use super::qp::{InlineData, Qp, QpAttr, QpInit, SendWqe, WqeState};
 use super::qp_state::{AttrMask, PathMtu, QpState, QpType};
+use super::qp_timers::QpTimers;
 use super::requester::MAX_MSG_SIZE;
 use super::srq::{SharedReceiveQueue, SrqId};
 use super::verbs::{
@@ -259,13 +260,10 @@ pub struct Device {
     /// Packets the QP at the head of `ready` has sent in its current turn (see
     /// [`TX_TURN_PACKETS`]).
     turn_sent: u32,
-    /// No QP timer is due before this; `None` when no QP has one. A lower bound, not the
-    /// exact earliest deadline: a retransmission timer restarts on every ACK, and keeping the
-    /// exact minimum would mean a scan of every QP each time. Lowered whenever a QP may have
-    /// armed a timer (everything that changes a QP marks it ready), made exact again by
-    /// [`Self::handle_timeout`] when it is reached. (The scan in every round cost a quarter of
-    /// a receiving engine's time with 256 QPs.)
-    timer_floor: Option<Nanos>,
+    /// The QPs' timers, earliest first (see `qp_timers`). Noted whenever a QP may have armed
+    /// or moved a timer (everything that changes a QP marks it ready); a timer that moved
+    /// later is found not due when its entry is reached.
+    timers: QpTimers,
     sh: Shared,
     next_qpn: u32,
     next_cq: u32,
@@ -296,7 +294,7 @@ impl Device {
             qps: HashMap::default(),
             ready: VecDeque::new(),
             turn_sent: 0,
-            timer_floor: None,
+            timers: QpTimers::default(),
             sh: Shared {
                 mem: MemoryTable::new(config.key_seed),
                 cqs: HashMap::default(),
@@ -348,8 +346,10 @@ impl Device {
         let mut qpns: Vec<&u32> = self.qps.keys().collect();
         qpns.sort();
         let mut out = format!(
-            "timer floor {:?} (now {now}), ready {:?}\n",
-            self.timer_floor, self.ready
+            "timer floor {:?} (now {now}, {} timer entries), ready {:?}\n",
+            self.timers.earliest(),
+            self.timers.len(),
+            self.ready
         );
         for qpn in qpns {
             out.push_str(&self.qps[qpn].report_line(now));
@@ -706,7 +706,7 @@ impl Device {
         };
         let queued = qp.queue_farewell_ack();
         if queued {
-            queue_ready(&mut self.ready, &mut self.timer_floor, qp);
+            queue_ready(&mut self.ready, &mut self.timers, qp);
         }
         queued
     }
@@ -948,7 +948,7 @@ impl Device {
             return Ok(was_busy);
         }
         qp.sq.push_back(wqe);
-        queue_ready(&mut self.ready, &mut self.timer_floor, qp);
+        queue_ready(&mut self.ready, &mut self.timers, qp);
         Ok(was_busy)
     }
 
@@ -1135,7 +1135,7 @@ impl Device {
                 Some((_, response)) => *response == turn_ends,
             };
             // Sending (or a WQE that failed on the way) may have armed or moved a timer.
-            lower_timer_floor(&mut self.timer_floor, qp);
+            self.timers.note(qp);
             if let Some((t, _)) = sent {
                 self.turn_sent += 1;
                 if qp.has_nothing_to_send() {
@@ -1174,41 +1174,29 @@ impl Device {
     /// none due then, when the timer it stood for was restarted meanwhile). `None` when no QP
     /// has a timer running. Costs nothing, however many QPs there are.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        // Every test build checks the bound against the exact earliest deadline (a path that
-        // arms a timer without noting it would make timers fire late, or never).
+        // Every test build checks that each running timer has its entry (a path that arms a
+        // timer without noting it would make timers fire late, or never).
         debug_assert!(
-            self.qps
-                .values()
-                .filter_map(Qp::next_deadline)
-                .min()
-                .is_none_or(|exact| self.timer_floor.is_some_and(|f| f <= exact)),
-            "poll_timeout {:?} is later than a running timer",
-            self.timer_floor
+            self.timers.covers(&self.qps),
+            "a running timer has no entry at or before it (earliest entry {:?})",
+            self.timers.earliest()
         );
-        self.timer_floor
+        self.timers.earliest()
     }
 
-    /// Runs every timer due at `now`; true if there was one. Looks at every QP, but only when
-    /// [`Self::poll_timeout`] has been reached.
+    /// Runs every timer due at `now`; true if there was one. Costs a heap operation for each
+    /// QP entry reached (see `qp_timers`), nothing before [`Self::poll_timeout`].
     pub fn handle_timeout(&mut self, now: Nanos) -> bool {
-        if self.timer_floor.is_none_or(|t| t > now) {
+        if self.timers.earliest().is_none_or(|t| t > now) {
             return false;
         }
-        let mut due: Vec<u32> = self
-            .qps
-            .iter()
-            .filter(|(_, q)| q.next_deadline().is_some_and(|t| t <= now))
-            .map(|(n, _)| *n)
-            .collect();
-        // Deterministic order: the QP table is a hash map.
-        due.sort_unstable();
+        let due = self.timers.take_due(now, &mut self.qps);
         for &qpn in &due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 qp.handle_timeout(now, &mut self.sh);
             }
             self.mark_ready(qpn);
         }
-        self.timer_floor = self.qps.values().filter_map(Qp::next_deadline).min();
         !due.is_empty()
     }
 
@@ -1224,7 +1212,7 @@ impl Device {
     /// round.
     pub fn has_work(&self, now: Nanos) -> bool {
         self.transmit_queued()
-            || self.timer_floor.is_some_and(|t| t <= now)
+            || self.timers.earliest().is_some_and(|t| t <= now)
             || !self.sh.events.is_empty()
     }
 
@@ -1248,7 +1236,7 @@ impl Device {
         }
         self.ready.clear();
         self.turn_sent = 0;
-        self.timer_floor = None;
+        self.timers.clear(&mut self.qps);
     }
 
     /// Retransmission timeouts so far (the `timeouts` counter), without copying every counter.
@@ -1270,25 +1258,18 @@ impl Device {
     fn mark_ready(&mut self, qpn: u32) {
         // One lookup for both (this runs for every post and every packet received).
         if let Some(qp) = self.qps.get_mut(&qpn) {
-            queue_ready(&mut self.ready, &mut self.timer_floor, qp);
+            queue_ready(&mut self.ready, &mut self.timers, qp);
         }
     }
 }
 
-/// Puts `qp` on the round robin of QPs that may have something to send, once, and keeps
-/// [`Device::poll_timeout`] a lower bound after it may have armed a timer.
-fn queue_ready(ready: &mut VecDeque<u32>, timer_floor: &mut Option<Nanos>, qp: &mut Qp) {
-    lower_timer_floor(timer_floor, qp);
+/// Puts `qp` on the round robin of QPs that may have something to send, once, and takes
+/// note of any timer it may have armed or moved.
+fn queue_ready(ready: &mut VecDeque<u32>, timers: &mut QpTimers, qp: &mut Qp) {
+    timers.note(qp);
     if !qp.queued {
         qp.queued = true;
         ready.push_back(qp.qpn);
-    }
-}
-
-/// Keeps [`Device::poll_timeout`] a lower bound after `qp` may have armed a timer.
-fn lower_timer_floor(floor: &mut Option<Nanos>, qp: &Qp) {
-    if let Some(t) = qp.next_deadline() {
-        *floor = Some(floor.map_or(t, |f| f.min(t)));
     }
 }
 

@@ -26,6 +26,7 @@ pub mod memory;
 pub mod psn;
 pub mod qp;
 pub mod qp_state;
+mod qp_timers;
 mod report;
 pub mod requester;
 pub mod responder;

@@ -248,6 +248,9 @@ pub struct Qp {
     pub(crate) drain_notify: bool,
     /// On the device's ready list.
     pub(crate) queued: bool,
+    /// The time of this QP's live entry in the device's timers (see `qp_timers`): no later
+    /// than its earliest timer while it has one.
+    pub(crate) timer_entry: Option<Nanos>,
     /// A request goes ahead of a response when the QP has both: at the start of a turn, and
     /// after a request until the turn ends (see `Device::poll_transmit`).
     pub(crate) request_turn: bool,
@@ -294,6 +297,7 @@ impl Qp {
             drain_notify: false,
             path: None,
             queued: false,
+            timer_entry: None,
             request_turn: true,
         }
     }
