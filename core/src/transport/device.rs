@@ -346,7 +346,7 @@ impl Device {
         let mut qpns: Vec<&u32> = self.qps.keys().collect();
         qpns.sort();
         let mut out = format!(
-            "timer floor {:?} (now {now}, {} timer entries), ready {:?}\n",
+            "earliest timer entry {:?} (now {now}, {} entries), ready {:?}\n",
             self.timers.earliest(),
             self.timers.len(),
             self.ready
