@@ -73,13 +73,9 @@ impl QpTimers {
                 break;
             }
             self.heap.pop();
-            // A destroyed QP's entry, or one a newer entry of its QP replaced.
-            let Some(qp) = qps.get_mut(&qpn) else {
+            let Some(qp) = live_entry_qp(qps, t, qpn) else {
                 continue;
             };
-            if qp.timer_entry != Some(t) {
-                continue;
-            }
             qp.timer_entry = None;
             match qp.next_deadline() {
                 Some(d) if d <= now => due.push(qpn),
@@ -101,14 +97,11 @@ impl QpTimers {
     /// nearly every streaming QP on every call.
     fn drop_stale_top(&mut self, qps: &mut HashMap<u32, Qp>) {
         while let Some(&Reverse((t, qpn))) = self.heap.peek() {
-            match qps.get_mut(&qpn) {
-                Some(qp) if qp.timer_entry == Some(t) => {
-                    if qp.next_deadline().is_some() {
-                        return;
-                    }
-                    qp.timer_entry = None;
+            if let Some(qp) = live_entry_qp(qps, t, qpn) {
+                if qp.next_deadline().is_some() {
+                    return;
                 }
-                _ => {}
+                qp.timer_entry = None;
             }
             self.heap.pop();
         }
@@ -161,6 +154,12 @@ impl QpTimers {
     fn top(&self) -> Option<(Nanos, u32)> {
         self.heap.peek().map(|Reverse(e)| *e)
     }
+}
+
+/// The QP whose live entry `(t, qpn)` is; `None` for a stale entry (its QP was destroyed, or
+/// a newer entry of its QP replaced it).
+fn live_entry_qp(qps: &mut HashMap<u32, Qp>, t: Nanos, qpn: u32) -> Option<&mut Qp> {
+    qps.get_mut(&qpn).filter(|qp| qp.timer_entry == Some(t))
 }
 
 #[cfg(test)]
