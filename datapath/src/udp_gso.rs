@@ -24,13 +24,17 @@
 //! ([`xroce_core::icrc::IcrcRewriter`]). The addresses, TOS, DF and lengths are the engine's:
 //! the source address and TOS go with each batch, and the socket is bound to the interface.
 //!
-//! Batching pays only for frames that come in runs: a `sendmsg` for a frame or two costs more
-//! than AF_XDP's copy. So frames go straight into the AF_XDP ring, as without this port, until
-//! a round of the engine (from one flush to the next) has four frames in a row for one batch
-//! (`MIN_BATCH`); from the next round on they are sorted into batches, and a batch that ends
-//! shorter goes through AF_XDP as built. A round that took several frames and sent no batch
-//! turns batching off again. A stream batches, and so do messages of four packets or more; a
-//! ping-pong of one-packet messages (an answer and an ACK per round) never does. The AF_XDP
+//! On a veth batching pays only for frames that come in runs: a `sendmsg` for a frame or two
+//! costs more than AF_XDP's copy. So frames go straight into the AF_XDP ring, as without this
+//! port, until a round of the engine (from one flush to the next) has four frames in a row for
+//! one batch (`MIN_BATCH`); from the next round on they are sorted into batches, and a batch
+//! that ends shorter goes through AF_XDP as built. A round that took several frames and sent
+//! no batch turns batching off again. A stream batches, and so do messages of four packets or
+//! more. Where each frame costs a notification (virtio-net), two frames in a row already make
+//! a batch (`MIN_PAIR`): a ping-pong's answer and the ACK behind it leave with one
+//! notification. A batch's segments are of one length, and its last may be shorter (as
+//! `UDP_SEGMENT` cuts a send), which ends it: an ACK behind an answer joins the answer's
+//! batch. The AF_XDP
 //! socket is kicked before each batch goes to the UDP socket, so frames leave in the order
 //! they were built. While a batch is open, the engine builds the next frame where its segment
 //! would follow in the batch's buffer (`Batcher::build_at_tail`), so a stream's payloads are
@@ -104,10 +108,17 @@ impl std::str::FromStr for Transmit {
 pub(crate) const MAX_SEGMENTS: usize = 63;
 /// The most a UDP datagram over IPv4 carries, and so a batch.
 const MAX_BATCH_BYTES: usize = 65_507;
-/// Fewer frames in a row than this go through AF_XDP as built: a `sendmsg` costs more than
-/// AF_XDP's copy of a frame or two (a ping-pong's answer and ACK, of one length when the
-/// message is a few bytes).
+/// Fewer frames in a row than this go through AF_XDP as built (but see [`MIN_PAIR`]): on a
+/// veth a `sendmsg` costs more than AF_XDP's copy of a frame or two (a ping-pong's answer and
+/// ACK).
 const MIN_BATCH: usize = 4;
+/// Where frames cost the NIC a notification each ([`notifies_per_frame`]: virtio-net), two
+/// frames in a row already go as a batch: a ping-pong's answer and the ACK behind it leave
+/// with one notification instead of two. Between two Debian 12 guests under TCG a raw
+/// two-frame turn sent so took 156-180 µs a round trip against 184-212 through AF_XDP's copy
+/// mode, and `ib_send_lat`'s typical one-way 109-116 µs against 119-133
+/// (`docs/decisions.md`, "Stop 94").
+const MIN_PAIR: usize = 2;
 /// Batches closed and waiting for the socket; more and the port takes no frame until they go.
 const MAX_WAITING_BATCHES: usize = 16;
 const ETHERNET_LEN: usize = ethernet::HEADER_LEN;
@@ -121,8 +132,20 @@ struct BatchKey {
     src: Ipv4Addr,
     dst: Ipv4Addr,
     tos: u8,
-    /// The UDP payload of every segment.
+    /// The UDP payload of every segment (of a batch's: but the last, which may be shorter).
     segment: u16,
+}
+
+impl BatchKey {
+    /// Whether a segment of key `next` can follow one of this key in a batch (this key being
+    /// the batch's): the same addresses and TOS, and as long, or shorter to end the batch
+    /// (`UDP_SEGMENT` cuts a send into segments of one size and a shorter last one).
+    fn takes(&self, next: &BatchKey) -> bool {
+        self.src == next.src
+            && self.dst == next.dst
+            && self.tos == next.tos
+            && next.segment <= self.segment
+    }
 }
 
 #[derive(Debug)]
@@ -133,6 +156,11 @@ struct Batch {
     /// then room for the next frame.
     buf: Vec<u8>,
     end: usize,
+    /// The UDP payload of the last segment: `key.segment`, or shorter, which ends the batch.
+    last: u16,
+    /// The segments' ICRCs are the socket's: the batch reached [`MIN_BATCH`], or is a pair
+    /// that goes through the socket ([`Batcher::pair_for_socket`]).
+    for_socket: bool,
     /// While the batch is shorter than [`MIN_BATCH`], its segments are kept as built, and
     /// these are their frames' headers: a batch that ends so short goes out through AF_XDP as
     /// those frames.
@@ -151,15 +179,62 @@ impl Batch {
     /// length. (`None` for a batch of [`MIN_BATCH`] or more, whose segments are no longer as
     /// built.)
     fn write_built_frame(&self, index: usize, buf: &mut [u8]) -> Option<usize> {
-        if self.segments >= MIN_BATCH {
+        if self.for_socket {
             return None;
         }
-        let seg = usize::from(self.key.segment);
+        let (at, seg) = self.segment_at(index)?;
         let len = HEADERS_LEN + seg;
         let frame = buf.get_mut(..len)?;
         frame[..HEADERS_LEN].copy_from_slice(self.built_headers.get(index)?);
-        frame[HEADERS_LEN..].copy_from_slice(self.bytes().get(index * seg..(index + 1) * seg)?);
+        frame[HEADERS_LEN..].copy_from_slice(self.bytes().get(at..at + seg)?);
         Some(len)
+    }
+
+    /// Where segment `index` starts in [`Batch::bytes`], and its length.
+    fn segment_at(&self, index: usize) -> Option<(usize, usize)> {
+        if index >= self.segments {
+            return None;
+        }
+        let seg = usize::from(self.key.segment);
+        let len = if index + 1 == self.segments {
+            usize::from(self.last)
+        } else {
+            seg
+        };
+        Some((index * seg, len))
+    }
+
+    /// Whether the batch still takes segments of its length: a shorter one ended it.
+    fn open_to_more(&self) -> bool {
+        self.last == self.key.segment
+    }
+
+    /// Makes a short batch's segments, kept as built, the socket's: each ICRC changed for the
+    /// identification and source port the kernel will write. `false` when an ICRC could not
+    /// be changed; the segments are then as they were.
+    fn rewrite_kept(&mut self, rewriter: &mut IcrcRewriter, src_port: u16) -> bool {
+        let kept = self.segments.min(MIN_BATCH - 1);
+        let mut rewritten = [(0usize, 0u32); MIN_BATCH - 1];
+        for (i, slot) in rewritten.iter_mut().enumerate().take(kept) {
+            let Some((at, len)) = self.segment_at(i) else {
+                return false;
+            };
+            let (ident, port) = ident_and_port(&self.built_headers[i]);
+            let segment = &self.bytes()[at..at + len];
+            let Some(icrc) = rewriter.rewritten(
+                icrc_of(segment),
+                IPV4_LEN + UDP_LEN + len,
+                ident ^ i as u16,
+                port ^ src_port,
+            ) else {
+                return false;
+            };
+            *slot = (HEADERS_LEN + at + len - ICRC_LEN, icrc);
+        }
+        for &(icrc_at, icrc) in &rewritten[..kept] {
+            self.buf[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&icrc.to_le_bytes());
+        }
+        true
     }
 }
 
@@ -268,7 +343,8 @@ impl Batcher {
     /// Whether the open batch takes `seg`'s segment of `len` bytes.
     fn fits(&self, seg: &Segment, len: usize) -> bool {
         self.open.as_ref().is_some_and(|b| {
-            b.key == seg.key
+            b.open_to_more()
+                && b.key.takes(&seg.key)
                 && b.segments < MAX_SEGMENTS
                 && b.end - HEADERS_LEN + len <= MAX_BATCH_BYTES
         })
@@ -305,6 +381,8 @@ impl Batcher {
                 segments: 1,
                 buf,
                 end,
+                last: seg.key.segment,
+                for_socket: false,
                 built_headers,
                 sent_built: 0,
             });
@@ -399,10 +477,14 @@ impl Batcher {
     ) -> bool {
         let index = batch.segments;
         let at = batch.end;
+        let Ok(last) = u16::try_from(len) else {
+            return false;
+        };
         if index < MIN_BATCH - 1 {
             batch.built_headers[index] = headers;
             batch.end += len;
             batch.segments += 1;
+            batch.last = last;
             return true;
         }
         let Some(segment) = batch.buf.get(at..at + len) else {
@@ -417,40 +499,45 @@ impl Batcher {
         ) else {
             return false;
         };
-        if index == MIN_BATCH - 1 {
+        if index == MIN_BATCH - 1 && !batch.rewrite_kept(rewriter, src_port) {
             // The batch is long enough: the segments kept as built become the batch's.
-            let mut rewritten = [0u32; MIN_BATCH - 1];
-            let kept = batch.bytes();
-            for (i, headers) in batch.built_headers.iter().enumerate() {
-                let (ident, port) = ident_and_port(headers);
-                let Some(icrc) = rewriter.rewritten(
-                    icrc_of(&kept[i * len..(i + 1) * len]),
-                    IPV4_LEN + UDP_LEN + len,
-                    ident ^ i as u16,
-                    port ^ src_port,
-                ) else {
-                    return false;
-                };
-                rewritten[i] = icrc;
-            }
-            for (i, icrc) in rewritten.iter().enumerate() {
-                let icrc_at = HEADERS_LEN + (i + 1) * len - ICRC_LEN;
-                batch.buf[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&icrc.to_le_bytes());
-            }
+            return false;
         }
+        batch.for_socket = true;
         let icrc_at = at + len - ICRC_LEN;
         batch.buf[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&icrc.to_le_bytes());
         batch.end += len;
         batch.segments += 1;
+        batch.last = last;
         true
     }
 
     /// Whether the open batch has room for another segment of its length.
     fn open_has_room(&self) -> bool {
         self.open.as_ref().is_some_and(|b| {
-            b.segments < MAX_SEGMENTS
+            b.open_to_more()
+                && b.segments < MAX_SEGMENTS
                 && b.end - HEADERS_LEN + usize::from(b.key.segment) <= MAX_BATCH_BYTES
         })
+    }
+
+    /// Readies the batch that goes next ([`Batcher::oldest`], or the oldest closed one when
+    /// `keep_open`) for the socket when it is a pair ([`MIN_PAIR`] to [`MIN_BATCH`] - 1
+    /// segments) none of whose frames went through AF_XDP yet.
+    fn pair_for_socket(&mut self, keep_open: bool) {
+        let (rewriter, src_port) = (&mut self.rewriter, self.src_port);
+        let next = if keep_open || !self.closed.is_empty() {
+            self.closed.front_mut()
+        } else {
+            self.open.as_mut()
+        };
+        if let Some(b) =
+            next.filter(|b| !b.for_socket && b.segments >= MIN_PAIR && b.sent_built == 0)
+        {
+            // A frame that is not a RoCEv2 packet never joins a batch; were its ICRC
+            // unchangeable all the same, its frames go through AF_XDP as built.
+            b.for_socket = b.rewrite_kept(rewriter, src_port);
+        }
     }
 
     fn waiting(&self) -> usize {
@@ -522,6 +609,12 @@ pub fn auto_batching(iface: &str) -> AutoBatching {
     }
 }
 
+/// Whether each frame AF_XDP's copy mode hands `iface`'s driver costs a notification of the
+/// device: virtio-net's (under emulation a trip into QEMU each).
+pub fn notifies_per_frame(iface: &str) -> bool {
+    auto_batching(iface) == AutoBatching::On
+}
+
 /// Whether `iface` (in the calling thread's network namespace) segments UDP batches in
 /// software before its driver sees them: `tx-udp-segmentation` off. On a veth, while its peer
 /// runs native XDP. (The port reads the same through its own socket; this is for callers
@@ -579,10 +672,14 @@ pub struct UdpGsoPort<P> {
     /// were taken.
     batched_since_flush: bool,
     taken_since_flush: usize,
-    /// Not batching: the last frame's batch, how many frames in a row were for it, and
-    /// whether that reached [`MIN_BATCH`] since the last flush.
+    /// Not batching: the batch the last frames would have made, how many frames in a row
+    /// were for it, and whether that reached [`UdpGsoPort::shortest_batch`] since the last
+    /// flush.
     last_key: Option<BatchKey>,
     run: usize,
+    /// Batches of two or three frames go through the socket too ([`MIN_PAIR`]), not through
+    /// AF_XDP as built.
+    pairs: bool,
     long_run_since_flush: bool,
     /// Batching waits on the kernel segmenting in software ([`AutoBatching`]): what that
     /// said when last read.
@@ -644,6 +741,7 @@ impl<P: Port> UdpGsoPort<P> {
             taken_since_flush: 0,
             last_key: None,
             run: 0,
+            pairs: false,
             long_run_since_flush: false,
             segmented_in_software: while_segmented_in_software.then_some(true),
             is_local,
@@ -656,6 +754,14 @@ impl<P: Port> UdpGsoPort<P> {
         };
         port.read_offload();
         port
+    }
+
+    /// Sends pairs through the socket too (two frames in a row for one batch, such as a
+    /// ping-pong's answer and the ACK behind it): for an interface that costs a notification
+    /// per frame AF_XDP hands it ([`notifies_per_frame`]).
+    pub fn with_pairs(mut self, pairs: bool) -> Self {
+        self.pairs = pairs;
+        self
     }
 
     /// The count of frames this port has sent in batches, as it goes.
@@ -694,15 +800,34 @@ impl<P: Port> UdpGsoPort<P> {
     }
 
     fn note_key(&mut self, key: Option<BatchKey>) {
-        self.run = if key.is_some() && key == self.last_key {
-            self.run + 1
-        } else {
-            1
+        let joins = match (&self.last_key, &key) {
+            (Some(run), Some(next)) => run.takes(next),
+            _ => false,
         };
-        if let Some(k) = key.filter(|_| self.run == MIN_BATCH) {
+        if joins {
+            self.run += 1;
+            if let (Some(run), Some(next)) = (&mut self.last_key, &key) {
+                // A shorter frame ends the batch it joins: the next must start another.
+                if next.segment < run.segment {
+                    run.segment = 0;
+                }
+            }
+        } else {
+            self.run = 1;
+            self.last_key = key;
+        }
+        if let Some(k) = key.filter(|_| self.run == self.shortest_batch()) {
             self.long_run_since_flush |= self.reachable_by_socket(k.dst);
         }
-        self.last_key = key;
+    }
+
+    /// The fewest frames a batch sent through the socket has.
+    fn shortest_batch(&self) -> usize {
+        if self.pairs {
+            MIN_PAIR
+        } else {
+            MIN_BATCH
+        }
     }
 
     /// Whether the UDP socket's datagrams to `dst` leave through the interface: not when `dst`
@@ -834,6 +959,9 @@ impl<P: Port> UdpGsoPort<P> {
     /// [`Self::send_batches`], leaving the open batch open when `keep_open`.
     fn send_batches_but(&mut self, keep_open: bool) -> io::Result<()> {
         loop {
+            if self.pairs {
+                self.batcher.pair_for_socket(keep_open);
+            }
             let batch = if keep_open {
                 self.batcher.closed.front_mut()
             } else {
@@ -842,7 +970,7 @@ impl<P: Port> UdpGsoPort<P> {
             let Some(batch) = batch else {
                 break;
             };
-            if batch.segments < MIN_BATCH {
+            if !batch.for_socket {
                 while batch.sent_built < batch.segments {
                     let index = batch.sent_built;
                     if !self
@@ -1282,8 +1410,8 @@ mod tests {
 
     /// The IP packet the kernel makes of segment `index` of `batch`.
     fn as_sent(batch: &Batch, index: usize, src_port: u16) -> Vec<u8> {
-        let seg = usize::from(batch.key.segment);
-        let payload = &batch.bytes()[index * seg..(index + 1) * seg];
+        let (at, seg) = batch.segment_at(index).unwrap();
+        let payload = &batch.bytes()[at..at + seg];
         let total = IPV4_LEN + UDP_LEN + seg;
         let mut p = vec![0u8; total];
         p[0] = 0x45;
@@ -1303,7 +1431,7 @@ mod tests {
     /// Checks every ICRC of `batch` as it leaves: a batch of several as the kernel sends it, a
     /// lone segment in the frame the engine built.
     fn check_as_sent(batch: &Batch, src_port: u16) {
-        if batch.segments < MIN_BATCH {
+        if !batch.for_socket {
             let mut buf = [0u8; 9000];
             for i in 0..batch.segments {
                 let len = batch.write_built_frame(i, &mut buf).unwrap();
@@ -1358,8 +1486,21 @@ mod tests {
             frame(1024, 1, 1, [10, 0, 0, 2]),
             frame(1024, 2, 1, [10, 0, 0, 2]),
             frame(1024, 3, 1, [10, 0, 0, 3]),
+            // A shorter segment ends the batch it joins (the kernel cuts a send into
+            // segments of one length and a shorter last one) ...
             frame(100, 4, 1, [10, 0, 0, 3]),
             frame(100, 5, 1, [10, 0, 0, 3]),
+            // ... and a longer one starts another.
+            frame(512, 6, 1, [10, 0, 0, 3]),
+            frame(512, 7, 1, [10, 0, 0, 3]),
+            frame(512, 8, 1, [10, 0, 0, 3]),
+            frame(512, 9, 1, [10, 0, 0, 3]),
+            frame(4, 10, 1, [10, 0, 0, 3]),
+            // The shorter one as the segment that makes the batch long enough to be sent so.
+            frame(256, 11, 1, [10, 0, 0, 3]),
+            frame(256, 12, 1, [10, 0, 0, 3]),
+            frame(256, 13, 1, [10, 0, 0, 3]),
+            frame(8, 14, 1, [10, 0, 0, 3]),
         ];
         for f in &frames {
             assert!(b.add(f, &segment_of(f).unwrap()));
@@ -1367,16 +1508,91 @@ mod tests {
         let mut seen = Vec::new();
         while let Some(batch) = b.oldest() {
             check_as_sent(batch, 5000);
-            seen.push((batch.key.dst.octets()[3], batch.key.segment, batch.segments));
+            seen.push((
+                batch.key.dst.octets()[3],
+                batch.key.segment,
+                batch.last,
+                batch.segments,
+            ));
             b.sent_oldest();
         }
-        assert_eq!(seen, [(2, 1040, 2), (3, 1040, 1), (3, 116, 2)]);
+        assert_eq!(
+            seen,
+            [
+                (2, 1040, 1040, 2),
+                (3, 1040, 116, 2),
+                (3, 116, 116, 1),
+                (3, 528, 20, 5),
+                (3, 272, 24, 4)
+            ]
+        );
+    }
+
+    /// A pair (an answer and the shorter ACK behind it) made the socket's carries the ICRCs
+    /// of the headers the kernel writes, once however often it is readied; a lone frame, or a
+    /// pair part of which went through AF_XDP, stays as built.
+    #[test]
+    fn a_pair_for_the_socket_carries_the_icrcs_the_kernel_makes() {
+        let mut b = Batcher::new(5000, 9000);
+        let answer = frame(64, 0x1234, 0xc001, [10, 0, 0, 2]);
+        let ack = frame(4, 0x1235, 0xc001, [10, 0, 0, 2]);
+        for f in [&answer, &ack] {
+            assert!(b.add(f, &segment_of(f).unwrap()));
+        }
+        assert!(!b.fits(&segment_of(&ack).unwrap(), ack.len() - HEADERS_LEN));
+        b.pair_for_socket(false);
+        b.pair_for_socket(false);
+        let batch = b.oldest().unwrap();
+        assert!(batch.for_socket);
+        assert_eq!((batch.segments, batch.key.segment, batch.last), (2, 80, 20));
+        assert_eq!(batch.bytes().len(), 100);
+        let mut buf = [0u8; 256];
+        assert_eq!(batch.write_built_frame(0, &mut buf), None);
+        check_as_sent(batch, 5000);
+        // Not as built any more: the kernel's identifications and port are in the ICRCs.
+        let sent = as_sent(batch, 1, 5000);
+        assert_eq!(&sent[28..sent.len() - 4], &ack[HEADERS_LEN..ack.len() - 4]);
+        assert_ne!(&sent[sent.len() - 4..], &ack[ack.len() - 4..]);
+        b.sent_oldest();
+
+        let lone = frame(64, 1, 0xc001, [10, 0, 0, 2]);
+        assert!(b.add(&lone, &segment_of(&lone).unwrap()));
+        b.pair_for_socket(false);
+        let batch = b.oldest().unwrap();
+        assert!(!batch.for_socket, "one frame");
+        check_as_sent(batch, 5000);
+        b.sent_oldest();
+
+        for f in [&answer, &ack] {
+            assert!(b.add(f, &segment_of(f).unwrap()));
+        }
+        b.oldest().unwrap().sent_built = 1;
+        b.pair_for_socket(false);
+        let batch = b.oldest().unwrap();
+        assert!(!batch.for_socket, "half sent through AF_XDP");
+        assert_eq!(batch.write_built_frame(1, &mut buf), Some(ack.len()));
+        assert_eq!(&buf[..ack.len()], &ack[..]);
+
+        // Kept open (a round cut short), the open batch is left for the next round.
+        let mut b = Batcher::new(5000, 9000);
+        for f in [&answer, &answer] {
+            assert!(b.add(f, &segment_of(f).unwrap()));
+        }
+        b.pair_for_socket(true);
+        assert!(!b.open.as_ref().unwrap().for_socket);
+        assert!(b.add(&answer, &segment_of(&answer).unwrap()));
+        b.pair_for_socket(false);
+        let batch = b.oldest().unwrap();
+        assert_eq!(batch.segments, 3);
+        check_as_sent(batch, 5000);
+        assert!(batch.for_socket);
     }
 
     #[test]
     fn a_short_batch_goes_back_into_the_frames_the_engine_built() {
         let mut b = Batcher::new(5000, 9000);
-        let lone = frame(100, 77, 0xc001, [10, 0, 0, 2]);
+        // Shorter than the three behind it, which start a batch of their own.
+        let lone = frame(32, 77, 0xc001, [10, 0, 0, 2]);
         let three = [78, 79, 80].map(|ident| frame(64, ident, 0xc001 + ident, [10, 0, 0, 2]));
         let four = [81, 82, 83, 84].map(|ident| frame(64, ident, 0xc001, [10, 0, 0, 3]));
         for f in std::iter::once(&lone).chain(&three).chain(&four) {
@@ -1406,12 +1622,16 @@ mod tests {
 
     #[test]
     fn frames_built_at_the_batch_tail_make_the_batches_copying_makes() {
-        // Runs broken by a shorter frame and by new destinations (one for three frames only: a
-        // batch that stays short, two of its frames built at its tail), more than a batch
-        // holds.
+        // Runs broken by a longer frame, ended by a shorter one and broken by new destinations
+        // (one for three frames only: a batch that stays short, two of its frames built at
+        // its tail), more than a batch holds.
         let frames: Vec<Vec<u8>> = (0..200u16)
             .map(|i| {
-                let payload = if i == 40 { 100 } else { 512 };
+                let payload = match i {
+                    40 => 1000,
+                    45 => 100,
+                    _ => 512,
+                };
                 let dst = match i {
                     60..=62 => [10, 0, 0, 4],
                     0..=89 => [10, 0, 0, 2],
@@ -1551,6 +1771,16 @@ mod tests {
     /// A port batching through a socket on lo (interface 1) over a port that takes nothing, or
     /// `None` (said) without the privilege to bind the socket.
     fn port_on_lo(is_local: LocalCheck) -> Option<UdpGsoPort<crate::port::ClosedPort>> {
+        port_on_lo_over(crate::port::ClosedPort, true, is_local)
+    }
+
+    /// [`port_on_lo`] over `inner`, batching pairs too unless `while_segmented_in_software`
+    /// (as on a veth).
+    fn port_on_lo_over<P: Port>(
+        inner: P,
+        while_segmented_in_software: bool,
+        is_local: LocalCheck,
+    ) -> Option<UdpGsoPort<P>> {
         // The socket is bound to its interface, which takes CAP_NET_RAW.
         let socket = match GsoSocket::open("lo") {
             Ok(s) => s,
@@ -1560,15 +1790,118 @@ mod tests {
             }
             Err(e) => panic!("a UDP socket on lo: {e}"),
         };
-        Some(UdpGsoPort::new(
-            crate::port::ClosedPort,
-            socket,
-            "lo",
-            1,
-            9000,
-            true,
-            is_local,
-        ))
+        Some(
+            UdpGsoPort::new(
+                inner,
+                socket,
+                "lo",
+                1,
+                9000,
+                while_segmented_in_software,
+                is_local,
+            )
+            .with_pairs(!while_segmented_in_software),
+        )
+    }
+
+    /// An AF_XDP port's stand-in that counts the frames put in its ring.
+    struct CountingPort(Arc<AtomicU64>);
+
+    impl Port for CountingPort {
+        fn recv(&mut self, _max: usize, _deliver: &mut dyn FnMut(&[u8])) -> usize {
+            0
+        }
+
+        fn send(&mut self, _frame: &[u8]) -> bool {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+
+        fn send_with(&mut self, build: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> bool {
+            let mut buf = [0u8; 9000];
+            if build(&mut buf).is_some() {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+            true
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+
+        fn tx_pending(&self) -> bool {
+            false
+        }
+
+        fn wait_fd(&self) -> Option<RawFd> {
+            None
+        }
+    }
+
+    /// Where each frame costs a notification (virtio-net), a ping-pong's answer and the
+    /// shorter ACK behind it go through the socket as one batch from the round after the
+    /// first such pair on; built the other way round (the ACK first) they go through AF_XDP,
+    /// and batching stops until a pair comes again. On a veth a pair stays in AF_XDP.
+    #[test]
+    fn an_answer_and_its_ack_leave_as_one_batch_where_frames_cost_a_notification_each() {
+        let local = |payload: usize, ident: u16| {
+            let mut f = frame(payload, ident, 1234, [127, 0, 0, 1]);
+            f[ETHERNET_LEN + 12..ETHERNET_LEN + 16].copy_from_slice(&[127, 0, 0, 1]);
+            icrc::fill(&mut f[ETHERNET_LEN..]).unwrap();
+            f
+        };
+        let (answer, ack) = (local(64, 1), local(4, 2));
+        let ring = Arc::new(AtomicU64::new(0));
+        let Some(mut port) =
+            port_on_lo_over(CountingPort(ring.clone()), false, Box::new(|_| false))
+        else {
+            return;
+        };
+        let batched = port.frames_batched();
+        let round = |port: &mut UdpGsoPort<CountingPort>, frames: [&Vec<u8>; 2]| {
+            for f in frames {
+                assert!(port.send(f));
+            }
+            port.flush().unwrap();
+            (
+                ring.load(Ordering::Relaxed),
+                batched.load(Ordering::Relaxed),
+            )
+        };
+        assert_eq!(round(&mut port, [&answer, &ack]), (2, 0), "the first pair");
+        assert!(port.batching);
+        assert_eq!(round(&mut port, [&answer, &ack]), (2, 2), "one batch");
+        assert_eq!(round(&mut port, [&answer, &ack]), (2, 4), "one batch");
+        assert_eq!(round(&mut port, [&ack, &answer]), (4, 4), "the ACK first");
+        assert!(!port.batching);
+        assert_eq!(round(&mut port, [&ack, &answer]), (6, 4));
+        assert!(!port.batching);
+        assert_eq!(round(&mut port, [&answer, &ack]), (8, 4));
+        assert_eq!(round(&mut port, [&answer, &ack]), (8, 6), "batching again");
+        assert!(!port.tx_pending());
+
+        let ring = Arc::new(AtomicU64::new(0));
+        let Some(mut port) = port_on_lo_over(CountingPort(ring.clone()), true, Box::new(|_| false))
+        else {
+            return;
+        };
+        port.segmented_in_software = Some(true);
+        let batched = port.frames_batched();
+        for _ in 0..3 {
+            for f in [&answer, &ack] {
+                assert!(port.send(f));
+            }
+            port.flush().unwrap();
+        }
+        assert_eq!(
+            (
+                ring.load(Ordering::Relaxed),
+                batched.load(Ordering::Relaxed)
+            ),
+            (6, 0),
+            "a veth's pairs"
+        );
+        assert!(!port.batching);
     }
 
     /// A round cut by its limits leaves its open batch open for the next round's frames, and

@@ -1063,7 +1063,9 @@ fn a_dead_peer_ends_in_retry_exceeded() {
 /// A guest on Debian's own kernel, where `ib_core` is a loadable module that opening an RDMA
 /// netlink socket loads (so libibverbs lists devices from the kernel, not from sysfs): xroce
 /// is added there as the README says, `xroce exec -- ibv_devices` lists it, and
-/// `ibv_rc_pingpong` runs between it and rdma_rxe in another guest, both ways round.
+/// `ibv_rc_pingpong` runs between it and rdma_rxe in another guest, both ways round, its
+/// frames going in batches through a UDP socket: 4 KiB messages' runs, and 64 B messages'
+/// answers with the ACKs behind them.
 #[test]
 fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
     if !root_or_skip() {
@@ -1106,16 +1108,20 @@ fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
             .unwrap_or_else(|| panic!("no Udp OutDatagrams in {snmp}"))
     };
     let stats = "/tmp/xroce-stats";
-    let before = udp_sent(xg);
-    rc_pingpong_with_rxe_both_ways(
-        xg,
-        rxe,
-        "ibv_rc_pingpong -g 1 -c -n 200",
-        &format!("XROCE_STATS_FILE={stats} "),
-        &|| {},
-    );
-    let batches = udp_sent(xg) - before;
-    let lines = sh(xg, &format!("cat {stats}"));
+    // The batches xroce's guest sent (the kernel counts one a datagram) while `pingpong` ran
+    // both ways round, and the engines' stats lines.
+    let batches_in = |pingpong: &str| {
+        let before = udp_sent(xg);
+        rc_pingpong_with_rxe_both_ways(
+            xg,
+            rxe,
+            pingpong,
+            &format!("XROCE_STATS_FILE={stats} "),
+            &|| {},
+        );
+        (udp_sent(xg) - before, sh(xg, &format!("cat {stats}")))
+    };
+    let (batches, lines) = batches_in("ibv_rc_pingpong -g 1 -c -n 200");
     assert!(
         !lines.is_empty() && lines.lines().all(|l| l.contains(" udp_gso=1 ")),
         "{lines}"
@@ -1124,6 +1130,16 @@ fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
         batches >= 100,
         "{batches} batches sent through UDP:\n{lines}"
     );
+
+    // Messages of one packet: there a notification per frame is most of a turn, so an
+    // answer and the ACK behind it (shorter, the batch's last segment) go as one batch of
+    // two, which rdma_rxe must take too. Without pairs none of these would go through UDP.
+    let (pairs, lines) = batches_in("ibv_rc_pingpong -g 1 -s 64 -n 500");
+    assert!(
+        pairs >= 100,
+        "{pairs} batches of 64 B messages' turns sent through UDP:\n{lines}"
+    );
+    eprintln!("64 B ping-pongs: {pairs} batches through UDP in 2 x 500 turns");
 }
 
 /// Two guests in `lab`, hosts `host` and `host + 1`: the first without rdma_rxe and with xroce

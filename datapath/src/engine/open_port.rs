@@ -153,7 +153,8 @@ fn with_transmit<P: crate::port::Port + 'static>(
                 max_frame,
                 batching == AutoBatching::WhileSegmentedInSoftware,
                 local_check(),
-            );
+            )
+            .with_pairs(crate::udp_gso::notifies_per_frame(&config.iface));
             let batched = port.frames_batched();
             Ok((Box::new(port), Some(batched)))
         }
