@@ -3,7 +3,7 @@
 //! AF_XDP's copy mode hands the driver one frame at a time and never says more are coming, so
 //! a virtio-net NIC is notified (a VM exit, under emulation a trip into QEMU's device code) for
 //! every frame. A UDP socket with `UDP_SEGMENT` gives the kernel a batch of equal-sized
-//! segments as one buffer; the kernel cuts it into datagrams and hands them to the driver with
+//! segments (the last may be shorter) as one buffer; the kernel cuts it into datagrams and hands them to the driver with
 //! "more to come", one notification per batch. In Debian 12 guests under TCG batches of 16 to
 //! 60 1 KiB datagrams per `sendmsg` carried 61-66 MB/s to an AF_XDP receiver where AF_XDP's
 //! copy mode carried 31-38 (`docs/decisions.md`, "Stop 62").
@@ -30,7 +30,7 @@
 //! one batch (`MIN_BATCH`); from the next round on they are sorted into batches, and a batch
 //! that ends shorter goes through AF_XDP as built. A round that took several frames and sent
 //! no batch turns batching off again. A stream batches, and so do messages of four packets or
-//! more. Where each frame costs a notification (virtio-net), two frames in a row already make
+//! more (or three and the shorter ACK behind them). Where each frame costs a notification (virtio-net), two frames in a row already make
 //! a batch (`MIN_PAIR`): a ping-pong's answer and the ACK behind it leave with one
 //! notification. A batch's segments are of one length, and its last may be shorter (as
 //! `UDP_SEGMENT` cuts a send), which ends it: an ACK behind an answer joins the answer's
@@ -163,7 +163,7 @@ struct Batch {
     for_socket: bool,
     /// While the batch is shorter than [`MIN_BATCH`], its segments are kept as built, and
     /// these are their frames' headers: a batch that ends so short goes out through AF_XDP as
-    /// those frames.
+    /// those frames, unless it goes through the socket as a pair (`for_socket`).
     built_headers: [[u8; HEADERS_LEN]; MIN_BATCH - 1],
     /// Of a short batch, the frames already handed to AF_XDP.
     sent_built: usize,
@@ -176,8 +176,8 @@ impl Batch {
     }
 
     /// Writes segment `index` of a short batch back into the frame the engine built; its
-    /// length. (`None` for a batch of [`MIN_BATCH`] or more, whose segments are no longer as
-    /// built.)
+    /// length. (`None` for a batch whose segments are no longer as built: one of
+    /// [`MIN_BATCH`] or more, or a pair readied for the socket.)
     fn write_built_frame(&self, index: usize, buf: &mut [u8]) -> Option<usize> {
         if self.for_socket {
             return None;
@@ -352,7 +352,8 @@ impl Batcher {
 
     /// Adds the segment of `frame` to the open batch, or closes it and opens another. The
     /// segments of a batch shorter than [`MIN_BATCH`] are kept as built; the batch's ICRCs
-    /// change when it reaches that length. `false` when an ICRC could not be changed (a length
+    /// change when it reaches that length (or when a pair is readied for the socket,
+    /// [`Batcher::pair_for_socket`]). `false` when an ICRC could not be changed (a length
     /// no RoCEv2 packet has); nothing is added.
     fn add(&mut self, frame: &[u8], seg: &Segment) -> bool {
         let (Some(payload), Some(headers)) = (
@@ -665,8 +666,8 @@ pub struct UdpGsoPort<P> {
     /// The open batch was kept open by [`Port::flush_before_more`] for the next round.
     kept_open: bool,
     iface: String,
-    /// Frames are sorted into batches (after a round that had [`MIN_BATCH`] frames in a row
-    /// for one batch); otherwise they go straight into the AF_XDP ring, as without this port.
+    /// Frames are sorted into batches (after a round that had
+    /// [`UdpGsoPort::shortest_batch`] frames in a row for one batch); otherwise they go straight into the AF_XDP ring, as without this port.
     batching: bool,
     /// Batching: a batch went to the UDP socket since the last flush, and how many frames
     /// were taken.
@@ -800,8 +801,12 @@ impl<P: Port> UdpGsoPort<P> {
     }
 
     fn note_key(&mut self, key: Option<BatchKey>) {
+        // Where pairs go, a shorter frame (an ACK behind an answer) ends the run it joins;
+        // elsewhere a run is of frames of one length, as before pairs (a message of three
+        // packets and its ACK do not start batching on a veth).
         let joins = match (&self.last_key, &key) {
-            (Some(run), Some(next)) => run.takes(next),
+            (Some(run), Some(next)) if self.pairs => run.takes(next),
+            (Some(run), Some(next)) => run == next,
             _ => false,
         };
         if joins {
@@ -949,8 +954,8 @@ impl<P: Port> UdpGsoPort<P> {
     /// batch refused for any other reason is dropped (the transport retransmits), so that it
     /// cannot hold up the others.
     ///
-    /// A batch shorter than [`MIN_BATCH`] goes through AF_XDP as the engine built its frames.
-    /// The AF_XDP socket is kicked before the next batch goes to the UDP socket, so that
+    /// A batch shorter than [`MIN_BATCH`] goes through AF_XDP as the engine built its frames,
+    /// but for a pair where the port sends pairs through the socket ([`MIN_PAIR`]). The AF_XDP socket is kicked before the next batch goes to the UDP socket, so that
     /// frames leave in the order they were built.
     fn send_batches(&mut self) -> io::Result<()> {
         self.send_batches_but(false)
@@ -959,7 +964,8 @@ impl<P: Port> UdpGsoPort<P> {
     /// [`Self::send_batches`], leaving the open batch open when `keep_open`.
     fn send_batches_but(&mut self, keep_open: bool) -> io::Result<()> {
         loop {
-            if self.pairs {
+            // Once the kernel refused a batch, what waits goes through AF_XDP.
+            if self.pairs && !self.refused {
                 self.batcher.pair_for_socket(keep_open);
             }
             let batch = if keep_open {
@@ -1085,8 +1091,9 @@ impl<P: Port> Port for UdpGsoPort<P> {
     }
 
     /// Also chooses how the next round's frames go: into batches after a round that had
-    /// `MIN_BATCH` frames in a row for one batch; straight to AF_XDP after a round of
-    /// batching that took several frames but sent no batch (a ping-pong's answer and ACK). A
+    /// `shortest_batch` frames in a row for one batch; straight to AF_XDP after
+    /// a round of batching that took several frames but sent no batch (a ping-pong's answer
+    /// and ACK, where pairs do not go through the socket, or its ACK built first). A
     /// round of one frame (an ACK between a stream's messages) changes nothing. The way
     /// changes only when nothing waits on the way left, so that frames leave in the order
     /// they were built.
@@ -1902,6 +1909,18 @@ mod tests {
             "a veth's pairs"
         );
         assert!(!port.batching);
+        // Nor does a message of three packets and its ACK start batching there: a run is of
+        // frames of one length.
+        for f in [&answer, &answer, &answer, &ack] {
+            assert!(port.send(f));
+        }
+        port.flush().unwrap();
+        assert!(!port.batching, "three and a shorter one");
+        for f in [&answer, &answer, &answer, &answer] {
+            assert!(port.send(f));
+        }
+        port.flush().unwrap();
+        assert!(port.batching, "four of one length");
     }
 
     /// A round cut by its limits leaves its open batch open for the next round's frames, and

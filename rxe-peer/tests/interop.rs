@@ -1108,8 +1108,8 @@ fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
             .unwrap_or_else(|| panic!("no Udp OutDatagrams in {snmp}"))
     };
     let stats = "/tmp/xroce-stats";
-    // The batches xroce's guest sent (the kernel counts one a datagram) while `pingpong` ran
-    // both ways round, and the engines' stats lines.
+    // The batches xroce's guest sent (the kernel counts a `sendmsg` of a batch as one
+    // datagram) while `pingpong` ran both ways round, and the engines' stats lines.
     let batches_in = |pingpong: &str| {
         let before = udp_sent(xg);
         rc_pingpong_with_rxe_both_ways(
@@ -1135,6 +1135,7 @@ fn xroce_on_a_stock_debian_kernel_talks_to_rxe() {
     // answer and the ACK behind it (shorter, the batch's last segment) go as one batch of
     // two, which rdma_rxe must take too. Without pairs none of these would go through UDP.
     let (pairs, lines) = batches_in("ibv_rc_pingpong -g 1 -s 64 -n 500");
+    assert!(lines.lines().all(|l| l.contains(" udp_gso=1 ")), "{lines}");
     assert!(
         pairs >= 100,
         "{pairs} batches of 64 B messages' turns sent through UDP:\n{lines}"
