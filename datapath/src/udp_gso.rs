@@ -3,8 +3,8 @@
 //! AF_XDP's copy mode hands the driver one frame at a time and never says more are coming, so
 //! a virtio-net NIC is notified (a VM exit, under emulation a trip into QEMU's device code) for
 //! every frame. A UDP socket with `UDP_SEGMENT` gives the kernel a batch of equal-sized
-//! segments (the last may be shorter) as one buffer; the kernel cuts it into datagrams and hands them to the driver with
-//! "more to come", one notification per batch. In Debian 12 guests under TCG batches of 16 to
+//! segments (the last may be shorter) as one buffer; the kernel cuts it into datagrams and
+//! hands them to the driver with "more to come", one notification per batch. In Debian 12 guests under TCG batches of 16 to
 //! 60 1 KiB datagrams per `sendmsg` carried 61-66 MB/s to an AF_XDP receiver where AF_XDP's
 //! copy mode carried 31-38 (`docs/decisions.md`, "Stop 62").
 //!
@@ -30,7 +30,7 @@
 //! one batch (`MIN_BATCH`); from the next round on they are sorted into batches, and a batch
 //! that ends shorter goes through AF_XDP as built. A round that took several frames and sent
 //! no batch turns batching off again. A stream batches, and so do messages of four packets or
-//! more (or three and the shorter ACK behind them). Where each frame costs a notification (virtio-net), two frames in a row already make
+//! more. Where each frame costs a notification (virtio-net), two frames in a row already make
 //! a batch (`MIN_PAIR`): a ping-pong's answer and the ACK behind it leave with one
 //! notification. A batch's segments are of one length, and its last may be shorter (as
 //! `UDP_SEGMENT` cuts a send), which ends it: an ACK behind an answer joins the answer's
@@ -667,7 +667,8 @@ pub struct UdpGsoPort<P> {
     kept_open: bool,
     iface: String,
     /// Frames are sorted into batches (after a round that had
-    /// [`UdpGsoPort::shortest_batch`] frames in a row for one batch); otherwise they go straight into the AF_XDP ring, as without this port.
+    /// [`UdpGsoPort::shortest_batch`] frames in a row for one batch); otherwise they go
+    /// straight into the AF_XDP ring, as without this port.
     batching: bool,
     /// Batching: a batch went to the UDP socket since the last flush, and how many frames
     /// were taken.
@@ -811,10 +812,10 @@ impl<P: Port> UdpGsoPort<P> {
         };
         if joins {
             self.run += 1;
-            if let (Some(run), Some(next)) = (&mut self.last_key, &key) {
-                // A shorter frame ends the batch it joins: the next must start another.
+            if let (Some(run), Some(next)) = (&self.last_key, &key) {
                 if next.segment < run.segment {
-                    run.segment = 0;
+                    // A shorter frame ends the batch it joins: the next starts another run.
+                    self.last_key = None;
                 }
             }
         } else {

@@ -143,6 +143,11 @@ fn with_transmit<P: crate::port::Port + 'static>(
     if batching == AutoBatching::Off {
         return Ok((Box::new(port), None));
     }
+    // Left to choose, `On` already says the interface is virtio-net; asked for, it is read.
+    let pairs = match config.transmit {
+        Transmit::Auto => batching == AutoBatching::On,
+        _ => crate::udp_gso::notifies_per_frame(&config.iface),
+    };
     match GsoSocket::open(&config.iface) {
         Ok(socket) => {
             let port = UdpGsoPort::new(
@@ -154,7 +159,7 @@ fn with_transmit<P: crate::port::Port + 'static>(
                 batching == AutoBatching::WhileSegmentedInSoftware,
                 local_check(),
             )
-            .with_pairs(crate::udp_gso::notifies_per_frame(&config.iface));
+            .with_pairs(pairs);
             let batched = port.frames_batched();
             Ok((Box::new(port), Some(batched)))
         }
